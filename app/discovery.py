@@ -1,9 +1,9 @@
 """Ask the upstream what it knows about its models' windows (the I/O half of ``app.core.discovered``).
 
 ``Discovery(upstream, knowledge, *, timeout_s=1.5, retry_after_s=300.0, on_call=None)``; the app
-gives it an ``UpstreamClient`` of its own over :class:`BorrowedTransport` (same pool, out of the
-chat traffic's upstream metrics) and reports each call through ``on_call(method, path, status)``
-(``status`` None: unreachable) to the discovery metric:
+gives it an ``UpstreamClient`` of its own over the chat client's sender (same pool, without the
+instrumentation: out of the chat traffic's upstream metrics) and reports each call through
+``on_call(method, path, status)`` (``status`` None: unreachable) to the discovery metric:
 
 * ``start()`` (from the app's lifespan, returns at once): in the background, for every upstream
   base URL, ``GET {base}/models`` (vLLM, SGLang, OpenRouter, LM Studio, Groq fields),
@@ -60,21 +60,6 @@ def safe_url(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-
-
-class BorrowedTransport(httpx.AsyncBaseTransport):
-    """The app's upstream transport (its connection pool), lent to discovery's own client without
-    the request instrumentation: discovery requests are not chat traffic and stay out of the
-    upstream metrics. Closing it does nothing; the app closes the transport."""
-
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        return None
 
 
 class _Base:

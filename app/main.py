@@ -25,7 +25,7 @@ from app.api.errors import install_error_handlers
 from app.api.routes import router
 from app.core.knowledge import Knowledge
 from app.core.tokens import TokenCounter
-from app.discovery import BorrowedTransport, Discovery
+from app.discovery import Discovery
 from app.knowledge_share import KnowledgeShare
 from app.learning import Learner
 from app.observability import Observability, ObservabilityMiddleware, RequestIdFilter
@@ -35,6 +35,7 @@ from app.service import ModelResolver, Service, Vocabularies
 from app.settings import Settings
 from app.upstream.client import UpstreamClient
 from app.upstream.limits import ConcurrencyLimiter
+from app.upstream.senders import HttpxSender, Sender
 
 _HANDLER_MARK = "_ctxproxy_handler"
 
@@ -96,20 +97,36 @@ def build_learner(
     return Learner(knowledge=knowledge, discovery=discovery, share=share)
 
 
-def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
-    """httpx's API on aiohttp's connection pool (default), or httpx's own transport.
+def build_sender(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> Sender:
+    """The upstream sender: ``transport`` (a test seam) under httpx's API when given, else per
+    ``settings.upstream_transport``: ``aiohttp`` (default) a raw aiohttp session, ``httpx-aiohttp``
+    httpx's API on ``httpx_aiohttp.AiohttpTransport``, ``httpx`` httpx's own transport.
 
     Sized for concurrency: LLM calls hold their connection for seconds to minutes, so the pool
-    allows ``upstream_max_connections`` at once (aiohttp's connector ``limit``; the default 100
-    would queue the 101st stream) and keeps every idle one alive ``upstream_keepalive_s``
-    (httpx's default keeps only 20, so a burst above 20 reconnects every time).
+    allows ``upstream_max_connections`` at once (aiohttp's default of 100 would queue the 101st
+    stream) and keeps every idle one alive ``upstream_keepalive_s`` (httpx's default keeps only
+    20, so a burst above 20 reconnects every time). The caller closes it (:func:`close_sender`).
     """
+    if transport is None and settings.upstream_transport == "aiohttp":
+        from app.upstream.aiohttp_sender import AiohttpSender
+
+        return AiohttpSender(
+            limit=settings.upstream_max_connections, keepalive_s=settings.upstream_keepalive_s
+        )
+    if transport is None:
+        transport = build_httpx_transport(settings)
+    timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
+    return HttpxSender(httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False))
+
+
+def build_httpx_transport(settings: Settings) -> httpx.AsyncBaseTransport:
+    """The transport under httpx's API: aiohttp's pool (``httpx-aiohttp``) or httpx's own."""
     limits = httpx.Limits(
         max_connections=settings.upstream_max_connections,
         max_keepalive_connections=settings.upstream_max_connections,
         keepalive_expiry=settings.upstream_keepalive_s,
     )
-    if settings.upstream_transport == "aiohttp":
+    if settings.upstream_transport == "httpx-aiohttp":
         import aiohttp
         from httpx_aiohttp import AiohttpTransport
 
@@ -117,8 +134,7 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
 
         def session() -> aiohttp.ClientSession:
             # httpx_aiohttp's own session (same connector), but with no cookie jar: a proxy must not
-            # keep one client's upstream cookies and send them with the next client's requests
-            # (and the jar's per-request filtering and parsing is work on every call).
+            # keep one client's upstream cookies and send them with the next client's requests.
             connector = aiohttp.TCPConnector(
                 keepalive_timeout=limits.keepalive_expiry,
                 ssl=transport.ssl_context,
@@ -129,6 +145,13 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
         transport.client = session
         return transport
     return httpx.AsyncHTTPTransport(limits=limits)
+
+
+async def close_sender(sender: Sender) -> None:
+    """Close the sender and the httpx client under it, if any."""
+    await sender.aclose()
+    if isinstance(sender, HttpxSender):
+        await sender.http.aclose()
 
 
 def build_limiter(settings: Settings) -> ConcurrencyLimiter | None:
@@ -218,24 +241,17 @@ def create_app(
         observability.use_registry(models)
         await anyio.to_thread.run_sync(vocab.preload)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-        transport = upstream_transport or build_transport(settings)
-        http = httpx.AsyncClient(
-            transport=observability.wrap_transport(transport),
-            timeout=timeout,
-            follow_redirects=False,
-        )
-        discovery_http = httpx.AsyncClient(
-            transport=BorrowedTransport(transport), timeout=timeout, follow_redirects=False
-        )
+        sender = build_sender(settings, transport=upstream_transport)
         try:
             upstream = UpstreamClient(
-                http,
+                sender,
                 base_url=settings.upstream_base_url,
                 api_key=settings.upstream_key(),
                 routes=settings.upstream_routes,
                 timeout=timeout,
                 limiter=build_limiter(settings),
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
+                instrumentation=observability.instrumentation(),
             )
             from app.summaries import Summaries
 
@@ -244,7 +260,7 @@ def create_app(
             learner = build_learner(
                 settings,
                 UpstreamClient(
-                    discovery_http,
+                    sender,
                     base_url=settings.upstream_base_url,
                     api_key=settings.upstream_key(),
                     routes=settings.upstream_routes,
@@ -269,8 +285,7 @@ def create_app(
                 await learner.aclose()
                 await summaries.aclose()
         finally:
-            await discovery_http.aclose()
-            await http.aclose()
+            await close_sender(sender)
 
     app = FastAPI(
         title="ctxproxy",

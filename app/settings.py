@@ -31,7 +31,7 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="JSON object: model name or prefix -> base URL (longest prefix wins).",
     )
-    upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    upstream_transport: Literal["aiohttp", "httpx-aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(default=1000, gt=0)
     upstream_keepalive_s: float = Field(default=15.0, ge=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)

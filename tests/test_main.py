@@ -12,7 +12,14 @@ import httpx
 import pytest
 import respx
 
-from app.main import _Formatter, build_transport, configure_logging, create_app
+from app.main import (
+    _Formatter,
+    build_httpx_transport,
+    build_sender,
+    close_sender,
+    configure_logging,
+    create_app,
+)
 from app.service import Service
 from app.settings import Settings
 from tests.api import OneModelRegistry, WordVocabularies, make_settings
@@ -68,11 +75,21 @@ async def test_default_wiring_uses_the_real_model_table_and_tokenizer() -> None:
         assert spec.window_tokens > 0
 
 
-def test_build_transport_follows_the_setting() -> None:
+async def test_build_sender_follows_the_setting() -> None:
     from httpx_aiohttp import AiohttpTransport
 
-    assert isinstance(build_transport(make_settings(upstream_transport="aiohttp")), AiohttpTransport)
-    assert isinstance(build_transport(make_settings(upstream_transport="httpx")), httpx.AsyncHTTPTransport)
+    from app.upstream.aiohttp_sender import AiohttpSender
+    from app.upstream.senders import HttpxSender
+
+    assert isinstance(build_sender(make_settings(upstream_transport="aiohttp")), AiohttpSender)
+    for name, kind in (("httpx-aiohttp", AiohttpTransport), ("httpx", httpx.AsyncHTTPTransport)):
+        sender = build_sender(make_settings(upstream_transport=name))
+        assert isinstance(sender, HttpxSender) and isinstance(sender.http._transport, kind)
+        await close_sender(sender)
+    seam = httpx.MockTransport(lambda r: httpx.Response(200))
+    sender = build_sender(make_settings(upstream_transport="aiohttp"), transport=seam)
+    assert isinstance(sender, HttpxSender) and sender.http._transport is seam  # the test seam wins
+    await close_sender(sender)
 
 
 def record(**access: Any) -> logging.LogRecord:
@@ -107,33 +124,49 @@ def test_log_lines_follow_stderr_when_it_is_swapped(monkeypatch: pytest.MonkeyPa
     assert "two" in second.getvalue()
 
 
-async def test_transports_are_sized_for_concurrency() -> None:
+async def test_senders_are_sized_for_concurrency() -> None:
     from httpx_aiohttp import AiohttpTransport
 
+    from app.upstream.aiohttp_sender import AiohttpSender
+
     assert Settings().upstream_transport == "aiohttp"  # production default
-    transport = build_transport(make_settings(upstream_transport="aiohttp", upstream_max_connections=321))
+    sender = build_sender(make_settings(upstream_transport="aiohttp", upstream_max_connections=321))
+    assert isinstance(sender, AiohttpSender)
+    try:
+        connector = sender.session.connector
+        assert connector is not None and connector.limit == 321 and connector.limit_per_host == 0
+    finally:
+        await close_sender(sender)
+    transport = build_httpx_transport(
+        make_settings(upstream_transport="httpx-aiohttp", upstream_max_connections=321)
+    )
     assert isinstance(transport, AiohttpTransport)
     session = transport.get_client()
     try:
         assert session.connector is not None and session.connector.limit == 321
-        assert session.connector.limit_per_host == 0
     finally:
         await session.close()
-    plain = build_transport(make_settings(upstream_transport="httpx", upstream_max_connections=321))
+    plain = build_httpx_transport(make_settings(upstream_transport="httpx", upstream_max_connections=321))
     assert isinstance(plain, httpx.AsyncHTTPTransport)
     pool = plain._pool
     assert (pool._max_connections, pool._max_keepalive_connections) == (321, 321)
     assert pool._keepalive_expiry == Settings().upstream_keepalive_s
 
 
-async def test_the_aiohttp_transport_keeps_no_upstream_cookies() -> None:
+async def test_the_aiohttp_senders_keep_no_upstream_cookies() -> None:
     import aiohttp
 
-    transport = build_transport(make_settings(upstream_transport="aiohttp"))
+    from app.upstream.aiohttp_sender import AiohttpSender
+
+    sender = build_sender(make_settings(upstream_transport="aiohttp"))
+    assert isinstance(sender, AiohttpSender)
+    try:
+        assert isinstance(sender.session.cookie_jar, aiohttp.DummyCookieJar)
+    finally:
+        await close_sender(sender)
+    transport = build_httpx_transport(make_settings(upstream_transport="httpx-aiohttp"))
     session = transport.get_client()  # type: ignore[attr-defined]
     try:
         assert isinstance(session.cookie_jar, aiohttp.DummyCookieJar)
-        assert session.connector is not None
-        assert session.connector.limit == make_settings().upstream_max_connections
     finally:
         await session.close()

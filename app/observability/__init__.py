@@ -11,9 +11,9 @@
     page.py        the status page's HTML (inline CSS/JS/canvas, no assets)
     routes.py      GET /metrics, GET /, GET /status.json
 
-The upstream side is ``app.upstream.instrument.InstrumentedTransport`` (X-Request-ID upstream and
-the upstream wait), built through :meth:`Observability.wrap_transport`. Nothing here raises into a
-request: recording failures are logged and swallowed.
+The upstream side is ``app.upstream.instrument.Instrumentation`` (X-Request-ID upstream and the
+upstream wait), built by :meth:`Observability.instrumentation` and given to the upstream client.
+Nothing here raises into a request: recording failures are logged and swallowed.
 """
 
 from app.observability.middleware import ObservabilityMiddleware

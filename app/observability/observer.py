@@ -9,7 +9,7 @@
 * ``observability.metrics.record_summary_cache(hit=...)`` or
   ``observability.metrics.watch_summary_cache(lambda: cache.stats())``;
 * ``observability.use_registry(registry)`` when the model table is (re)loaded;
-* ``observability.wrap_transport(transport)`` for every httpx transport that talks upstream.
+* ``observability.instrumentation()`` for the upstream client that carries client traffic.
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
 from app.observability.context import current, current_request_id
 from app.observability.metrics import Metrics, ModelLabels
 from app.observability.status import RecentRequest, StatusBoard
-from app.upstream.instrument import InstrumentedTransport
+from app.upstream.instrument import Instrumentation
 
 logger = logging.getLogger("ctxproxy.observability")
 
@@ -128,14 +126,14 @@ class Observability:
         if callable(entries):
             self.board.set_model_table(entries(), getattr(registry, "default", None))
 
-    def wrap_transport(self, transport: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
-        return InstrumentedTransport(transport, request_id=current_request_id, on_response=self.upstream_call)
+    def instrumentation(self) -> Instrumentation:
+        return Instrumentation(request_id=current_request_id, on_response=self.upstream_call)
 
-    def upstream_call(self, request: httpx.Request, waited_s: float, status: int | None) -> None:
+    def upstream_call(self, method: str, url: str, waited_s: float, status: int | None) -> None:
         ctx = current()
         if ctx is not None:
             ctx.add_upstream(waited_s)
-        endpoint = discovery_call(request.method, request.url.path, route=ctx.route if ctx else None)
+        endpoint = discovery_call(method, url, route=ctx.route if ctx else None)
         if endpoint is not None:
             self.metrics.record_discovery(endpoint=endpoint, result=discovery_result(status))
         self.metrics.observe_upstream(waited_s, status)

@@ -1,31 +1,45 @@
 """Send one request to the upstream and hand back its streaming response.
 
 ``UpstreamClient.send(method, path, *, content, headers, stream, base_url) -> UpstreamResponse``
-builds the request itself (``httpx.Request``, not ``AsyncClient.build_request``) so that no client
-default header (``User-Agent: python-httpx``, ``Accept-Encoding``...) is added: the upstream sees
-the client's headers, minus hop-by-hop and ``X-Context-*`` (``app.upstream.headers``).
+over a :class:`~app.upstream.senders.Sender` (aiohttp in production, httpx for tests and on
+request). No default header of any library is added: the upstream sees the client's headers,
+minus hop-by-hop and ``X-Context-*`` (``app.upstream.headers``), plus ``X-Request-ID`` when the
+client is instrumented.
 
 The response is opened in streaming mode; the caller must ``aclose()`` it (``async with`` works).
-Every httpx error, whether raised while sending or later while reading the body, is translated
+Every library error, whether raised while sending or later while reading the body, is translated
 into the tree of ``app.upstream.errors``.
 
-Two guards: an optional :class:`~app.upstream.limits.ConcurrencyLimiter` (a slot is taken before
+Guards: an optional :class:`~app.upstream.limits.ConcurrencyLimiter` (a slot is taken before
 sending and given back when the response is closed) and ``stream_idle_timeout_s``, the longest
 silence allowed between two body chunks once the headers are in (``UpstreamTimeout`` after it).
+An optional :class:`~app.upstream.instrument.Instrumentation` stamps the request ID and reports
+each wait for response headers (observability's hooks; this package does not know them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from types import TracebackType
 
 import httpx
 
-from app.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
+from app.upstream.errors import UpstreamError, UpstreamTimeout
 from app.upstream.headers import Header, upstream_request_headers
+from app.upstream.instrument import REQUEST_ID_HEADER, Instrumentation
 from app.upstream.limits import ConcurrencyLimiter, Slot
+from app.upstream.senders import (
+    Exchange,
+    HttpxExchange,
+    HttpxSender,
+    Sender,
+    Translate,
+    translate_httpx_side,
+)
+
+_RID_LOWER = REQUEST_ID_HEADER.lower()
 
 
 def route_base_url(model: str | None, *, routes: Mapping[str, str], default: str) -> str:
@@ -45,73 +59,44 @@ def join_url(base_url: str, path: str, query: str = "") -> str:
     return f"{url}?{query}" if query else url
 
 
-def _wire(text: str) -> bytes:
-    """A header name or value back to its wire bytes (they arrive latin-1 decoded); as str, httpx
-    would insist on ASCII and fail on a client's non-ASCII header value."""
-    try:
-        return text.encode("latin-1")
-    except UnicodeEncodeError:  # an operator-configured value (the upstream key) outside latin-1
-        return text.encode("utf-8")
-
-
-def translate(exc: httpx.HTTPError, *, base_url: str | None) -> UpstreamError:
-    """The upstream error for an httpx error (structure only: the exception types and causes)."""
-    where = f" ({base_url})" if base_url else ""
-    cause = exc.__cause__
-    # httpx-aiohttp maps every aiohttp ClientConnectionError (refused, DNS) to ConnectTimeout;
-    # a cause that is not itself a timeout means the upstream was unreachable, not slow.
-    aiohttp_cause = cause is not None and type(cause).__module__.startswith("aiohttp")
-    if isinstance(exc, httpx.ConnectTimeout) and aiohttp_cause and not isinstance(cause, TimeoutError):
-        return UpstreamUnreachable(f"The upstream is unreachable{where}: {exc}", base_url=base_url)
-    if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"The upstream did not answer in time{where}.", base_url=base_url)
-    if isinstance(exc, httpx.ConnectError | httpx.UnsupportedProtocol | httpx.ProxyError):
-        return UpstreamUnreachable(f"The upstream is unreachable{where}: {exc}", base_url=base_url)
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return UpstreamProtocolError(f"The upstream broke the connection{where}: {exc}", base_url=base_url)
-    return UpstreamProtocolError(f"The upstream request failed{where}: {exc}", base_url=base_url)
-
-
-def transport_error(exc: Exception, *, base_url: str | None) -> UpstreamError | None:
-    """An error a transport let through untranslated (httpx-aiohttp does not map every aiohttp
-    error: a status line that is not HTTP raises aiohttp's ``ClientResponseError``), or a raw
-    socket error; None for anything else (a bug, which must stay visible)."""
-    if type(exc).__module__.split(".")[0] in {"aiohttp", "h11", "httpcore"} or isinstance(exc, OSError):
-        where = f" ({base_url})" if base_url else ""
-        return UpstreamProtocolError(f"The upstream's answer was not valid HTTP{where}.", base_url=base_url)
-    return None
-
-
 class UpstreamResponse:
     """An upstream answer: status and headers now, the body as it arrives (raw, never decoded).
 
     ``aread()`` reads the whole raw body once and keeps it; ``aiter_raw()`` then replays it, so a
-    body read to classify an error can still be passed back as is. ``text_for_classification()``
-    gives the decoded body (``Content-Encoding`` undone) for the error classifier only.
+    body read to classify an error can still be passed back as is. ``decoded_body()`` gives the
+    read body with its ``Content-Encoding`` undone, for the error classifier only.
     """
 
     def __init__(
         self,
-        response: httpx.Response,
+        exchange: Exchange,
         *,
+        translate: Translate,
         base_url: str,
         idle_timeout_s: float | None = None,
         slot: Slot | None = None,
     ) -> None:
-        self._response = response
+        self._exchange = exchange
+        self._translate = translate
         self.base_url = base_url
         self._body: bytes | None = None
         self._idle_timeout_s = idle_timeout_s
         self._slot = slot
+        self._closed = False
+
+    @classmethod
+    def of_httpx(cls, response: httpx.Response, *, base_url: str) -> UpstreamResponse:
+        """An already-made ``httpx.Response`` as an upstream response (tests build them)."""
+        return cls(HttpxExchange(response), translate=translate_httpx_side, base_url=base_url)
 
     @property
     def status_code(self) -> int:
-        return self._response.status_code
+        return self._exchange.status_code
 
     @property
     def headers(self) -> list[Header]:
         """Raw response headers in order, latin-1 decoded (the HTTP/1.1 wire encoding)."""
-        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._response.headers.raw]
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._exchange.raw_headers]
 
     @property
     def body(self) -> bytes | None:
@@ -121,7 +106,7 @@ class UpstreamResponse:
     async def aread(self) -> bytes:
         if self._body is None:
             chunks = [chunk async for chunk in self._iter_wire()]
-            self._body = b"".join(chunks)
+            self._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return self._body
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
@@ -134,51 +119,53 @@ class UpstreamResponse:
             yield chunk
 
     async def _iter_wire(self) -> AsyncIterator[bytes]:
-        # A transport may hand back an already-read response (test doubles do); its stream still
-        # holds the raw bytes, which httpx's aiter_raw would refuse to replay.
-        raw = self._response.stream if self._response.is_stream_consumed else self._response.aiter_raw()
-        chunks = aiter(raw)  # type: ignore[arg-type]
+        chunks = self._exchange.chunks()
+        idle_timeout_s = self._idle_timeout_s
         while True:
+            idle = asyncio.timeout(idle_timeout_s) if idle_timeout_s is not None else None
             try:
                 # The timeout covers the wait only, never a yield (a suspended consumer is not idle).
-                async with asyncio.timeout(self._idle_timeout_s):
+                if idle is None:
                     chunk = await anext(chunks)
+                else:
+                    async with idle:
+                        chunk = await anext(chunks)
             except StopAsyncIteration:
                 return
-            except TimeoutError as exc:
-                raise UpstreamTimeout(
-                    f"The upstream sent nothing for {self._idle_timeout_s:g} s in the middle of its answer"
-                    f" ({self.base_url}).",
-                    base_url=self.base_url,
-                ) from exc
-            except httpx.HTTPError as exc:
-                raise translate(exc, base_url=self.base_url) from exc
             except Exception as exc:
-                error = transport_error(exc, base_url=self.base_url)
-                if error is None:
-                    raise
-                raise error from exc
+                if idle is not None and idle.expired():
+                    raise UpstreamTimeout(
+                        f"The upstream sent nothing for {idle_timeout_s:g} s in the middle of its answer"
+                        f" ({self.base_url}).",
+                        base_url=self.base_url,
+                    ) from exc
+                raise self._translated(exc) from exc
             if chunk:
                 yield chunk
+
+    def _translated(self, exc: Exception) -> Exception:
+        error = self._translate(exc, base_url=self.base_url, reading=True)
+        return exc if error is None else error
 
     def decoded_body(self) -> bytes:
         """The body read by :meth:`aread` with its ``Content-Encoding`` undone (b"" if unread)."""
         if not self._body:
-            return b""
-        if "content-encoding" not in self._response.headers:
-            return self._body  # nothing to undo: no throwaway httpx.Response
+            return self._body or b""
+        headers = self._exchange.raw_headers
+        if not any(name.lower() == b"content-encoding" for name, _ in headers):
+            return self._body  # nothing to undo
         try:
-            decoded = httpx.Response(self.status_code, headers=self._response.headers, content=self._body)
-            return decoded.content
+            return httpx.Response(self.status_code, headers=headers, content=self._body).content
         except httpx.DecodingError:
             return self._body
 
     async def aclose(self) -> None:
         """Close the upstream response (and its connection if unread). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
         try:
-            # Closing a broken connection raises; there is nothing left to release then.
-            with contextlib.suppress(httpx.HTTPError):
-                await self._response.aclose()
+            await self._exchange.aclose()
         finally:
             if self._slot is not None:
                 self._slot.release()
@@ -193,17 +180,19 @@ class UpstreamResponse:
 
 
 class UpstreamClient:
-    """Sends requests to the upstream over one shared ``httpx.AsyncClient`` (owned by the app).
+    """Sends requests to the upstream through one shared sender (owned by the app).
 
-    ``api_key`` (when set) replaces the client's Authorization; ``routes`` maps a model name or
-    prefix to another base URL (:func:`route_base_url`); ``timeout`` applies to every request;
-    ``limiter`` caps concurrent requests (probes are not counted); ``stream_idle_timeout_s`` bounds
-    the silence between body chunks.
+    ``http`` is a :class:`~app.upstream.senders.Sender` or an ``httpx.AsyncClient`` (wrapped in
+    :class:`~app.upstream.senders.HttpxSender`: the test seam). ``api_key`` (when set) replaces
+    the client's Authorization; ``routes`` maps a model name or prefix to another base URL
+    (:func:`route_base_url`); ``timeout`` applies to every request; ``limiter`` caps concurrent
+    requests (probes are not counted); ``stream_idle_timeout_s`` bounds the silence between body
+    chunks; ``instrumentation`` stamps request IDs and reports waits.
     """
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: Sender | httpx.AsyncClient,
         *,
         base_url: str,
         api_key: str | None = None,
@@ -211,16 +200,20 @@ class UpstreamClient:
         timeout: httpx.Timeout | None = None,
         limiter: ConcurrencyLimiter | None = None,
         stream_idle_timeout_s: float | None = None,
+        instrumentation: Instrumentation | None = None,
     ) -> None:
-        self._http = http
+        self.sender: Sender = HttpxSender(http) if isinstance(http, httpx.AsyncClient) else http
         self.base_url = base_url
         self._api_key = api_key
         self.routes: dict[str, str] = dict(routes or {})
         self._timeout = timeout or httpx.Timeout(10.0, read=600.0)
         self.limiter = limiter
         self._idle_timeout_s = stream_idle_timeout_s
+        self.instrumentation = instrumentation
 
     def base_url_for(self, model: str | None) -> str:
+        if not self.routes:
+            return self.base_url
         return route_base_url(model, routes=self.routes, default=self.base_url)
 
     def base_urls(self) -> tuple[str, ...]:
@@ -246,33 +239,46 @@ class UpstreamClient:
         ``path`` is relative to the base URL (``"chat/completions"``); ``headers`` are the
         client's, filtered here. A streamed ``content`` goes out chunked unless
         ``content_length`` (the client's declared length) is given. Raises an
-        :class:`UpstreamError`, never an httpx error (``UpstreamBusy`` when ``limited`` and the
+        :class:`UpstreamError`, never a library's error (``UpstreamBusy`` when ``limited`` and the
         concurrency cap stays full).
         """
         base = base_url or self.base_url
         forwarded = upstream_request_headers(headers, api_key=self._api_key)
         if content_length is not None and not isinstance(content, bytes):
             forwarded.append(("Content-Length", str(content_length)))
-        request = httpx.Request(
-            method,
-            join_url(base, path, query),
-            headers=[(_wire(name), _wire(value)) for name, value in forwarded],
-            content=content,
-            extensions={"timeout": (timeout or self._timeout).as_dict()},
-        )
+        url = join_url(base, path, query)
+        instrumentation = self.instrumentation
+        if instrumentation is not None:
+            rid = instrumentation.request_id()
+            if rid is not None:
+                # The upstream sees the same ID as our logs and the client's response.
+                forwarded = [(k, v) for k, v in forwarded if k.lower() != _RID_LOWER]
+                forwarded.append((REQUEST_ID_HEADER, rid))
         slot = await self.limiter.acquire() if limited and self.limiter is not None else None
+        started_s = time.perf_counter()
+        status: int | None = None
         try:
-            response = await self._http.send(request, stream=True, follow_redirects=False)
+            exchange = await self.sender.open(
+                method, url, headers=forwarded, content=content, timeout=timeout or self._timeout
+            )
+            status = exchange.status_code
         except BaseException as exc:
             if slot is not None:
                 slot.release()
-            if isinstance(exc, httpx.HTTPError):
-                raise translate(exc, base_url=base) from exc
-            error = transport_error(exc, base_url=base) if isinstance(exc, Exception) else None
+            error = self.sender.translate(exc, base_url=base) if isinstance(exc, Exception) else None
             if error is not None:
                 raise error from exc
             raise
-        upstream = UpstreamResponse(response, base_url=base, idle_timeout_s=self._idle_timeout_s, slot=slot)
+        finally:
+            if instrumentation is not None:
+                instrumentation.report(method, join_url(base, path), time.perf_counter() - started_s, status)
+        upstream = UpstreamResponse(
+            exchange,
+            translate=self.sender.translate,
+            base_url=base,
+            idle_timeout_s=self._idle_timeout_s,
+            slot=slot,
+        )
         if not stream:
             try:
                 await upstream.aread()

@@ -39,7 +39,7 @@ class Chunks(httpx.AsyncByteStream):
 async def test_a_read_answer_goes_out_in_one_message_with_its_length() -> None:
     payload = json.dumps(chat_ok()).encode()
     stream = Chunks([payload[:10], payload[10:]])
-    upstream = UpstreamResponse(httpx.Response(200, stream=stream), base_url=UPSTREAM)
+    upstream = UpstreamResponse.of_httpx(httpx.Response(200, stream=stream), base_url=UPSTREAM)
     await read_whole(upstream)
     sent: list[dict[str, Any]] = []
 

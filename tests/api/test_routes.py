@@ -407,7 +407,7 @@ async def test_client_disconnect_stops_the_stream_and_closes_the_upstream() -> N
         async def aclose(self) -> None:
             closed.append(True)
 
-    upstream = UpstreamResponse(httpx.Response(200, stream=Endless()), base_url=UPSTREAM)
+    upstream = UpstreamResponse.of_httpx(httpx.Response(200, stream=Endless()), base_url=UPSTREAM)
     sent: list[dict[str, Any]] = []
     disconnect = anyio.Event()
 
@@ -471,7 +471,7 @@ async def test_a_send_that_fails_because_the_client_left_ends_quietly_and_closes
         async def aclose(self) -> None:
             closed.append(True)
 
-    upstream = UpstreamResponse(httpx.Response(200, stream=Chunks()), base_url=UPSTREAM)
+    upstream = UpstreamResponse.of_httpx(httpx.Response(200, stream=Chunks()), base_url=UPSTREAM)
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from tests.fault_upstream import FaultUpstream, blackhole, closed_port
 MODEL = "gpt-4o-mini"
 BODY: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}]}
 STREAM_BODY: dict[str, Any] = {**BODY, "stream": True}
-TRANSPORTS = ["aiohttp", "httpx"]
+TRANSPORTS = ["aiohttp", "httpx-aiohttp", "httpx"]
 
 
 @contextmanager

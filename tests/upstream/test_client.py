@@ -12,8 +12,9 @@ import pytest
 import respx
 from httpx_aiohttp import AiohttpTransport
 
-from app.upstream.client import UpstreamClient, join_url, route_base_url, translate
+from app.upstream.client import UpstreamClient, join_url, route_base_url
 from app.upstream.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
+from app.upstream.senders import translate_httpx as translate
 
 BASE = "http://up.test/v1"
 

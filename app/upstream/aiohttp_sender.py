@@ -1,0 +1,172 @@
+"""The production sender: requests go straight out on one ``aiohttp.ClientSession``.
+
+Why not httpx's API on aiohttp's pool (``httpx_aiohttp``): that builds an ``httpx.Request`` and an
+``httpx.Response`` around every aiohttp exchange, about 0.5 ms of CPU per request on the
+benchmark machine, as much as the rest of the proxy's own work on a small request. The seam is
+:class:`app.upstream.senders.Sender`; tests that mock the upstream use the httpx sender.
+
+What the session is told, and why:
+
+* no auto headers (``User-Agent``, ``Accept``, ``Accept-Encoding``, ``Content-Type``): the upstream
+  sees the client's headers and nothing of ours; in particular it must not be offered gzip the
+  client did not ask for, since bodies pass through undecoded (``auto_decompress=False``);
+* no cookie jar: one client's upstream cookies must never go out with another client's request;
+* no redirects, no environment proxies or netrc (``trust_env=False``): a proxy forwards exactly;
+* the pool: ``limit`` connections at once (LLM calls hold theirs for minutes) and idle ones kept
+  ``keepalive_s``.
+
+Header values arrive as latin-1 text of the client's bytes; aiohttp writes header text as UTF-8,
+so a value whose bytes were UTF-8 is passed as that text (same bytes on the wire) and any other
+byte string (obs-text, never sent by an SDK) goes out as the UTF-8 of its latin-1 reading.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterable, AsyncIterator
+
+import aiohttp
+import httpx
+
+from app.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
+from app.upstream.senders import Exchange, WireHeader
+
+SKIPPED_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
+def _text(value: str) -> str:
+    """The text aiohttp will write back as the same bytes, when there is one (see module doc)."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):  # obs-text, or an operator's non-latin-1 key
+        return value
+
+
+class _AiohttpExchange:
+    __slots__ = ("_response",)
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    @property
+    def status_code(self) -> int:
+        return self._response.status
+
+    @property
+    def raw_headers(self) -> list[WireHeader]:
+        return list(self._response.raw_headers)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        content = self._response.content
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                return
+            yield chunk
+
+    async def aclose(self) -> None:
+        # Back to the pool when the body was read to its end; otherwise the connection is closed
+        # (aiohttp decides from the protocol's state). Never raises.
+        self._response.release()
+
+
+class AiohttpSender:
+    """A sender on its own ``aiohttp.ClientSession``, created on first use (it must be made inside
+    the running event loop) and closed by :meth:`aclose`."""
+
+    def __init__(
+        self,
+        *,
+        limit: int = 1000,
+        keepalive_s: float = 300.0,
+        ssl_context: ssl.SSLContext | bool = True,
+    ) -> None:
+        self.limit = limit
+        self.keepalive_s = keepalive_s
+        self._ssl = ssl_context
+        self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.limit, keepalive_timeout=self.keepalive_s, ssl=self._ssl
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=SKIPPED_AUTO_HEADERS,
+                auto_decompress=False,
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self._session
+
+    def client_timeout(self, timeout: httpx.Timeout) -> aiohttp.ClientTimeout:
+        """httpx's four timeouts as aiohttp's: ``connect`` covers the wait for a pooled connection
+        plus connecting (httpx's ``pool``), ``sock_connect`` the TCP/TLS connect, ``sock_read`` the
+        longest wait for any read, headers included; no total (a stream may last for minutes)."""
+        key = (timeout.connect, timeout.read, timeout.pool)
+        cached = self._timeouts.get(key)
+        if cached is None:
+            pool = None if timeout.pool is None or timeout.connect is None else timeout.pool + timeout.connect
+            cached = aiohttp.ClientTimeout(
+                total=None, connect=pool, sock_connect=timeout.connect, sock_read=timeout.read
+            )
+            if len(self._timeouts) < 64:  # a handful in practice (chat, discovery, probes)
+                self._timeouts[key] = cached
+        return cached
+
+    async def open(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: list[tuple[str, str]],
+        content: bytes | AsyncIterable[bytes] | None,
+        timeout: httpx.Timeout,
+    ) -> Exchange:
+        response = await self.session.request(
+            method,
+            url,
+            headers=[(name, _text(value)) for name, value in headers],
+            data=content if content else None,
+            allow_redirects=False,
+            compress=None,
+            timeout=self.client_timeout(timeout),
+        )
+        return _AiohttpExchange(response)
+
+    def translate(
+        self, exc: BaseException, *, base_url: str | None, reading: bool = False
+    ) -> UpstreamError | None:
+        """The upstream error for an aiohttp (or socket) error, by type; None for anything else.
+        ``reading``: raised while reading the body (the upstream had answered: a broken answer)."""
+        where = f" ({base_url})" if base_url else ""
+        if isinstance(exc, TimeoutError):  # aiohttp's connect/read timeouts are TimeoutErrors too
+            return UpstreamTimeout(f"The upstream did not answer in time{where}.", base_url=base_url)
+        if not reading and isinstance(
+            exc,
+            aiohttp.ClientConnectorError
+            | aiohttp.ServerDisconnectedError
+            | aiohttp.InvalidURL
+            | aiohttp.NonHttpUrlClientError,
+        ):
+            return UpstreamUnreachable(f"The upstream is unreachable{where}: {exc}", base_url=base_url)
+        if isinstance(exc, aiohttp.ClientResponseError):
+            return UpstreamProtocolError(
+                f"The upstream's answer was not valid HTTP{where}.", base_url=base_url
+            )
+        if isinstance(exc, aiohttp.ClientError | OSError):
+            return UpstreamProtocolError(
+                f"The upstream broke the connection{where}: {exc}", base_url=base_url
+            )
+        return None
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
