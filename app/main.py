@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from app import __version__
 from app.api.auth import ProxyKeyMiddleware
 from app.api.errors import install_error_handlers
+from app.api.lane import ChatLane
 from app.api.routes import router
 from app.core.knowledge import Knowledge
 from app.core.tokens import TokenCounter
@@ -298,6 +299,7 @@ def create_app(
     app.state.observability = observability
     app.include_router(router)
     app.include_router(observability_router)
+    app.add_middleware(ChatLane)  # innermost: inside the error handling installed next
     install_error_handlers(app)
     if settings.proxy_api_keys():
         app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys())

@@ -96,7 +96,10 @@ def render(exc: Exception) -> Response:
     return response
 
 
-async def _handle_known(request: Request, exc: Exception) -> Response:
+KNOWN_ERRORS = (InvalidRequest, CannotFit, BodyTooLarge, UpstreamError)
+
+
+async def handle_known(request: Request, exc: Exception) -> Response:
     response = render(exc)
     if isinstance(exc, PlanCannotFit):
         record_plan(request.scope, exc.plan, retries=0)
@@ -122,8 +125,8 @@ async def _handle_validation(request: Request, exc: Exception) -> Response:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    for kind in (InvalidRequest, CannotFit, BodyTooLarge, UpstreamError):
-        app.add_exception_handler(kind, _handle_known)
+    for kind in KNOWN_ERRORS:
+        app.add_exception_handler(kind, handle_known)
     app.add_exception_handler(HTTPException, _handle_http)
     app.add_exception_handler(RequestValidationError, _handle_validation)
     app.add_middleware(LastResortMiddleware)
