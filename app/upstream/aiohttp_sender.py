@@ -81,11 +81,13 @@ class AiohttpSender:
         *,
         limit: int = 1000,
         keepalive_s: float = 300.0,
-        ssl_context: ssl.SSLContext | bool = True,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.limit = limit
         self.keepalive_s = keepalive_s
-        self._ssl = ssl_context
+        # httpx's default context (certifi's CAs, SSL_CERT_FILE/SSL_CERT_DIR honoured), as the
+        # httpx transports use: switching transports must not change which upstreams verify.
+        self._ssl = ssl_context if ssl_context is not None else httpx.create_ssl_context()
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
 

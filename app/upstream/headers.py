@@ -2,9 +2,10 @@
 
 Hop-by-hop headers (RFC 9110 §7.6.1, plus ``host`` and ``content-length`` which the next hop
 recomputes) never pass in either direction, nor does any header the ``Connection`` header names.
-Our own ``X-Context-*`` request headers are for the proxy and are never forwarded upstream. The
-client's ``Authorization`` passes as is, unless the operator configured an upstream key: then it
-is replaced (and the client's is dropped), so a client never needs the real key.
+Our own ``X-Context-*`` request headers are for the proxy and are never forwarded upstream, nor
+is ``Expect`` (answered here). The client's ``Authorization`` passes as is, unless the operator
+configured an upstream key: then it is replaced (and the client's is dropped), so a client never
+needs the real key.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ HOP_BY_HOP: frozenset[str] = frozenset(
     }
 )
 CONTEXT_PREFIX = "x-context-"
+# Request headers the proxy answers itself: the server in front of us sends the client its
+# "100 Continue" when the body is read. Forwarded, ``Expect: 100-continue`` would make a client
+# library hold the body back until the upstream says 100, which not every server does.
+ANSWERED_HERE: frozenset[str] = frozenset({"expect"})
 
 
 def _connection_tokens(headers: list[Header]) -> set[str]:
@@ -53,6 +58,7 @@ def upstream_request_headers(headers: Iterable[Header], *, api_key: str | None =
         (name, value)
         for name, value in _end_to_end(headers)
         if not name.lower().startswith(CONTEXT_PREFIX)
+        and name.lower() not in ANSWERED_HERE
         and not (api_key is not None and name.lower() == "authorization")
     ]
     if api_key is not None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from app.upstream.headers import client_response_headers, upstream_request_headers
 
 
-def test_hop_by_hop_and_context_headers_are_not_forwarded_upstream() -> None:
+def test_hop_by_hop_context_and_expect_headers_are_not_forwarded_upstream() -> None:
     headers = [
         ("Host", "proxy:8080"),
         ("Content-Length", "12"),
@@ -14,6 +14,7 @@ def test_hop_by_hop_and_context_headers_are_not_forwarded_upstream() -> None:
         ("Upgrade", "h2c"),
         ("Proxy-Authorization", "Basic x"),
         ("X-Debug", "1"),
+        ("Expect", "100-continue"),
         ("X-Context-Budget", "100"),
         ("x-context-policy", "off"),
         ("Content-Type", "application/json"),
