@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
+from urllib.parse import unquote
 
 import orjson
 from fastapi import APIRouter, Request
@@ -20,6 +21,7 @@ from app.api.disconnect import ClientLeft, NoResponse, until_client_leaves
 from app.api.errors import BodyTooLarge
 from app.api.headers import parse_context_headers
 from app.api.responses import UpstreamStreamResponse, access_fields, chat_response, read_whole, record_plan
+from app.core.errors import InvalidRequest
 from app.service import ChatOutcome, Service, plan_report
 from app.upstream.errors import UpstreamError
 from app.upstream.headers import Header
@@ -144,11 +146,18 @@ class _LimitedBody:
 
 
 def _raw_path(request: Request, path: str) -> str:
-    """The path after ``/v1/`` as the client sent it (percent-encoding kept), when known."""
+    """The path after ``/v1/`` as the client sent it (percent-encoding kept), when known.
+
+    ``InvalidRequest`` for a dot segment (``..``, ``%2e%2e``, ``.``): pass-through stays under the
+    upstream's base URL, whose path is not the client's to climb out of (the operator's key may be
+    attached to everything this proxy forwards)."""
     raw = request.scope.get("raw_path")
+    forwarded = path
     if isinstance(raw, bytes) and raw.startswith(b"/v1/"):
-        return raw[4:].split(b"?", 1)[0].decode("latin-1")
-    return path
+        forwarded = raw[4:].split(b"?", 1)[0].decode("latin-1")
+    if any(unquote(segment) in (".", "..") for segment in forwarded.split("/")):
+        raise InvalidRequest("The path must not contain '.' or '..' segments.", param=None)
+    return forwarded
 
 
 def _model_of(raw: bytes) -> str | None:

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 import aiohttp
 import httpx
+import yarl
 
 from app.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from app.upstream.senders import Exchange, WireHeader
@@ -133,7 +134,8 @@ class AiohttpSender:
     ) -> Exchange:
         response = await self.session.request(
             method,
-            url,
+            # As given: yarl would otherwise re-quote the client's path and resolve dot segments.
+            yarl.URL(url, encoded=True),
             headers=[(name, _text(value)) for name, value in headers],
             data=content if content else None,
             allow_redirects=False,

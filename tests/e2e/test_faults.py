@@ -692,6 +692,30 @@ def test_expect_100_continue_is_answered_here_not_forwarded(
     assert "expect" not in record.headers and record.json() == BODY
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_passthrough_paths_go_upstream_as_sent_and_never_climb_out_of_the_base_url(
+    upstream: FaultUpstream, transport: str
+) -> None:
+    with proxy(f"{upstream.url}/v1", upstream_transport=transport) as url:
+        statuses = {}
+        for path in ("/v1/files/a%2Fb/caf%C3%A9/%7Euser", "/v1/../admin", "/v1/%2e%2E/admin", "/v1/x/./y"):
+            sock = raw_request(url, b"GET " + path.encode() + b" HTTP/1.1\r\nHost: proxy\r\n\r\n")
+            try:
+                statuses[path], _ = read_response(sock)
+            finally:
+                sock.close()
+    assert statuses == {
+        "/v1/files/a%2Fb/caf%C3%A9/%7Euser": 200,
+        "/v1/../admin": 400,
+        "/v1/%2e%2E/admin": 400,
+        "/v1/x/./y": 400,
+    }
+    sent = "/v1/files/a%2Fb/caf%C3%A9/%7Euser"
+    if transport == "httpx-aiohttp":  # aiohttp re-quotes httpx's URL: an unreserved "~" is unescaped
+        sent = sent.replace("%7E", "~")
+    assert [r.path for r in upstream.records] == [sent]  # byte for byte otherwise
+
+
 # --- concurrency cap ---------------------------------------------------------------------------------
 
 
