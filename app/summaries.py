@@ -43,10 +43,11 @@ from app.compaction.ahead import AheadOfTime
 from app.compaction.cache import SummaryCache, cache_from_url
 from app.compaction.summarizer import PrefetchedSummaries, Summarizer, blocks_from_spans
 from app.core.budget import Policy
+from app.core.context import block_tokens_for, droppable_blocks, pinned_indices
 from app.core.fit import SummaryProvider
 from app.core.messages import Message, group_turns, validate_messages
 from app.core.plan import DroppedSpan, Plan
-from app.core.strategies import block_tokens_for, droppable_blocks, is_ctxproxy_note, pinned_indices
+from app.core.strategies import is_ctxproxy_note
 from app.core.tokens import MessageCounter
 from app.service import CHAT_PATH, ModelResolver, Vocabularies, request_budget_tokens
 from app.settings import Settings

@@ -24,7 +24,7 @@ Steps (``fits`` means messages + reply priming <= the input budget):
 
 Steps 2 and 4 never touch the protected tail (the newest ``keep_turns`` turns, bounded to
 ``protect_max_share`` of the input budget in whole units), the pinned messages or the newest user
-message; so one long single-turn agent session is fitted like a long chat (see ``strategies``).
+message; so one long single-turn agent session is fitted like a long chat (see ``context``).
 
 A final guard checks that the output has no tool-pairing problem the input did not have; one
 would be a bug in a strategy, so it raises ``AssertionError`` rather than corrupt a conversation.
@@ -37,21 +37,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core.budget import Budget, Policy, budget_for
-from app.core.messages import Message, group_turns, pairing_problems, validate_messages
-from app.core.plan import Action, DroppedSpan, Plan
-from app.core.registry import ModelSpec
-from app.core.strategies import (
-    STRATEGIES,
+from app.core.context import (
     SummaryProvider,
     block_tokens_for,
     build_context,
     droppable_blocks,
-    is_ctxproxy_note,
     newest_user_index,
     pinned_indices,
     protect_tokens_for,
     protected_start,
 )
+from app.core.messages import Message, group_turns, pairing_problems, validate_messages
+from app.core.plan import Action, DroppedSpan, Plan
+from app.core.registry import ModelSpec
+from app.core.strategies import STRATEGIES, is_ctxproxy_note
 from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
 __all__ = ["SummaryProvider", "plan_request", "preview_next_cut"]

@@ -1,4 +1,5 @@
-"""Fakes for the core: a word-counting tokenizer, a chat accounting over it, conversation builders.
+"""Fakes for the core: a word-counting tokenizer, a chat accounting over it, conversation and
+context builders.
 
 One token per whitespace-separated word keeps counts obvious in tests and fast in property runs.
 ``FakeMessageCounter`` implements the ``MessageCounter`` contract on its own (3 per message, role,
@@ -13,7 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.core.budget import Policy
+from app.core.budget import Budget, Policy
+from app.core.context import FitContext, build_context
+from app.core.messages import Message
 from app.core.registry import ModelSpec
 from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
@@ -148,3 +151,23 @@ def body(messages: Sequence[Mapping[str, Any]], **extra: Any) -> dict[str, Any]:
 
 def policy(**overrides: Any) -> Policy:
     return Policy(**overrides)
+
+
+def budget(input_tokens: int) -> Budget:
+    return Budget(
+        window_tokens=10_000_000, reserve_tokens=0, margin_tokens=0, tool_tokens=0, cap_tokens=input_tokens
+    )
+
+
+def ctx_for(
+    messages: Sequence[Message], input_tokens: int, counter: FakeMessageCounter, **policy: Any
+) -> FitContext:
+    return build_context(messages, budget=budget(input_tokens), policy=Policy(**policy), counter=counter)
+
+
+def agent_session(units: int, result_tokens: int, *, parallel: int = 1) -> list[dict[str, Any]]:
+    """One user message (the task), then ``units`` tool exchanges: a single-turn agent session."""
+    out: list[dict[str, Any]] = [system(), user(10, "task")]
+    for k in range(units):
+        out += tool_exchange([f"c{k}_{j}" for j in range(parallel)], result_tokens)
+    return out

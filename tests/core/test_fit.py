@@ -301,7 +301,7 @@ def test_real_tokenizer_end_to_end() -> None:
 
 
 def test_real_tokenizer_middle_out_is_token_exact() -> None:
-    from app.core.strategies import truncate_message
+    from app.core.cutting import truncate_message
     from app.tokenizer import counter_for
 
     counter = MessageCounter(counter_for("o200k_base"))

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from app.core.budget import Policy
+from app.core.context import newest_user_index, pinned_indices, protect_tokens_for, protected_start
 from app.core.fit import plan_request
 from app.core.messages import group_turns, group_units, pairing_problems
 from app.core.plan import Plan
-from app.core.strategies import newest_user_index, pinned_indices, protect_tokens_for, protected_start
 from tests.core.fakes import SPEC, TINY_PNG, FakeMessageCounter, body
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -184,7 +184,7 @@ def test_forwarded_prefix_is_stable_as_a_conversation_grows(
         # The old newest user message sat inside the droppable region (it is never dropped while
         # newest, so it split the old cut). Once it is history its block frees more and the cut is
         # re-chosen: one cache miss per new user turn when the protected tail is smaller than the
-        # newest turn (agent sessions), documented in app/core/strategies.py.
+        # newest turn (agent sessions), documented in app/core/context.py.
         event("newest user message split the old cut")
         return
     if old.dropped and old.dropped != new.dropped:

@@ -8,46 +8,31 @@ from typing import Any
 
 import pytest
 
-from app.core.budget import Budget, Policy
+from app.core.budget import Policy
+from app.core.context import build_context
 from app.core.messages import Message, group_units, pairing_problems
 from app.core.strategies import (
     STRATEGIES,
-    FitContext,
     Strategy,
-    block_tokens_for,
-    build_context,
     drop_oldest,
-    droppable_blocks,
     is_ctxproxy_note,
     last_resort,
     middle_out,
-    pinned_indices,
-    protected_start,
     prune_old_results,
-    truncate_message,
 )
 from tests.core.fakes import (
     FakeMessageCounter,
+    agent_session,
     assistant,
+    budget,
     chat,
+    ctx_for,
     image_user,
     system,
     tool_exchange,
     user,
     words,
 )
-
-
-def budget(input_tokens: int) -> Budget:
-    return Budget(
-        window_tokens=10_000_000, reserve_tokens=0, margin_tokens=0, tool_tokens=0, cap_tokens=input_tokens
-    )
-
-
-def ctx_for(
-    messages: Sequence[Message], input_tokens: int, counter: FakeMessageCounter, **policy: Any
-) -> FitContext:
-    return build_context(messages, budget=budget(input_tokens), policy=Policy(**policy), counter=counter)
 
 
 def agentic(rounds: int, result_tokens: int) -> list[dict[str, Any]]:
@@ -135,103 +120,6 @@ def test_a_fitting_input_is_returned_as_the_same_objects(
     result = strategy(messages, ctx_for(messages, 100_000, counter))
     assert all(a is b for a, b in zip(result.messages, messages, strict=True))
     assert result.actions == ()
-
-
-def test_pinned_indices_are_instructions_and_the_first_user_message() -> None:
-    messages = [system(), user(), assistant(), {"role": "developer", "content": "x"}, user()]
-    assert pinned_indices(messages, pin_first_user=True) == frozenset({0, 1, 3})
-    assert pinned_indices(messages, pin_first_user=False) == frozenset({0, 3})
-
-
-def test_protected_start_keeps_at_least_the_newest_turn() -> None:
-    messages = chat(5)  # system, then turns starting at 1, 3, 5, 7, 9
-    assert protected_start(messages, keep_turns=2) == 7
-    assert protected_start(messages, keep_turns=0) == 9
-    assert protected_start(messages, keep_turns=99) == 1
-    assert protected_start([system()], keep_turns=2) == 1
-
-
-def test_block_size_default_and_override() -> None:
-    assert block_tokens_for(budget(100_000), Policy()) == 12_500
-    assert block_tokens_for(budget(1_000), Policy()) == 256
-    assert block_tokens_for(budget(100_000), Policy(drop_block_tokens=777)) == 777
-
-
-def test_blocks_depend_only_on_the_conversation_start(counter: FakeMessageCounter) -> None:
-    short = chat(20)
-    longer = [*chat(20)[:-1], *chat(40)[len(short) - 1 :]]
-    assert longer[: len(short) - 1] == short[:-1]
-    cut_short = droppable_blocks(
-        short, counter.count_messages(short), region_stop=len(short) - 1, block_tokens=200
-    )
-    cut_long = droppable_blocks(
-        longer, counter.count_messages(longer), region_stop=len(longer) - 1, block_tokens=200
-    )
-    assert len(cut_short) > 3
-    assert cut_long[: len(cut_short) - 1] == cut_short[:-1]
-    assert cut_long[len(cut_short) - 1][0] == cut_short[-1][0]
-    # every boundary is a turn start in a plain chat
-    assert all(short[start]["role"] == "user" for start, _ in cut_short)
-
-
-def test_blocks_split_a_turn_larger_than_a_block_at_unit_starts(counter: FakeMessageCounter) -> None:
-    messages = [system(), user(10)]
-    for k in range(10):
-        messages += tool_exchange([f"c{k}"], 100)
-    messages.append(user(10))
-    blocks = droppable_blocks(
-        messages, counter.count_messages(messages), region_stop=len(messages) - 1, block_tokens=250
-    )
-    assert len(blocks) > 2
-    for start, _ in blocks[1:]:
-        assert messages[start]["role"] == "assistant" and "tool_calls" in messages[start]
-
-
-def test_truncate_message_is_token_exact_and_keeps_head_and_tail(counter: FakeMessageCounter) -> None:
-    message = {"role": "user", "content": words(1000)}
-    cut = truncate_message(
-        message, current_tokens=counter.count_message(message), target_tokens=200, counter=counter
-    )
-    assert cut is not None
-    new, tokens = cut
-    assert tokens == counter.count_message(new) <= 200
-    text = new["content"]
-    assert text.startswith("w0 w1 ") and text.endswith(" w999")
-    assert "tokens removed from the middle of this message]" in text
-
-
-def test_truncate_again_keeps_one_marker_and_adds_up_the_count(counter: FakeMessageCounter) -> None:
-    message = {"role": "user", "content": words(1000)}
-    first, tokens = truncate_message(message, current_tokens=1004, target_tokens=400, counter=counter) or (
-        {},
-        0,
-    )
-    second, tokens2 = truncate_message(first, current_tokens=tokens, target_tokens=100, counter=counter) or (
-        {},
-        0,
-    )
-    assert tokens2 <= 100
-    assert second["content"].count("[ctxproxy:") == 1
-    kept = len(second["content"].split()) - 10  # the marker is 10 words
-    removed = int(second["content"].split("[ctxproxy: ")[1].split(" ")[0].replace(",", ""))
-    assert kept + removed == 1000
-
-
-def test_truncate_never_touches_images_or_tool_call_arguments(counter: FakeMessageCounter) -> None:
-    parts = [{"type": "text", "text": words(500)}, {"type": "image_url", "image_url": {"url": "data:x"}}]
-    message = {"role": "user", "content": parts}
-    new, _ = truncate_message(
-        message, current_tokens=counter.count_message(message), target_tokens=200, counter=counter
-    ) or ({}, 0)
-    assert new["content"][1] is parts[1]
-    call = tool_exchange(["c1"], 1)[0]
-    args_only = {**call, "content": None}
-    assert truncate_message(args_only, current_tokens=10_000, target_tokens=5, counter=counter) is None
-    with_text = {**call, "content": words(500)}
-    cut = truncate_message(
-        with_text, current_tokens=counter.count_message(with_text), target_tokens=100, counter=counter
-    )
-    assert cut is not None and cut[0]["tool_calls"] is call["tool_calls"]
 
 
 def test_prune_replaces_old_tool_results_with_a_sized_placeholder(counter: FakeMessageCounter) -> None:
@@ -443,60 +331,6 @@ def test_middle_out_leaves_the_newest_user_message_to_the_last_resort(counter: F
     assert sum(counter.count_messages(result.messages)) + 3 <= 1000
 
 
-def agent_session(units: int, result_tokens: int, *, parallel: int = 1) -> list[dict[str, Any]]:
-    """One user message (the task), then ``units`` tool exchanges: a single-turn agent session."""
-    out: list[dict[str, Any]] = [system(), user(10, "task")]
-    for k in range(units):
-        out += tool_exchange([f"c{k}_{j}" for j in range(parallel)], result_tokens)
-    return out
-
-
-def test_protected_start_is_bounded_to_a_share_in_whole_units(counter: FakeMessageCounter) -> None:
-    messages = agent_session(10, 100)  # units of 1 + 1 messages: call (9 tokens) and result (105)
-    counts = counter.count_messages(messages)
-    unit = counts[2] + counts[3]
-    assert protected_start(messages, keep_turns=2) == 1  # the one turn: everything
-    assert protected_start(messages, keep_turns=2, tokens=counts, max_tokens=10 * unit) == 2
-    assert protected_start(messages, keep_turns=2, tokens=counts, max_tokens=3 * unit) == len(messages) - 6
-    assert (
-        protected_start(messages, keep_turns=2, tokens=counts, max_tokens=3 * unit - 1) == len(messages) - 4
-    )
-    # the newest unit always stays, whatever its size
-    assert protected_start(messages, keep_turns=2, tokens=counts, max_tokens=0) == len(messages) - 2
-    # never earlier than the newest keep_turns turns
-    chat_messages = chat(5)
-    chat_counts = counter.count_messages(chat_messages)
-    assert protected_start(chat_messages, keep_turns=2, tokens=chat_counts, max_tokens=10**9) == 7
-
-
-def test_a_parallel_tool_group_joins_the_tail_whole(counter: FakeMessageCounter) -> None:
-    messages = agent_session(6, 50, parallel=3)
-    counts = counter.count_messages(messages)
-    for max_tokens in range(0, sum(counts), 37):
-        start = protected_start(messages, keep_turns=1, tokens=counts, max_tokens=max_tokens)
-        assert start == 1 or messages[start].get("tool_calls"), max_tokens
-        assert start == len(messages) - 4 or sum(counts[start:]) <= max_tokens
-
-
-def test_build_context_bounds_the_tail_with_the_clients_counts(counter: FakeMessageCounter) -> None:
-    messages = agent_session(40, 100)
-    ctx = ctx_for(messages, 2000, counter)  # the tail holds at most 1000 tokens
-    assert ctx.newest_user == 1
-    assert sum(ctx.tokens[ctx.protected_from :]) <= 1000
-    assert ctx.protected_from == len(messages) - 2 * (1000 // (ctx.tokens[2] + ctx.tokens[3]))
-    assert ctx.untouchable(0) and ctx.untouchable(1) and not ctx.untouchable(2)
-    shrunk = [m if m.get("role") != "tool" else {**m, "content": "x"} for m in messages]
-    ctx2 = build_context(
-        shrunk,
-        budget=budget(2000),
-        policy=Policy(),
-        counter=counter,
-        input_messages=messages,
-        input_tokens=counter.count_messages(messages),
-    )
-    assert ctx2.protected_from == ctx.protected_from
-
-
 def test_prune_reaches_into_a_single_long_agent_turn(counter: FakeMessageCounter) -> None:
     messages = agent_session(60, 100)
     ctx = ctx_for(messages, 3000, counter, prune_minimum_tokens=1)  # protect min(40K, 1000) more
@@ -545,18 +379,3 @@ def test_the_newest_user_message_is_never_dropped_outside_the_tail(counter: Fake
     assert pairing_problems(result.messages) == []
     pruned = prune_old_results(messages, ctx_for(messages, 2000, counter, prune_minimum_tokens=1))
     assert pruned.messages[newest] is messages[newest]
-
-
-def test_agent_blocks_depend_only_on_the_session_start(counter: FakeMessageCounter) -> None:
-    short = agent_session(50, 80, parallel=2)
-    longer = agent_session(90, 80, parallel=2)
-    assert longer[: len(short)] == short
-    cut_short = droppable_blocks(
-        short, counter.count_messages(short), region_stop=len(short) - 3, block_tokens=500
-    )
-    cut_long = droppable_blocks(
-        longer, counter.count_messages(longer), region_stop=len(longer) - 3, block_tokens=500
-    )
-    assert len(cut_short) > 5
-    assert cut_long[: len(cut_short) - 1] == cut_short[:-1]
-    assert all(short[start].get("tool_calls") for start, _ in cut_short[1:])

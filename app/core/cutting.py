@@ -1,0 +1,137 @@
+"""Middle-out cutting of one message's text: the tool of ``middle_out`` and ``last_resort``.
+
+INTERFACE CONTRACT (``strategies.py`` relies on it):
+
+* ``truncate_message(message, *, current_tokens, target_tokens, counter) -> (message, tokens) | None``:
+  the message cut to at most ``target_tokens`` (best effort) as a new dict, with its count, always
+  smaller than ``current_tokens``; None when it cannot shrink. The input is never mutated.
+
+Only text is cut (string content or ``text`` parts, largest first), each to its head and tail around
+one marker ``[ctxproxy: N tokens removed from the middle of this message]``; cutting a cut text again
+keeps the one marker and adds up ``N``. Images, other parts and tool-call arguments are never touched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from app.core.messages import Message
+from app.core.tokens import MessageCounter
+
+# A cut text keeps at least this many tokens of its own; below that a cut would mostly be marker.
+MIN_KEEP_TOKENS = 16
+
+_MARKER_RE = re.compile(
+    r"\n\n\[ctxproxy: ([0-9][0-9,]*) tokens removed from the middle of this message\]\n\n"
+)
+_LONGEST_MARKER = "\n\n[ctxproxy: 1,000,000 tokens removed from the middle of this message]\n\n"
+
+
+def _text_tokens(counter: MessageCounter, text: str) -> int:
+    return counter.counter.count_text(text)
+
+
+def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | None:
+    """``text`` with only its head and tail (``keep_tokens`` in all) and a marker; None if no gain.
+
+    A text already cut keeps one marker: its head and tail are cut further and the count adds up.
+    """
+    tc = counter.counter
+    keep = max(0, keep_tokens)
+    found = _MARKER_RE.search(text)
+    if found is None:
+        total = tc.count_text(text)
+        if keep >= total:
+            return None
+        head_n = keep // 2
+        head, tail = tc.head_tail(text, head_tokens=head_n, tail_tokens=keep - head_n)
+        removed = total - tc.count_text(head) - tc.count_text(tail)
+    else:
+        old_head, old_tail = text[: found.start()], text[found.end() :]
+        before = int(found.group(1).replace(",", ""))
+        head_total, tail_total = tc.count_text(old_head), tc.count_text(old_tail)
+        if keep >= head_total + tail_total:
+            return None
+        tail_n = min(tail_total, keep - keep // 2)
+        head_n = min(head_total, keep - tail_n)
+        tail_n = min(tail_total, keep - head_n)
+        head = tc.head_tail(old_head, head_tokens=head_n, tail_tokens=0)[0]
+        tail = tc.head_tail(old_tail, head_tokens=0, tail_tokens=tail_n)[1]
+        removed = before + head_total + tail_total - tc.count_text(head) - tc.count_text(tail)
+    if removed <= 0:
+        return None
+    return f"{head}\n\n[ctxproxy: {removed:,} tokens removed from the middle of this message]\n\n{tail}"
+
+
+def _text_slots(message: Message) -> list[int | None]:
+    """Where the cuttable text of a message is: ``None`` for string content, else part indices."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return [None] if content else []
+    if isinstance(content, list):
+        return [
+            k
+            for k, part in enumerate(content)
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        ]
+    return []
+
+
+def _slot_text(message: Message, slot: int | None) -> str:
+    content = message["content"]
+    return str(content) if slot is None else str(content[slot]["text"])
+
+
+def _with_texts(message: Message, texts: dict[int | None, str]) -> dict[str, Any]:
+    content = message["content"]
+    if None in texts:
+        return {**message, "content": texts[None]}
+    parts = list(content)
+    for slot, text in texts.items():
+        assert slot is not None
+        parts[slot] = {**parts[slot], "text": text}
+    return {**message, "content": parts}
+
+
+def truncate_message(
+    message: Message, *, current_tokens: int, target_tokens: int, counter: MessageCounter
+) -> tuple[dict[str, Any], int] | None:
+    """Middle-out ``message`` to at most ``target_tokens`` (best effort); None when it cannot shrink.
+
+    Only text is cut (string content or ``text`` parts, largest first); images, other parts and
+    tool-call arguments are never touched. Returns the new message and its count, always smaller.
+    """
+    slots = _text_slots(message)
+    if not slots or current_tokens <= target_tokens:
+        return None
+    sizes = {slot: _text_tokens(counter, _slot_text(message, slot)) for slot in slots}
+    marker_tokens = _text_tokens(counter, _LONGEST_MARKER)
+    best: tuple[dict[str, Any], int] | None = None
+    excess = current_tokens - target_tokens
+    for _ in range(4):
+        texts: dict[int | None, str] = {}
+        remaining = excess
+        for slot in sorted(slots, key=lambda s: -sizes[s]):
+            if remaining <= 0:
+                break
+            room = sizes[slot] - MIN_KEEP_TOKENS - marker_tokens
+            if room <= 0:
+                continue
+            cut = min(remaining, room)
+            new_text = _cut_text(
+                _slot_text(message, slot), keep_tokens=sizes[slot] - cut - marker_tokens, counter=counter
+            )
+            if new_text is not None:
+                texts[slot] = new_text
+                remaining -= cut
+        if not texts:
+            break
+        candidate = _with_texts(message, texts)
+        tokens = counter.count_message(candidate)
+        if tokens < current_tokens and (best is None or tokens < best[1]):
+            best = (candidate, tokens)
+        if tokens <= target_tokens:
+            break
+        excess += tokens - target_tokens
+    return best
