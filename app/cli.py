@@ -214,8 +214,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = registry.resolve(model)
     if args.model_window is not None:
         spec = dataclasses.replace(spec, window_tokens=args.model_window, source="cli")
-    policy = _settings().fit_policy().refined(
-        mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve
+    policy = (
+        _settings()
+        .fit_policy()
+        .refined(mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve)
     )
     try:
         plan = plan_request(

@@ -113,8 +113,10 @@ def budget_for(
     """The budget of ``body`` against ``spec`` under ``policy``."""
     reserve = requested_output_tokens(body)
     if reserve is None:
-        reserve = policy.reserve_tokens if policy.reserve_tokens is not None else default_reserve_tokens(
-            spec, policy
+        reserve = (
+            policy.reserve_tokens
+            if policy.reserve_tokens is not None
+            else default_reserve_tokens(spec, policy)
         )
     ratio = policy.margin_exact_ratio if exact else policy.margin_estimate_ratio
     margin = max(policy.margin_min_tokens, round(spec.window_tokens * ratio))

@@ -375,8 +375,12 @@ class Knowledge:
             return False
         if learned_from not in (None, "learned:overflow", "learned:truncation"):
             return False
-        if not isinstance(samples, list) or len(samples) > CALIBRATION_SAMPLES or not all(
-            isinstance(s, int | float) and not isinstance(s, bool) and 0 < s <= 10 for s in samples
+        if (
+            not isinstance(samples, list)
+            or len(samples) > CALIBRATION_SAMPLES
+            or not all(
+                isinstance(s, int | float) and not isinstance(s, bool) and 0 < s <= 10 for s in samples
+            )
         ):
             return False
         source = data.get("factor_source")
