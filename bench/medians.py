@@ -1,0 +1,169 @@
+"""Medians of the headline figures over several benchmark runs: ``python -m bench.medians DIR...``.
+
+Each ``DIR`` holds a ``results.json`` written by ``python -m bench.run``. Prints a Markdown table:
+one row per figure (overheads over direct, server CPU per request, throughput, memory), one
+column per run, and the median; then the issue's targets checked on the medians. A single run on
+a shared machine can land on either side of a line; the median of three interleaved runs is
+what the README quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.report import overhead
+
+Results = Mapping[str, Any]
+Figure = tuple[str, Callable[[Results], float]]
+
+
+def _ovh(scenario: str, target: str, key: str) -> Callable[[Results], float]:
+    return lambda r: overhead(r["latency"][scenario]["stats"], target, key)
+
+
+def _stat(scenario: str, target: str, key: str) -> Callable[[Results], float]:
+    return lambda r: float(r["latency"][scenario]["stats"][target][key])
+
+
+def _rps(table: str, target: str, key: str = "rps") -> Callable[[Results], float]:
+    return lambda r: float(r["throughput"][table]["stats"][target][key])
+
+
+def _mib(target: str) -> Callable[[Results], float]:
+    return lambda r: r["memory"]["idle_kib"][target] / 1024
+
+
+FIGURES: list[Figure] = [
+    ("(a) overhead p50, proxy (ms)", _ovh("a", "proxy", "p50_ms")),
+    ("(a) overhead p50, fwd-httpx", _ovh("a", "fwd-httpx", "p50_ms")),
+    ("(a) overhead p50, fwd-aiohttp", _ovh("a", "fwd-aiohttp", "p50_ms")),
+    ("(a) overhead p50, fwd-httpx-aiohttp", _ovh("a", "fwd-httpx-aiohttp", "p50_ms")),
+    ("(a) overhead p95, proxy", _ovh("a", "proxy", "p95_ms")),
+    ("(a) overhead p95, fwd-httpx", _ovh("a", "fwd-httpx", "p95_ms")),
+    ("(a) overhead p95, fwd-aiohttp", _ovh("a", "fwd-aiohttp", "p95_ms")),
+    ("(a) server CPU ms/req, proxy", _stat("a", "proxy", "cpu_ms_per_req")),
+    ("(a) server CPU ms/req, fwd-httpx", _stat("a", "fwd-httpx", "cpu_ms_per_req")),
+    ("(a) server CPU ms/req, fwd-aiohttp", _stat("a", "fwd-aiohttp", "cpu_ms_per_req")),
+    ("(b) warm overhead p50, proxy", _ovh("b_warm", "proxy", "p50_ms")),
+    ("(b) warm overhead p50, fwd-httpx", _ovh("b_warm", "fwd-httpx", "p50_ms")),
+    ("(b) warm overhead p50, fwd-aiohttp", _ovh("b_warm", "fwd-aiohttp", "p50_ms")),
+    ("(b) warm overhead p95, proxy", _ovh("b_warm", "proxy", "p95_ms")),
+    ("(b) warm overhead p95, fwd-httpx", _ovh("b_warm", "fwd-httpx", "p95_ms")),
+    ("(b) cold overhead p50, proxy", _ovh("b_cold", "proxy", "p50_ms")),
+    ("(b) warm server CPU ms/req, proxy", _stat("b_warm", "proxy", "cpu_ms_per_req")),
+    ("(c) whole fit in-process p50 (ms)", lambda r: float(r["fit"]["fit_p50_ms"])),
+    ("(c) cold overhead p50, proxy", _ovh("c_cold", "proxy", "p50_ms")),
+    ("(d) TTFB overhead p50, proxy", _ovh("d_ttfb", "proxy", "p50_ms")),
+    ("(d) TTFB overhead p50, fwd-httpx", _ovh("d_ttfb", "fwd-httpx", "p50_ms")),
+    ("(f) req/s, proxy", _rps("w1", "proxy")),
+    ("(f) req/s, fwd-httpx", _rps("w1", "fwd-httpx")),
+    ("(f) req/s, fwd-aiohttp", _rps("w1", "fwd-aiohttp")),
+    ("(f) p99 ms, proxy", _rps("w1", "proxy", "p99_ms")),
+    ("(f) p99 ms, fwd-httpx", _rps("w1", "fwd-httpx", "p99_ms")),
+    ("(f) req/s --workers 2, proxy-w2", _rps("w2", "proxy-w2")),
+    ("(f) req/s --workers 2, fwd-httpx-w2", _rps("w2", "fwd-httpx-w2")),
+    ("(g) small-request p95 during a 1M-token count (ms)", _stat("g_stall", "proxy", "p95_ms")),
+    ("memory idle, proxy (MiB)", _mib("proxy")),
+    ("memory after all scenarios, proxy (MiB)", lambda r: r["memory"]["proxy_after_rounds_kib"][-1] / 1024),
+]
+
+
+def value(results: Results, fn: Callable[[Results], float]) -> float | None:
+    try:
+        return fn(results)
+    except (KeyError, TypeError, IndexError):
+        return None
+
+
+def medians(runs: Sequence[Results]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name, fn in FIGURES:
+        values = [v for v in (value(r, fn) for r in runs) if v is not None]
+        out[name] = statistics.median(values) if values else None
+    return out
+
+
+def targets(m: Mapping[str, float | None]) -> list[tuple[str, bool, str]]:
+    """The issue's targets, on the medians."""
+
+    def g(name: str) -> float:
+        v = m[name]
+        assert v is not None, name
+        return v
+
+    a, ah, aa = (
+        g("(a) overhead p50, proxy (ms)"),
+        g("(a) overhead p50, fwd-httpx"),
+        g("(a) overhead p50, fwd-aiohttp"),
+    )
+    a95, ah95, aa95 = (
+        g("(a) overhead p95, proxy"),
+        g("(a) overhead p95, fwd-httpx"),
+        g("(a) overhead p95, fwd-aiohttp"),
+    )
+    b, bh = g("(b) warm overhead p50, proxy"), g("(b) warm overhead p50, fwd-httpx")
+    b95, bh95 = g("(b) warm overhead p95, proxy"), g("(b) warm overhead p95, fwd-httpx")
+    d, dh = g("(d) TTFB overhead p50, proxy"), g("(d) TTFB overhead p50, fwd-httpx")
+    f, fh = g("(f) req/s, proxy"), g("(f) req/s, fwd-httpx")
+    f99, fh99 = g("(f) p99 ms, proxy"), g("(f) p99 ms, fwd-httpx")
+    return [
+        ("(a) p50 <= fwd-httpx", a <= ah, f"{a:.2f} vs {ah:.2f} ms"),
+        ("(a) p50 <= 2x fwd-aiohttp", a <= 2 * aa, f"{a:.2f} vs {2 * aa:.2f} ms"),
+        ("(a) p95 <= fwd-httpx", a95 <= ah95, f"{a95:.2f} vs {ah95:.2f} ms"),
+        ("(a) p95 <= 2x fwd-aiohttp", a95 <= 2 * aa95, f"{a95:.2f} vs {2 * aa95:.2f} ms"),
+        ("(b) p50 <= 1.5x fwd-httpx", b <= 1.5 * bh, f"{b:.2f} vs {1.5 * bh:.2f} ms ({b / bh:.2f}x)"),
+        (
+            "(b) p95 <= 1.5x fwd-httpx",
+            b95 <= 1.5 * bh95,
+            f"{b95:.2f} vs {1.5 * bh95:.2f} ms ({b95 / bh95:.2f}x)",
+        ),
+        ("(d) TTFB within 1 ms of fwd-httpx", d - dh <= 1.0, f"{d - dh:+.2f} ms"),
+        ("(f) req/s >= 1.5x fwd-httpx", f >= 1.5 * fh, f"{f / fh:.2f}x"),
+        ("(f) p99 <= 0.5x fwd-httpx", f99 <= 0.5 * fh99, f"{f99 / fh99:.2f}x"),
+    ]
+
+
+def render(dirs: Sequence[Path], runs: Sequence[Results]) -> str:
+    m = medians(runs)
+    head = "| figure | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | median |"
+    lines = [head, "|---" * (len(runs) + 2) + "|"]
+    for name, fn in FIGURES:
+        cells = [value(r, fn) for r in runs]
+        text = [f"{c:.2f}" if c is not None else "-" for c in cells]
+        med = m[name]
+        med_text = f"{med:.2f}" if med is not None else "-"
+        lines.append(f"| {name} | " + " | ".join(text) + f" | {med_text} |")
+    lines += ["", "| target (on the medians) | status | figures |", "|---|---|---|"]
+    lines += [f"| {t} | {'PASS' if ok else 'MISS'} | {detail} |" for t, ok, detail in targets(m)]
+    started = ", ".join(str(r["config"]["started"]) for r in runs)
+    commits = sorted({str(r["config"].get("commit")) for r in runs})
+    loads = ", ".join(f"{r['machine']['loadavg_at_start']:.1f}" for r in runs)
+    intro = (
+        f"Medians of {len(runs)} runs ({', '.join(str(d) for d in dirs)}); started {started}; "
+        f"commit {', '.join(commits)}; load average at start {loads}. Overheads are target minus direct at "
+        "the same percentile, in ms."
+    )
+    return intro + "\n\n" + "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="directories holding results.json")
+    parser.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
+    args = parser.parse_args(argv)
+    runs = [json.loads((d / "results.json").read_text()) for d in args.dirs]
+    text = render(args.dirs, runs)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
