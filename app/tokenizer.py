@@ -143,6 +143,12 @@ def load_encoding(name: str) -> tiktoken.Encoding:
     return encoding
 
 
+# head_tail encodes windows of the ends of a text, never less than this many characters, with at
+# least this many tokens beyond what it keeps (see TiktokenCounter.head_tail).
+WINDOW_MIN_CHARS = 16 * 1024
+WINDOW_SLACK_TOKENS = 256
+
+
 class TiktokenCounter:
     """An exact :class:`~app.core.tokens.TokenCounter` over a tiktoken encoding.
 
@@ -178,13 +184,32 @@ class TiktokenCounter:
         (``errors="ignore"`` only ever meets the incomplete sequence at the cut edge, since the
         rest is a contiguous slice of valid UTF-8). Re-encoding a cut piece can in rare cases
         merge differently, so each side is re-counted and shortened until it is within its limit.
+
+        Only the ends are encoded: each side from a window of the text that holds at least
+        ``WINDOW_SLACK_TOKENS`` more tokens than it needs (doubled until it does), so keeping 60K
+        tokens of each end of a 1M-token text encodes about 120K tokens, not a million. Tokens
+        far from a window's cut edge are the text's own (the pre-tokenizer's pieces and their
+        merges do not depend on what lies beyond them); the re-count above guards the rest.
         """
         if not text:
             return "", ""
-        tokens = self._encode(text)
-        head = self._fit(tokens, max(0, head_tokens), from_start=True)
-        tail = self._fit(tokens, max(0, tail_tokens), from_start=False)
+        head_tokens, tail_tokens = max(0, head_tokens), max(0, tail_tokens)
+        head = self._fit(self._window(text, head_tokens, from_start=True), head_tokens, from_start=True)
+        tail = self._fit(self._window(text, tail_tokens, from_start=False), tail_tokens, from_start=False)
         return head, tail
+
+    def _window(self, text: str, need_tokens: int, *, from_start: bool) -> list[int]:
+        """The tokens of a prefix (or suffix) of ``text`` holding ``need_tokens`` + slack, or of
+        the whole text when it is shorter."""
+        if need_tokens <= 0:
+            return []
+        chars = max(WINDOW_MIN_CHARS, 4 * (need_tokens + WINDOW_SLACK_TOKENS))
+        while chars < len(text):
+            tokens = self._encode(text[:chars] if from_start else text[len(text) - chars :])
+            if len(tokens) >= need_tokens + WINDOW_SLACK_TOKENS:
+                return tokens
+            chars *= 2
+        return self._encode(text)
 
     def _fit(self, tokens: list[int], limit: int, *, from_start: bool) -> str:
         take = min(limit, len(tokens))

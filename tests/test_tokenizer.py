@@ -180,3 +180,54 @@ def test_head_tail_property(text: str, head: int, tail: int, name: str) -> None:
         assert h == text
     if counter.count_text(text) <= tail:
         assert t == text
+
+
+def _full_head_tail(counter: TiktokenCounter, text: str, head: int, tail: int) -> tuple[str, str]:
+    """The reference: both ends cut from the whole text's tokens (what head_tail did before windows)."""
+    tokens = counter.encoding.encode_ordinary(text)
+    return counter._fit(tokens, head, from_start=True), counter._fit(tokens, tail, from_start=False)
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_head_tail_of_a_long_text_encodes_only_its_ends_and_cuts_the_same(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from bench.scenarios import mixed
+
+    text = mixed(random.Random(7), 200_000)  # prose, code, JSON and CJK
+    counter = TiktokenCounter(load_encoding(name))
+    expected = {n: _full_head_tail(counter, text, n, n) for n in (1, 300, 5_000, 40_000)}
+    encoded: list[int] = []
+    real = counter._encode
+    monkeypatch.setattr(counter, "_encode", lambda t: encoded.append(len(t)) or real(t))
+    for n, ends in expected.items():
+        encoded.clear()
+        assert counter.head_tail(text, head_tokens=n, tail_tokens=n) == ends
+        assert max(encoded) < len(text) // 2  # never the whole text
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 300_000,  # one pre-tokenizer piece: every window edge falls inside it
+        " " * 100_000 + "end",
+        "a b\n" * 60_000,
+        "🧑\u200d🚀" * 40_000,
+        "1234567890" * 30_000,
+    ],
+    ids=["one-piece", "spaces", "short-lines", "emoji", "digits"],
+)
+def test_windowed_head_tail_keeps_its_contract_on_adversarial_texts(name: str, text: str) -> None:
+    counter = TiktokenCounter(load_encoding(name))
+    for n in (1, 100, 3_000):
+        head, tail = counter.head_tail(text, head_tokens=n, tail_tokens=n)
+        assert text.startswith(head) and text.endswith(tail)
+        assert counter.count_text(head) <= n and counter.count_text(tail) <= n
+        full_head, full_tail = _full_head_tail(counter, text, n, n)
+        # as long as the whole text's cut, or within a few tokens of it (a window edge inside
+        # one long piece may merge that piece differently: the re-count keeps the limit)
+        assert counter.count_text(head) >= counter.count_text(full_head) - 8
+        assert counter.count_text(tail) >= counter.count_text(full_tail) - 8

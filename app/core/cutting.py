@@ -29,7 +29,7 @@ _LONGEST_MARKER = "\n\n[ctxproxy: 1,000,000 tokens removed from the middle of th
 
 
 def _text_tokens(counter: MessageCounter, text: str) -> int:
-    return counter.counter.count_text(text)
+    return counter.text_tokens(text)  # a long text is encoded once (cached), however often it is cut
 
 
 def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | None:
@@ -38,19 +38,20 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | 
     A text already cut keeps one marker: its head and tail are cut further and the count adds up.
     """
     tc = counter.counter
+    count = counter.text_tokens
     keep = max(0, keep_tokens)
     found = _MARKER_RE.search(text)
     if found is None:
-        total = tc.count_text(text)
+        total = count(text)
         if keep >= total:
             return None
         head_n = keep // 2
         head, tail = tc.head_tail(text, head_tokens=head_n, tail_tokens=keep - head_n)
-        removed = total - tc.count_text(head) - tc.count_text(tail)
+        removed = total - count(head) - count(tail)
     else:
         old_head, old_tail = text[: found.start()], text[found.end() :]
         before = int(found.group(1).replace(",", ""))
-        head_total, tail_total = tc.count_text(old_head), tc.count_text(old_tail)
+        head_total, tail_total = count(old_head), count(old_tail)
         if keep >= head_total + tail_total:
             return None
         tail_n = min(tail_total, keep - keep // 2)
@@ -58,7 +59,7 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | 
         tail_n = min(tail_total, keep - head_n)
         head = tc.head_tail(old_head, head_tokens=head_n, tail_tokens=0)[0]
         tail = tc.head_tail(old_tail, head_tokens=0, tail_tokens=tail_n)[1]
-        removed = before + head_total + tail_total - tc.count_text(head) - tc.count_text(tail)
+        removed = before + head_total + tail_total - count(head) - count(tail)
     if removed <= 0:
         return None
     return f"{head}\n\n[ctxproxy: {removed:,} tokens removed from the middle of this message]\n\n{tail}"

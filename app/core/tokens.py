@@ -103,6 +103,9 @@ class CorrectedCounter(TokenCounter, Protocol):
 
 # Conversations shorter than this are not remembered (their per-message lookups are cheap).
 _PREFIX_MIN_MESSAGES = 8
+# Texts at least this long are also cached on their own (key: the string itself): cutting a long
+# text (middle-out, last resort) counts it again as a text, and encoding ~1M tokens costs ~0.3 s.
+BIG_TEXT_CHARS = 64 * 1024
 _CONVERSATIONS_PER_ANCHOR = 4
 _MAX_CONVERSATIONS = 64
 
@@ -128,7 +131,8 @@ class MessageCounter(ChatAccounting):
         self.cache_size = max(0, cache_size)
         self.cache_max_chars = max(0, cache_max_chars)
         self._corrected = isinstance(counter, CorrectedCounter)
-        self._text = counter.raw_count if isinstance(counter, CorrectedCounter) else counter.count_text
+        self._raw_text = counter.raw_count if isinstance(counter, CorrectedCounter) else counter.count_text
+        self._text = self._count_raw_text
         self._tool_constants = _TOOL_CONSTANTS.get(counter.name, _TOOL_CONSTANTS_CL100K)
         self._cache: OrderedDict[CacheKey, tuple[int, int, int]] = OrderedDict()
         self._cache_chars = 0
@@ -160,6 +164,13 @@ class MessageCounter(ChatAccounting):
             self._hits = self._misses = 0
 
     # -- public counting -------------------------------------------------------------------
+
+    def text_tokens(self, text: str) -> int:
+        """``counter.count_text(text)``; a text of ``BIG_TEXT_CHARS`` or more through the cache, so
+        a long text counted in its message and then cut (middle-out) is encoded once."""
+        if self._corrected:
+            return self.counter.count_text(text)
+        return self._count_raw_text(text)
 
     def count_message(self, message: Message) -> int:
         """Tokens of one message including its per-message overhead (cached by content)."""
@@ -343,6 +354,14 @@ class MessageCounter(ChatAccounting):
             while len(self._conversations) > _MAX_CONVERSATIONS or self._conversation_chars > limit:
                 _, evicted = self._conversations.popitem(last=False)
                 self._conversation_chars -= sum(sum(c.chars) for c in evicted)
+
+    def _count_raw_text(self, text: str) -> int:
+        if len(text) < BIG_TEXT_CHARS:
+            return self._raw_text(text)
+        return self._cached(text, self._tally_raw_text, prefix="x")[1]
+
+    def _tally_raw_text(self, text: str) -> tuple[int, int]:
+        return 0, self._raw_text(text)
 
     def _scale(self, text_tokens: int) -> int:
         if not self._corrected or text_tokens == 0:

@@ -267,3 +267,44 @@ def test_a_list_that_departs_from_a_conversation_does_not_replace_it() -> None:
     new = {"role": "user", "content": "y" * 40}
     assert mc.unremembered_chars([*messages, new]) == len("roleusercontent") + 40
     assert mc.unremembered_chars([*cut, new]) == len("roleusercontent") + 40
+
+
+class CountingCounter:
+    """o200k, recording the length of every text it is asked to count."""
+
+    name = "o200k_base"
+    exact = True
+
+    def __init__(self) -> None:
+        self.inner = counter_for("o200k_base")
+        self.asked: list[int] = []
+
+    def count_text(self, text: str, /) -> int:
+        self.asked.append(len(text))
+        return self.inner.count_text(text)
+
+    def head_tail(self, text: str, /, *, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
+        return self.inner.head_tail(text, head_tokens=head_tokens, tail_tokens=tail_tokens)
+
+
+def test_a_long_text_is_encoded_once_in_its_message_and_when_counted_alone() -> None:
+    from app.core.tokens import BIG_TEXT_CHARS
+
+    tc = CountingCounter()
+    mc = MessageCounter(tc)
+    long_text = "lorem ipsum dolor " * (BIG_TEXT_CHARS // 10)
+    short_text = "short text"
+    message = {"role": "user", "content": long_text}
+    tokens = mc.count_message(message)
+    assert mc.text_tokens(long_text) == tc.inner.count_text(long_text) == tokens - 3 - 1  # 3/message, "user"
+    assert mc.text_tokens(short_text) == tc.inner.count_text(short_text)
+    assert mc.text_tokens(short_text) == tc.inner.count_text(short_text)
+    assert tc.asked.count(len(long_text)) == 1  # counted in its message, then served from the cache
+    assert tc.asked.count(len(short_text)) == 2  # short texts are cheaper to count than to key
+
+
+def test_text_tokens_of_an_estimate_is_its_corrected_count() -> None:
+    estimate = EstimateCounter(correction=1.37)
+    mc = MessageCounter(estimate)
+    text = "word " * 30_000
+    assert mc.text_tokens(text) == estimate.count_text(text)
