@@ -106,7 +106,7 @@ def build_sender(settings: Settings, *, transport: httpx.AsyncBaseTransport | No
     Sized for concurrency: LLM calls hold their connection for seconds to minutes, so the pool
     allows ``upstream_max_connections`` at once (aiohttp's default of 100 would queue the 101st
     stream) and keeps every idle one alive ``upstream_keepalive_s`` (httpx's default keeps only
-    20, so a burst above 20 reconnects every time). The caller closes it (:func:`close_sender`).
+    20, so a burst above 20 reconnects every time). The caller closes it (``await sender.aclose()``).
     """
     if transport is None and settings.upstream_transport == "aiohttp":
         from app.upstream.aiohttp_sender import AiohttpSender
@@ -117,7 +117,8 @@ def build_sender(settings: Settings, *, transport: httpx.AsyncBaseTransport | No
     if transport is None:
         transport = build_httpx_transport(settings)
     timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-    return HttpxSender(httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False))
+    http = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
+    return HttpxSender(http, owned=True)
 
 
 def build_httpx_transport(settings: Settings) -> httpx.AsyncBaseTransport:
@@ -146,13 +147,6 @@ def build_httpx_transport(settings: Settings) -> httpx.AsyncBaseTransport:
         transport.client = session
         return transport
     return httpx.AsyncHTTPTransport(limits=limits)
-
-
-async def close_sender(sender: Sender) -> None:
-    """Close the sender and the httpx client under it, if any."""
-    await sender.aclose()
-    if isinstance(sender, HttpxSender):
-        await sender.http.aclose()
 
 
 def build_limiter(settings: Settings) -> ConcurrencyLimiter | None:
@@ -286,7 +280,7 @@ def create_app(
                 await learner.aclose()
                 await summaries.aclose()
         finally:
-            await close_sender(sender)
+            await sender.aclose()
 
     app = FastAPI(
         title="ctxproxy",

@@ -16,7 +16,6 @@ from app.main import (
     _Formatter,
     build_httpx_transport,
     build_sender,
-    close_sender,
     configure_logging,
     create_app,
 )
@@ -85,11 +84,16 @@ async def test_build_sender_follows_the_setting() -> None:
     for name, kind in (("httpx-aiohttp", AiohttpTransport), ("httpx", httpx.AsyncHTTPTransport)):
         sender = build_sender(make_settings(upstream_transport=name))
         assert isinstance(sender, HttpxSender) and isinstance(sender.http._transport, kind)
-        await close_sender(sender)
+        await sender.aclose()
     seam = httpx.MockTransport(lambda r: httpx.Response(200))
     sender = build_sender(make_settings(upstream_transport="aiohttp"), transport=seam)
     assert isinstance(sender, HttpxSender) and sender.http._transport is seam  # the test seam wins
-    await close_sender(sender)
+    await sender.aclose()
+    assert sender.http.is_closed  # made for the sender: closed with it
+    lent = httpx.AsyncClient(transport=seam)
+    await HttpxSender(lent).aclose()
+    assert not lent.is_closed  # a caller's client is the caller's to close
+    await lent.aclose()
 
 
 def record(**access: Any) -> logging.LogRecord:
@@ -136,7 +140,7 @@ async def test_senders_are_sized_for_concurrency() -> None:
         connector = sender.session.connector
         assert connector is not None and connector.limit == 321 and connector.limit_per_host == 0
     finally:
-        await close_sender(sender)
+        await sender.aclose()
     transport = build_httpx_transport(
         make_settings(upstream_transport="httpx-aiohttp", upstream_max_connections=321)
     )
@@ -163,7 +167,7 @@ async def test_the_aiohttp_senders_keep_no_upstream_cookies() -> None:
     try:
         assert isinstance(sender.session.cookie_jar, aiohttp.DummyCookieJar)
     finally:
-        await close_sender(sender)
+        await sender.aclose()
     transport = build_httpx_transport(make_settings(upstream_transport="httpx-aiohttp"))
     session = transport.get_client()  # type: ignore[attr-defined]
     try:

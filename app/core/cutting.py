@@ -28,10 +28,6 @@ _MARKER_RE = re.compile(
 _LONGEST_MARKER = "\n\n[ctxproxy: 1,000,000 tokens removed from the middle of this message]\n\n"
 
 
-def _text_tokens(counter: MessageCounter, text: str) -> int:
-    return counter.text_tokens(text)  # a long text is encoded once (cached), however often it is cut
-
-
 def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | None:
     """``text`` with only its head and tail (``keep_tokens`` in all) and a marker; None if no gain.
 
@@ -106,8 +102,9 @@ def truncate_message(
     slots = _text_slots(message)
     if not slots or current_tokens <= target_tokens:
         return None
-    sizes = {slot: _text_tokens(counter, _slot_text(message, slot)) for slot in slots}
-    marker_tokens = _text_tokens(counter, _LONGEST_MARKER)
+    # Through the counter's text cache: a long text counted in its message is not encoded again.
+    sizes = {slot: counter.text_tokens(_slot_text(message, slot)) for slot in slots}
+    marker_tokens = counter.text_tokens(_LONGEST_MARKER)
     best: tuple[dict[str, Any], int] | None = None
     excess = current_tokens - target_tokens
     for _ in range(4):

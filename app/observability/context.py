@@ -17,7 +17,6 @@ import os
 import re
 from dataclasses import dataclass
 
-REQUEST_ID_HEADER = "X-Request-ID"
 _VALID_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 

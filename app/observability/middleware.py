@@ -25,7 +25,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.responses import ACCESS_SCOPE_KEY
 from app.observability.context import (
-    REQUEST_ID_HEADER,
     RequestContext,
     current_request,
     new_request_id,
@@ -34,6 +33,7 @@ from app.observability.context import (
 from app.observability.metrics import route_label
 from app.observability.observer import Observability, parse_actions
 from app.observability.status import RecentRequest
+from app.upstream.headers import REQUEST_ID_HEADER
 
 logger = logging.getLogger("ctxproxy.observability")
 

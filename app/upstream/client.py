@@ -28,7 +28,7 @@ import httpx
 
 from app.upstream.errors import UpstreamError, UpstreamTimeout
 from app.upstream.headers import Header, upstream_request_headers
-from app.upstream.instrument import REQUEST_ID_HEADER, Instrumentation
+from app.upstream.instrument import Instrumentation
 from app.upstream.limits import ConcurrencyLimiter, Slot
 from app.upstream.senders import (
     Exchange,
@@ -38,8 +38,6 @@ from app.upstream.senders import (
     Translate,
     translate_httpx_side,
 )
-
-_RID_LOWER = REQUEST_ID_HEADER.lower()
 
 
 def route_base_url(model: str | None, *, routes: Mapping[str, str], default: str) -> str:
@@ -243,17 +241,13 @@ class UpstreamClient:
         concurrency cap stays full).
         """
         base = base_url or self.base_url
-        forwarded = upstream_request_headers(headers, api_key=self._api_key)
+        instrumentation = self.instrumentation
+        rid = instrumentation.request_id() if instrumentation is not None else None
+        forwarded = upstream_request_headers(headers, api_key=self._api_key, request_id=rid)
         if content_length is not None and not isinstance(content, bytes):
             forwarded.append(("Content-Length", str(content_length)))
-        url = join_url(base, path, query)
-        instrumentation = self.instrumentation
-        if instrumentation is not None:
-            rid = instrumentation.request_id()
-            if rid is not None:
-                # The upstream sees the same ID as our logs and the client's response.
-                forwarded = [(k, v) for k, v in forwarded if k.lower() != _RID_LOWER]
-                forwarded.append((REQUEST_ID_HEADER, rid))
+        endpoint = join_url(base, path)
+        url = f"{endpoint}?{query}" if query else endpoint
         slot = await self.limiter.acquire() if limited and self.limiter is not None else None
         started_s = time.perf_counter()
         status: int | None = None
@@ -271,7 +265,7 @@ class UpstreamClient:
             raise
         finally:
             if instrumentation is not None:
-                instrumentation.report(method, join_url(base, path), time.perf_counter() - started_s, status)
+                instrumentation.report(method, endpoint, time.perf_counter() - started_s, status)
         upstream = UpstreamResponse(
             exchange,
             translate=self.sender.translate,

@@ -31,6 +31,7 @@ HOP_BY_HOP: frozenset[str] = frozenset(
     }
 )
 CONTEXT_PREFIX = "x-context-"
+REQUEST_ID_HEADER = "X-Request-ID"
 # Request headers the proxy answers itself: the server in front of us sends the client its
 # "100 Continue" when the body is read. Forwarded, ``Expect: 100-continue`` would make a client
 # library hold the body back until the upstream says 100, which not every server does.
@@ -52,17 +53,25 @@ def _end_to_end(headers: Iterable[Header]) -> list[Header]:
     return [(name, value) for name, value in pairs if name.lower() not in dropped]
 
 
-def upstream_request_headers(headers: Iterable[Header], *, api_key: str | None = None) -> list[Header]:
-    """The client's request headers as the upstream should see them (order and case kept)."""
-    kept = [
-        (name, value)
-        for name, value in _end_to_end(headers)
-        if not name.lower().startswith(CONTEXT_PREFIX)
-        and name.lower() not in ANSWERED_HERE
-        and not (api_key is not None and name.lower() == "authorization")
-    ]
+def upstream_request_headers(
+    headers: Iterable[Header], *, api_key: str | None = None, request_id: str | None = None
+) -> list[Header]:
+    """The client's request headers as the upstream should see them (order and case kept).
+
+    ``api_key`` replaces every client ``Authorization``; ``request_id`` every client
+    ``X-Request-ID`` (the upstream sees the ID of our logs and of the client's response)."""
+    replaced = {"authorization"} if api_key is not None else set()
+    if request_id is not None:
+        replaced.add("x-request-id")
+    kept: list[Header] = []
+    for name, value in _end_to_end(headers):
+        lower = name.lower()
+        if not (lower.startswith(CONTEXT_PREFIX) or lower in ANSWERED_HERE or lower in replaced):
+            kept.append((name, value))
     if api_key is not None:
         kept.append(("Authorization", f"Bearer {api_key}"))
+    if request_id is not None:
+        kept.append((REQUEST_ID_HEADER, request_id))
     return kept
 
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 logger = logging.getLogger("ctxproxy.upstream")
 
-REQUEST_ID_HEADER = "X-Request-ID"
-
 
 @dataclass(frozen=True, slots=True)
 class Instrumentation:

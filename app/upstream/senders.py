@@ -153,14 +153,16 @@ class HttpxExchange:
 
 
 class HttpxSender:
-    """A sender over an ``httpx.AsyncClient`` (closed by whoever made it, not by :meth:`aclose`).
+    """A sender over an ``httpx.AsyncClient``; :meth:`aclose` closes the client only when ``owned``
+    (made for this sender), never a client lent by a caller (a test's, the CLI's).
 
     The request is built directly (``httpx.Request``, not ``AsyncClient.build_request``) so that
     no client default header (``User-Agent: python-httpx``, ``Accept-Encoding``...) is added.
     """
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, *, owned: bool = False) -> None:
         self.http = http
+        self.owned = owned
 
     async def open(
         self,
@@ -188,4 +190,5 @@ class HttpxSender:
         return translate_httpx_side(exc, base_url=base_url, reading=reading)
 
     async def aclose(self) -> None:
-        return None
+        if self.owned:
+            await self.http.aclose()
