@@ -1,5 +1,5 @@
 """``python -m app``: the same as the ``ctxproxy`` console script."""
 
-from app.cli import main
+from .cli import main
 
 raise SystemExit(main())

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.core.budget import POLICY_MODES
+from .core.budget import POLICY_MODES
 
 
 class CliError(Exception):
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _settings() -> Any:
     from pydantic import ValidationError
 
-    from app.settings import Settings
+    from .settings import Settings
 
     try:
         return Settings()
@@ -113,8 +113,8 @@ def _settings() -> Any:
 
 
 def _registry(models_file: Path | None) -> Any:
-    from app.core.errors import InvalidModelTable
-    from app.model_table import load_registry
+    from .core.errors import InvalidModelTable
+    from .model_table import load_registry
 
     settings = _settings()
     operator_file = models_file if models_file is not None else settings.models_file
@@ -145,7 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # that was asked for ends with exit code 0 instead of death by signal.
     signal.signal(signal.SIGTERM, _stopped)
     uvicorn.run(
-        "app.main:create_app",
+        f"{__package__}.main:create_app",
         factory=True,
         host=args.host or settings.host,
         port=args.port if args.port is not None else settings.port,
@@ -163,7 +163,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _print_demo(*, turns: int, window_tokens: int) -> int:
     """Run the demo (``app.demo``) and print its table; 0 when every turn succeeded through ctxproxy."""
-    from app import demo
+    from . import demo
 
     print(
         f"ctxproxy demo: a local upstream with a {window_tokens:,}-token window ({demo.DEMO_MODEL}), "
@@ -200,11 +200,11 @@ def _read_body(path: Path) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from app.core.errors import InvalidRequest
-    from app.core.fit import plan_request
-    from app.core.tokens import MessageCounter
-    from app.service import plan_report
-    from app.tokenizer import counter_for
+    from .core.errors import InvalidRequest
+    from .core.fit import plan_request
+    from .core.tokens import MessageCounter
+    from .service import plan_report
+    from .tokenizer import counter_for
 
     body = _read_body(args.file)
     model = body.get("model")
@@ -312,7 +312,7 @@ def _proxy_models(url: str, *, timeout_s: float) -> int:
     """The table a running proxy reports (``GET /v1/context/models``)."""
     import httpx
 
-    from app.core.registry import ModelSpec
+    from .core.registry import ModelSpec
 
     if not url.startswith(("http://", "https://")):
         raise CliError(f"--proxy must start with http:// or https://, got {url!r}")
@@ -346,9 +346,9 @@ async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -
     """The effective spec of every model ``base_url`` lists, after asking it (``app.discovery``)."""
     import httpx
 
-    from app.core.knowledge import Knowledge
-    from app.discovery import Discovery
-    from app.upstream.client import UpstreamClient
+    from .core.knowledge import Knowledge
+    from .discovery import Discovery
+    from .upstream.client import UpstreamClient
 
     settings = _settings()
     knowledge = Knowledge()

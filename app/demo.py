@@ -133,11 +133,11 @@ def run_demo(
     *, turns: int = DEMO_TURNS, window_tokens: int = DEMO_WINDOW_TOKENS, on_row: Callable[[TurnResult], None]
 ) -> list[TurnResult]:
     """Start both servers, play ``turns`` turns, stop the servers; ``on_row`` sees each row as it comes."""
-    from app.core.tokens import MessageCounter
-    from app.demo_upstream import create_demo_upstream
-    from app.main import create_app
-    from app.settings import Settings
-    from app.tokenizer import counter_for
+    from .core.tokens import MessageCounter
+    from .demo_upstream import create_demo_upstream
+    from .main import create_app
+    from .settings import Settings
+    from .tokenizer import counter_for
 
     counter = MessageCounter(counter_for("o200k_base"))
     upstream_app = create_demo_upstream(model=DEMO_MODEL, window_tokens=window_tokens, counter=counter)

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.core.tokens import MessageCounter
+from .core.tokens import MessageCounter
 
 
 def create_demo_upstream(*, model: str, window_tokens: int, counter: MessageCounter) -> Starlette:

@@ -41,16 +41,16 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from app.core.estimate import EstimateCounter
-from app.core.knowledge import Knowledge, ModelFacts, UsageVerdict
-from app.core.overflow import ContextOverflow
-from app.core.registry import ModelSpec
-from app.core.tokens import MessageCounter
-from app.core.usage import SseUsageScanner, prompt_tokens_from_json
-from app.discovery import Discovery
-from app.knowledge_share import KnowledgeShare
-from app.upstream.client import UpstreamResponse
-from app.upstream.headers import Header
+from .core.estimate import EstimateCounter
+from .core.knowledge import Knowledge, ModelFacts, UsageVerdict
+from .core.overflow import ContextOverflow
+from .core.registry import ModelSpec
+from .core.tokens import MessageCounter
+from .core.usage import SseUsageScanner, prompt_tokens_from_json
+from .discovery import Discovery
+from .knowledge_share import KnowledgeShare
+from .upstream.client import UpstreamResponse
+from .upstream.headers import Header
 
 logger = logging.getLogger("ctxproxy.learning")
 

@@ -19,24 +19,24 @@ import anyio
 import httpx
 from fastapi import FastAPI
 
-from app import __version__
-from app.api.auth import ProxyKeyMiddleware
-from app.api.errors import install_error_handlers
-from app.api.lane import ChatLane
-from app.api.routes import router
-from app.core.knowledge import Knowledge
-from app.core.tokens import TokenCounter
-from app.discovery import Discovery
-from app.knowledge_share import KnowledgeShare
-from app.learning import Learner
-from app.observability import Observability, ObservabilityMiddleware, RequestIdFilter
-from app.observability import router as observability_router
-from app.observability.observer import discovery_call, discovery_result
-from app.service import ModelResolver, Service, Vocabularies
-from app.settings import Settings
-from app.upstream.client import UpstreamClient
-from app.upstream.limits import ConcurrencyLimiter
-from app.upstream.senders import HttpxSender, Sender
+from . import __version__
+from .api.auth import ProxyKeyMiddleware
+from .api.errors import install_error_handlers
+from .api.lane import ChatLane
+from .api.routes import router
+from .core.knowledge import Knowledge
+from .core.tokens import TokenCounter
+from .discovery import Discovery
+from .knowledge_share import KnowledgeShare
+from .learning import Learner
+from .observability import Observability, ObservabilityMiddleware, RequestIdFilter
+from .observability import router as observability_router
+from .observability.observer import discovery_call, discovery_result
+from .service import ModelResolver, Service, Vocabularies
+from .settings import Settings
+from .upstream.client import UpstreamClient
+from .upstream.limits import ConcurrencyLimiter
+from .upstream.senders import HttpxSender, Sender
 
 _HANDLER_MARK = "_ctxproxy_handler"
 
@@ -45,23 +45,23 @@ class TiktokenVocabularies:
     """The production :class:`Vocabularies`: ``app.tokenizer`` (the only tiktoken import)."""
 
     def counter_for(self, encoding: str, /) -> TokenCounter:
-        from app.tokenizer import counter_for
+        from .tokenizer import counter_for
 
         return counter_for(encoding)
 
     def preload(self) -> None:
-        from app.tokenizer import preload
+        from .tokenizer import preload
 
         preload()
 
     def loaded_encodings(self) -> tuple[str, ...]:
-        from app.tokenizer import loaded_encodings
+        from .tokenizer import loaded_encodings
 
         return loaded_encodings()
 
 
 def load_model_registry(settings: Settings) -> ModelResolver:
-    from app.model_table import load_registry
+    from .model_table import load_registry
 
     registry: ModelResolver = load_registry(
         operator_file=settings.models_file,
@@ -109,7 +109,7 @@ def build_sender(settings: Settings, *, transport: httpx.AsyncBaseTransport | No
     20, so a burst above 20 reconnects every time). The caller closes it (``await sender.aclose()``).
     """
     if transport is None and settings.upstream_transport == "aiohttp":
-        from app.upstream.aiohttp_sender import AiohttpSender
+        from .upstream.aiohttp_sender import AiohttpSender
 
         return AiohttpSender(
             limit=settings.upstream_max_connections, keepalive_s=settings.upstream_keepalive_s
@@ -248,7 +248,7 @@ def create_app(
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 instrumentation=observability.instrumentation(),
             )
-            from app.summaries import Summaries
+            from .summaries import Summaries
 
             summaries = Summaries(settings=settings, registry=models, vocabularies=vocab, upstream=upstream)
             observability.metrics.watch_summary_cache(summaries.cache.stats)

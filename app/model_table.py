@@ -20,8 +20,8 @@ import importlib.resources
 import pathlib
 from importlib.resources.abc import Traversable
 
-from app.core.errors import InvalidModelTable
-from app.core.registry import ModelRegistry
+from .core.errors import InvalidModelTable
+from .core.registry import ModelRegistry
 
 _REPO_TABLE = pathlib.Path(__file__).resolve().parent.parent / "config" / "models.toml"
 

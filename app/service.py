@@ -31,24 +31,24 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from app.core.budget import Budget, Policy, PolicyMode
-from app.core.ceiling import surely_fits
-from app.core.errors import CannotFit, InvalidRequest
-from app.core.fit import SummaryProvider, plan_request
-from app.core.overflow import ContextOverflow, classify_overflow
-from app.core.plan import Plan
-from app.core.registry import ModelSpec
-from app.core.retry import MAX_RETRIES, retry_cap_tokens
-from app.core.tokens import MessageCounter, TokenCounter
-from app.fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
-from app.learning import Learner
-from app.settings import Settings
-from app.upstream.client import UpstreamClient, UpstreamResponse
-from app.upstream.headers import Header
-from app.wire import dump_json
+from .core.budget import Budget, Policy, PolicyMode
+from .core.ceiling import surely_fits
+from .core.errors import CannotFit, InvalidRequest
+from .core.fit import SummaryProvider, plan_request
+from .core.overflow import ContextOverflow, classify_overflow
+from .core.plan import Plan
+from .core.registry import ModelSpec
+from .core.retry import MAX_RETRIES, retry_cap_tokens
+from .core.tokens import MessageCounter, TokenCounter
+from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
+from .learning import Learner
+from .settings import Settings
+from .upstream.client import UpstreamClient, UpstreamResponse
+from .upstream.headers import Header
+from .wire import dump_json
 
 if TYPE_CHECKING:
-    from app.summaries import Summaries
+    from .summaries import Summaries
 
 CHAT_PATH = "chat/completions"
 REQUIRED_ENCODINGS: tuple[str, ...] = ("o200k_base", "cl100k_base")

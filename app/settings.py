@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.budget import Policy, PolicyMode
+from .core.budget import Policy, PolicyMode
 
 MIB = 1024 * 1024
 

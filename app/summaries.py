@@ -39,21 +39,21 @@ from typing import Any
 
 import orjson
 
-from app.compaction.ahead import AheadOfTime
-from app.compaction.cache import SummaryCache, cache_from_url
-from app.compaction.summarizer import PrefetchedSummaries, Summarizer, blocks_from_spans
-from app.core.budget import Policy
-from app.core.context import block_tokens_for, droppable_blocks, pinned_indices
-from app.core.fit import SummaryProvider
-from app.core.messages import Message, group_turns, validate_messages
-from app.core.plan import DroppedSpan, Plan
-from app.core.strategies import is_ctxproxy_note
-from app.core.tokens import MessageCounter
-from app.service import CHAT_PATH, ModelResolver, Vocabularies, request_budget_tokens
-from app.settings import Settings
-from app.upstream.client import UpstreamClient
-from app.upstream.headers import Header
-from app.wire import dump_json
+from .compaction.ahead import AheadOfTime
+from .compaction.cache import SummaryCache, cache_from_url
+from .compaction.summarizer import PrefetchedSummaries, Summarizer, blocks_from_spans
+from .core.budget import Policy
+from .core.context import block_tokens_for, droppable_blocks, pinned_indices
+from .core.fit import SummaryProvider
+from .core.messages import Message, group_turns, validate_messages
+from .core.plan import DroppedSpan, Plan
+from .core.strategies import is_ctxproxy_note
+from .core.tokens import MessageCounter
+from .service import CHAT_PATH, ModelResolver, Vocabularies, request_budget_tokens
+from .settings import Settings
+from .upstream.client import UpstreamClient
+from .upstream.headers import Header
+from .wire import dump_json
 
 logger = logging.getLogger("ctxproxy.compaction")
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import tiktoken
 
-from app.core.estimate import EstimateCounter
-from app.core.tokens import TokenCounter
+from .core.estimate import EstimateCounter
+from .core.tokens import TokenCounter
 
 ENDOFTEXT = "<|endoftext|>"
 FIM_PREFIX = "<|fim_prefix|>"

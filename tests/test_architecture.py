@@ -18,15 +18,29 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def package_of(path: Path) -> tuple[str, ...]:
+    """The package a module's relative imports resolve against (``app.core`` for app/core/fit.py)."""
+    return path.relative_to(APP.parent).with_suffix("").parts[:-1]
+
+
 def imports_of(path: Path) -> set[str]:
+    """Absolute names of everything ``path`` imports; relative imports resolved against its package."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names: set[str] = set()
+    package = package_of(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join((*base, node.module) if node.module else base)
+            elif node.module:
+                module = node.module
+            else:
+                continue
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -41,6 +55,22 @@ def under(name: str, package: str) -> bool:
 def test_the_scan_sees_the_packages() -> None:
     names = modules()
     assert "app.core.fit" in names and "app.upstream.client" in names and "app.service" in names
+
+
+def test_app_imports_itself_relatively() -> None:
+    # The wheel installs app/ as the package ``ctxproxy``: an absolute ``app.`` import would break it.
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            absolute = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                absolute.append(node.module)
+            assert not [a for a in absolute if top(a) == "app"], f"{name} imports app absolutely"
+
+
+def test_relative_imports_are_resolved() -> None:
+    assert "app.core.budget" in imports_of(APP / "core" / "fit.py")
+    assert "app.core.errors.InvalidRequest" in imports_of(APP / "api" / "routes.py")
 
 
 def test_core_imports_only_the_standard_library_and_itself() -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.errors import error_response
+from .errors import error_response
 
 OPEN_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz"})
 

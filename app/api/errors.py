@@ -32,17 +32,17 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.responses import context_headers, record_plan
-from app.core.errors import CannotFit, InvalidRequest
-from app.observability.context import current_request
-from app.service import PlanCannotFit
-from app.upstream.errors import (
+from ..core.errors import CannotFit, InvalidRequest
+from ..observability.context import current_request
+from ..service import PlanCannotFit
+from ..upstream.errors import (
     UpstreamBusy,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from .responses import context_headers, record_plan
 
 logger = logging.getLogger("ctxproxy.errors")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.core.budget import POLICY_MODES, PolicyMode
-from app.core.errors import InvalidRequest
-from app.service import RequestOptions
+from ..core.budget import POLICY_MODES, PolicyMode
+from ..core.errors import InvalidRequest
+from ..service import RequestOptions
 
 BUDGET = "X-Context-Budget"
 RESERVE = "X-Context-Reserve"

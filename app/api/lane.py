@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.errors import KNOWN_ERRORS, handle_known
-from app.api.routes import chat_completions
+from .errors import KNOWN_ERRORS, handle_known
+from .routes import chat_completions
 
 CHAT_ROUTE = "/v1/chat/completions"
 

@@ -26,11 +26,11 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.core.plan import Plan
-from app.service import ChatOutcome, request_budget_tokens
-from app.upstream.client import UpstreamResponse
-from app.upstream.errors import UpstreamError, UpstreamTimeout
-from app.upstream.headers import CONTEXT_PREFIX, Header, client_response_headers
+from ..core.plan import Plan
+from ..service import ChatOutcome, request_budget_tokens
+from ..upstream.client import UpstreamResponse
+from ..upstream.errors import UpstreamError, UpstreamTimeout
+from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_headers
 
 logger = logging.getLogger("ctxproxy.stream")
 

@@ -17,15 +17,15 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.api.disconnect import ClientLeft, NoResponse, until_client_leaves
-from app.api.errors import BodyTooLarge
-from app.api.headers import parse_context_headers
-from app.api.responses import UpstreamStreamResponse, access_fields, chat_response, read_whole, record_plan
-from app.core.errors import InvalidRequest
-from app.service import ChatOutcome, Service, plan_report
-from app.upstream.errors import UpstreamError
-from app.upstream.headers import Header
-from app.wire import dump_json
+from ..core.errors import InvalidRequest
+from ..service import ChatOutcome, Service, plan_report
+from ..upstream.errors import UpstreamError
+from ..upstream.headers import Header
+from ..wire import dump_json
+from .disconnect import ClientLeft, NoResponse, until_client_leaves
+from .errors import BodyTooLarge
+from .headers import parse_context_headers
+from .responses import UpstreamStreamResponse, access_fields, chat_response, read_whole, record_plan
 
 router = APIRouter()
 

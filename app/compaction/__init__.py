@@ -15,8 +15,8 @@ becomes ``None``; configuration mistakes (a too-small window, an unknown cache U
 ``ValueError`` at construction.
 """
 
-from app.compaction.ahead import AheadOfTime
-from app.compaction.cache import (
+from .ahead import AheadOfTime
+from .cache import (
     CacheStats,
     MemoryCache,
     RedisCache,
@@ -25,8 +25,8 @@ from app.compaction.cache import (
     prefix_keys,
     summary_key,
 )
-from app.compaction.prompts import PROMPT_VERSION, SYSTEM_MARKER
-from app.compaction.summarizer import Complete, PrefetchedSummaries, Summarizer, blocks_from_spans
+from .prompts import PROMPT_VERSION, SYSTEM_MARKER
+from .summarizer import Complete, PrefetchedSummaries, Summarizer, blocks_from_spans
 
 __all__ = [
     "PROMPT_VERSION",

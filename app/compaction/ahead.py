@@ -28,9 +28,9 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from app.compaction.cache import SummaryCache
-from app.compaction.summarizer import Summarizer
-from app.core.messages import Message
+from ..core.messages import Message
+from .cache import SummaryCache
+from .summarizer import Summarizer
 
 logger = logging.getLogger("ctxproxy.compaction")
 

@@ -37,16 +37,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from app.compaction.cache import SummaryCache, prefix_keys, summary_key
-from app.compaction.prompts import (
+from ..core.messages import Message
+from ..core.plan import DroppedSpan
+from .cache import SummaryCache, prefix_keys, summary_key
+from .prompts import (
     PROMPT_VERSION,
     chunk_messages,
     merge_messages,
     render_messages,
     summarize_messages,
 )
-from app.core.messages import Message
-from app.core.plan import DroppedSpan
 
 logger = logging.getLogger("ctxproxy.compaction")
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from app.core.registry import ModelSpec
+from .registry import ModelSpec
 
 PolicyMode = Literal["auto", "truncate", "reject", "off"]
 POLICY_MODES: tuple[PolicyMode, ...] = ("auto", "truncate", "reject", "off")

@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.budget import Policy, budget_for
-from app.core.messages import validate_messages
-from app.core.registry import ModelSpec
-from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
+from .budget import Policy, budget_for
+from .messages import validate_messages
+from .registry import ModelSpec
+from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
 __all__ = ["RequestCeiling", "Utf8ByteCounter", "surely_fits", "token_ceiling"]
 

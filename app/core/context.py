@@ -41,9 +41,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.core.budget import Budget, Policy
-from app.core.messages import INSTRUCTION_ROLES, Message, group_turns, group_units
-from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
+from .budget import Budget, Policy
+from .messages import INSTRUCTION_ROLES, Message, group_turns, group_units
+from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
 TOOL_RESULT_ROLES: frozenset[str] = frozenset({"tool", "function"})
 MIN_BLOCK_TOKENS = 256

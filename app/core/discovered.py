@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from app.core.knowledge import DiscoveredFigures
+from .knowledge import DiscoveredFigures
 
 MAX_PLAUSIBLE_TOKENS = 100_000_000
 MAX_LISTED_MODELS = 10_000

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.core.accounting import _MAX_SCHEMA_DEPTH
-from app.core.messages import Message
+from .accounting import _MAX_SCHEMA_DEPTH
+from .messages import Message
 
 
 def _anchor(messages: Sequence[Message]) -> Any:

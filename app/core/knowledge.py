@@ -66,9 +66,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Concatenate, ParamSpec, TypeVar
 
-from app.core.estimate import MAX_CORRECTION, MIN_CORRECTION
-from app.core.overflow import ContextOverflow
-from app.core.registry import ModelSpec
+from .estimate import MAX_CORRECTION, MIN_CORRECTION
+from .overflow import ContextOverflow
+from .registry import ModelSpec
 
 MAX_MODELS = 4096
 CALIBRATION_SAMPLES = 9

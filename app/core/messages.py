@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.core.errors import InvalidRequest
+from .errors import InvalidRequest
 
 Message = Mapping[str, Any]
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.core.budget import Budget
-from app.core.messages import Message
-from app.core.registry import ModelSpec
+from .budget import Budget
+from .messages import Message
+from .registry import ModelSpec
 
 ActionKind = Literal[
     "pruned",  # old tool results replaced by a placeholder

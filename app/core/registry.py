@@ -60,7 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.errors import InvalidModelTable
+from .errors import InvalidModelTable
 
 ENCODINGS: frozenset[str] = frozenset({"o200k_base", "cl100k_base", "estimate"})
 

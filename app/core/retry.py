@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import math
 
-from app.core.budget import Budget
-from app.core.overflow import ContextOverflow
-from app.core.tokens import REPLY_PRIMING_TOKENS
+from .budget import Budget
+from .overflow import ContextOverflow
+from .tokens import REPLY_PRIMING_TOKENS
 
 MAX_RETRIES = 2
 

@@ -52,10 +52,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from app.core.accounting import _TOOL_CONSTANTS, _TOOL_CONSTANTS_CL100K, ChatAccounting
-from app.core.errors import InvalidRequest
-from app.core.frozen import _anchor, _common_prefix, _freeze, _plain
-from app.core.messages import Message
+from .accounting import _TOOL_CONSTANTS, _TOOL_CONSTANTS_CL100K, ChatAccounting
+from .errors import InvalidRequest
+from .frozen import _anchor, _common_prefix, _freeze, _plain
+from .messages import Message
 
 REPLY_PRIMING_TOKENS = 3
 

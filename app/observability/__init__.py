@@ -16,9 +16,9 @@ upstream wait), built by :meth:`Observability.instrumentation` and given to the 
 Nothing here raises into a request: recording failures are logged and swallowed.
 """
 
-from app.observability.middleware import ObservabilityMiddleware
-from app.observability.observer import Observability
-from app.observability.request_id import RequestIdFilter
-from app.observability.routes import router
+from .middleware import ObservabilityMiddleware
+from .observer import Observability
+from .request_id import RequestIdFilter
+from .routes import router
 
 __all__ = ["Observability", "ObservabilityMiddleware", "RequestIdFilter", "router"]

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, get_args
 
-from app.core.plan import ActionKind
+from ..core.plan import ActionKind
 
 MAX_MODEL_LABELS = 256
 MAX_TOKEN_VALUES = 16

@@ -23,17 +23,17 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.responses import ACCESS_SCOPE_KEY
-from app.observability.context import (
+from ..api.responses import ACCESS_SCOPE_KEY
+from ..upstream.headers import REQUEST_ID_HEADER
+from .context import (
     RequestContext,
     current_request,
     new_request_id,
     valid_request_id,
 )
-from app.observability.metrics import route_label
-from app.observability.observer import Observability, parse_actions
-from app.observability.status import RecentRequest
-from app.upstream.headers import REQUEST_ID_HEADER
+from .metrics import route_label
+from .observer import Observability, parse_actions
+from .status import RecentRequest
 
 logger = logging.getLogger("ctxproxy.observability")
 

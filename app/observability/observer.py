@@ -18,10 +18,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from app.observability.context import current, current_request_id
-from app.observability.metrics import Metrics, ModelLabels
-from app.observability.status import RecentRequest, StatusBoard
-from app.upstream.instrument import Instrumentation
+from ..upstream.instrument import Instrumentation
+from .context import current, current_request_id
+from .metrics import Metrics, ModelLabels
+from .status import RecentRequest, StatusBoard
 
 logger = logging.getLogger("ctxproxy.observability")
 
@@ -110,7 +110,7 @@ class Observability:
 
     @classmethod
     def from_settings(cls, settings: Any) -> Observability:
-        from app import __version__
+        from .. import __version__
 
         return cls(
             version=__version__,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from app.observability.context import current_request_id
+from .context import current_request_id
 
 
 class RequestIdFilter(logging.Filter):

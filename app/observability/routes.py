@@ -6,8 +6,8 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.observability.observer import Observability
-from app.observability.page import CONTENT_SECURITY_POLICY, STATUS_HTML
+from .observer import Observability
+from .page import CONTENT_SECURITY_POLICY, STATUS_HTML
 
 router = APIRouter()
 

@@ -3,15 +3,15 @@
 Imports no FastAPI, Starlette, ``app.api`` or ``app.service`` (``tests/test_architecture.py``).
 """
 
-from app.upstream.client import UpstreamClient, UpstreamResponse, route_base_url
-from app.upstream.errors import (
+from .client import UpstreamClient, UpstreamResponse, route_base_url
+from .errors import (
     UpstreamBusy,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from app.upstream.limits import ConcurrencyLimiter
+from .limits import ConcurrencyLimiter
 
 __all__ = [
     "ConcurrencyLimiter",

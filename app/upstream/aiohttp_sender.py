@@ -29,8 +29,8 @@ import aiohttp
 import httpx
 import yarl
 
-from app.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
-from app.upstream.senders import Exchange, WireHeader
+from .errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
+from .senders import Exchange, WireHeader
 
 SKIPPED_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 

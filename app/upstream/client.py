@@ -26,11 +26,11 @@ from types import TracebackType
 
 import httpx
 
-from app.upstream.errors import UpstreamError, UpstreamTimeout
-from app.upstream.headers import Header, upstream_request_headers
-from app.upstream.instrument import Instrumentation
-from app.upstream.limits import ConcurrencyLimiter, Slot
-from app.upstream.senders import (
+from .errors import UpstreamError, UpstreamTimeout
+from .headers import Header, upstream_request_headers
+from .instrument import Instrumentation
+from .limits import ConcurrencyLimiter, Slot
+from .senders import (
     Exchange,
     HttpxExchange,
     HttpxSender,

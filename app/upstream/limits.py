@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 
-from app.upstream.errors import UpstreamBusy
+from .errors import UpstreamBusy
 
 
 class Slot:

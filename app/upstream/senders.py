@@ -26,7 +26,7 @@ from typing import Protocol
 
 import httpx
 
-from app.upstream.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
+from .errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 
 WireHeader = tuple[bytes, bytes]
 
