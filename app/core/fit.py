@@ -36,8 +36,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.core.budget import Budget, Policy, budget_for
-from app.core.context import (
+from .budget import Budget, Policy, budget_for
+from .context import (
     SummaryProvider,
     block_tokens_for,
     build_context,
@@ -47,15 +47,15 @@ from app.core.context import (
     protect_tokens_for,
     protected_start,
 )
-from app.core.messages import Message, group_turns, pairing_problems, validate_messages
-from app.core.plan import Action, DroppedSpan, Plan
-from app.core.registry import ModelSpec
-from app.core.strategies import STRATEGIES, is_ctxproxy_note
-from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
+from .messages import Message, group_turns, pairing_problems, validate_messages
+from .plan import Action, DroppedSpan, Plan
+from .registry import ModelSpec
+from .strategies import STRATEGIES, is_ctxproxy_note
+from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
 __all__ = ["SummaryProvider", "plan_request", "preview_next_cut"]
 
-_AT_INDEX = re.compile(r" at \d+$")
+_AT_INDEX = re.compile(r" at \d+\b")  # positions shift when a note is inserted: compare without them
 
 
 def _prepare(

@@ -440,3 +440,17 @@ def test_a_growing_agent_session_keeps_its_forwarded_prefix_most_of_the_time(
     assert previous is not None and {"pruned", "dropped_messages"} <= {a.kind for a in previous.actions}
     assert steps > 200
     assert changes <= steps // 4  # 37 of 232; dropping the fewest blocks each time changes 100
+
+
+def test_an_input_problem_mid_conversation_does_not_trip_the_guard_when_a_note_shifts_it(
+    counter: FakeMessageCounter,
+) -> None:
+    # Found by the fuzz test: an unanswered call on a non-assistant message is the input's own
+    # problem; the note inserted before it moves its position, and the guard compared positions.
+    odd = {"role": "system", "tool_calls": [{"id": "call_1", "type": "function"}]}
+    messages = [system(), user(10, "first"), *chat(6)[1:], assistant(400, "long"), odd]
+    result = plan(messages, 300, counter)
+    assert result.changed
+    assert pairing_problems(result.messages) != [] and all(
+        "call_1" in problem for problem in pairing_problems(result.messages)
+    )
