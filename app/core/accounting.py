@@ -18,6 +18,8 @@ Accounting rules (``count_message``), all conservative where OpenAI documents no
   data is never counted as text; an unknown part counts its string values as text (data URLs excepted);
 * assistant ``tool_calls``: ``TOKENS_PER_TOOL_CALL`` plus the text of the function name, arguments and
   call id; legacy ``function_call``: ``TOKENS_PER_TOOL_CALL`` plus name and arguments;
+* ``conversation.PRICE_KEY`` (an int a dialect put on a message or a part) as that many fixed
+  tokens; on a part it replaces the rules above (the dialect priced it by its own API's rule);
 * every other key with a string value (``tool_call_id``, ``reasoning_content``, ``refusal``, ...) as
   text; other non-string values of unknown keys are ignored (``null`` content, ``audio`` references).
 
@@ -40,8 +42,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from app.core.media import FILE_PART_TOKENS, _audio_part_tokens, _data_url_tokens, _image_part_tokens
-from app.core.messages import Message
+from .conversation import PRICE_KEY
+from .media import FILE_PART_TOKENS, _audio_part_tokens, _data_url_tokens, _image_part_tokens
+from .messages import Message
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -97,6 +100,8 @@ class ChatAccounting:
                 self._tally_tool_calls(value, t)
             elif key == "function_call":
                 self._tally_function_call(value, t)
+            elif key == PRICE_KEY:
+                t.fixed += value if type(value) is int and value > 0 else 0
             elif isinstance(value, str):
                 t.text += count(value)
         return t.fixed, t.text
@@ -118,6 +123,10 @@ class ChatAccounting:
             t.text += count(part)
             return
         if not isinstance(part, Mapping):
+            return
+        price = part.get(PRICE_KEY)
+        if type(price) is int:  # the dialect priced this part by its own API's rule
+            t.fixed += max(0, price)
             return
         kind = part.get("type")
         if kind == "text":

@@ -16,8 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.core.messages import Message
-from app.core.tokens import MessageCounter
+from .conversation import is_opaque
+from .messages import Message
+from .tokens import MessageCounter
 
 # A cut text keeps at least this many tokens of its own; below that a cut would mostly be marker.
 MIN_KEEP_TOKENS = 16
@@ -97,8 +98,11 @@ def truncate_message(
     """Middle-out ``message`` to at most ``target_tokens`` (best effort); None when it cannot shrink.
 
     Only text is cut (string content or ``text`` parts, largest first); images, other parts and
-    tool-call arguments are never touched. Returns the new message and its count, always smaller.
+    tool-call arguments are never touched, nor anything in an
+    opaque message (``conversation``). Returns the new message and its count, always smaller.
     """
+    if is_opaque(message):  # signed or encrypted content: kept whole or dropped whole, never cut
+        return None
     slots = _text_slots(message)
     if not slots or current_tokens <= target_tokens:
         return None

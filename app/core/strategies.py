@@ -27,16 +27,17 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from app.core.context import (
+from .context import (
     TOOL_RESULT_ROLES,
     FitContext,
     block_tokens_for,
     droppable_blocks,
     newest_user_index,
 )
-from app.core.cutting import truncate_message
-from app.core.messages import INSTRUCTION_ROLES, Message
-from app.core.plan import Action, ActionKind, DroppedSpan, StrategyResult
+from .conversation import is_opaque
+from .cutting import truncate_message
+from .messages import INSTRUCTION_ROLES, Message
+from .plan import Action, ActionKind, DroppedSpan, StrategyResult
 
 IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image"})
 # Last resort never cuts a message below this many tokens in total.
@@ -149,7 +150,7 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
     names = _tool_names(messages) if region_start < boundary else {}
     for i in range(region_start, boundary):
         message = messages[i]
-        if ctx.untouchable(i):
+        if ctx.untouchable(i) or is_opaque(message):
             continue
         candidate: dict[str, Any] | None = None
         images = 0

@@ -16,6 +16,7 @@ from typing import Any
 
 from app.core.budget import Budget, Policy
 from app.core.context import FitContext, build_context
+from app.core.conversation import PRICE_KEY
 from app.core.messages import Message
 from app.core.registry import ModelSpec
 from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
@@ -67,7 +68,9 @@ class FakeMessageCounter(MessageCounter):
             tokens += words(content)
         elif isinstance(content, list):
             for part in content:
-                if part.get("type") == "text":
+                if type(part.get(PRICE_KEY)) is int:  # a dialect's own price (app.core.conversation)
+                    tokens += part[PRICE_KEY]
+                elif part.get("type") == "text":
                     tokens += words(str(part.get("text", "")))
                 elif part.get("type") == "image_url":
                     tokens += IMAGE_TOKENS
@@ -79,6 +82,8 @@ class FakeMessageCounter(MessageCounter):
             tokens += words(str(function.get("arguments", "")))
         if "tool_call_id" in message:
             tokens += words(str(message["tool_call_id"]))
+        if type(message.get(PRICE_KEY)) is int:
+            tokens += message[PRICE_KEY]
         return tokens
 
     def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:

@@ -1,0 +1,105 @@
+"""The dialect seam: one adapter per wire API between its JSON and the neutral conversation.
+
+INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects/`` implements it):
+
+* ``Dialect`` (a protocol; implementations are stateless, frozen, pure):
+
+  - ``name``: ``"chat"``, ``"responses"`` or ``"messages"`` (metrics label, headers, plan report);
+  - ``upstream_path``: the path under the upstream base URL (``"chat/completions"``, ...);
+  - ``parse(body) -> Conversation``: validate what planning relies on (raise ``InvalidRequest``
+    with ``param`` naming the field) and build the neutral messages (``conversation.py``). Never
+    mutates ``body``; unknown fields are the upstream's business;
+  - ``tool_tokens(body, counter) -> int``: tokens of what the body sends besides its messages
+    (tool definitions, ...), by this API's rules;
+  - ``render(body, messages) -> dict``: ``body`` with its conversation replaced by the fitted
+    neutral ``messages``. A kept message whose dict is the one ``parse`` made (identity) is written
+    back as its original wire JSON, untouched; a changed one (same ``ORIGIN_KEY``) replaces only
+    what changed; one without an origin (note, summary) is built in this API's shape where it keeps
+    the body valid (pairing, role order). Every other body key is kept as is;
+  - ``problems(body) -> list[str]``: the structural rules of this API the body breaks (orphaned
+    results, calls without results, ...), position-free wording; the pipeline's final guard and the
+    property tests compare the output's problems with the input's;
+  - ``error_body(error) -> dict``: one of our errors (``ErrorInfo``) in this API's error shape;
+  - ``overflow(status, body) -> ContextOverflow | None``: is this upstream answer a context-length
+    error (this API's wordings first, then the shared classifier)?
+  - ``input_tokens_used(answer) -> int | None``: the upstream's own count of the prompt, from a
+    JSON answer or from one parsed SSE event (``usage.prompt_tokens``, ``response.usage.
+    input_tokens``, Anthropic's input + cache read + cache creation), for calibration.
+
+* ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
+  ``invalid_request_error``, ``upstream_timeout``, ...), ``message``, ``param``, and for a
+  cannot-fit error the numbers (``tokens``, ``limit_tokens``, ``window_tokens``,
+  ``reserve_tokens``) so a dialect can word it as its own upstream would.
+* ``error_info(error) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` -> 400,
+  ``CannotFit`` -> 400 ``context_length_exceeded``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .conversation import Conversation
+from .errors import CannotFit, CoreError, InvalidRequest
+from .messages import Message
+from .overflow import ContextOverflow
+from .tokens import MessageCounter
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """One of our own errors, before a dialect puts it in its API's shape."""
+
+    status: int
+    code: str
+    message: str
+    param: str | None = None
+    tokens: int | None = None
+    limit_tokens: int | None = None
+    window_tokens: int | None = None
+    reserve_tokens: int | None = None
+
+
+class Dialect(Protocol):
+    """One wire API (see the module docstring for the contract of each member)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def upstream_path(self) -> str: ...
+
+    def parse(self, body: Mapping[str, Any], /) -> Conversation: ...
+
+    def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int: ...
+
+    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]: ...
+
+    def problems(self, body: Mapping[str, Any], /) -> list[str]: ...
+
+    def error_body(self, error: ErrorInfo, /) -> dict[str, Any]: ...
+
+    def overflow(
+        self, status: int, body: bytes | str | Mapping[str, object] | None, /
+    ) -> ContextOverflow | None: ...
+
+    def input_tokens_used(self, answer: Mapping[str, Any], /) -> int | None: ...
+
+
+def error_info(error: CoreError) -> ErrorInfo:
+    """A core error as an ``ErrorInfo`` (400 for both kinds a request can cause)."""
+    if isinstance(error, CannotFit):
+        return ErrorInfo(
+            status=400,
+            code="context_length_exceeded",
+            message=error.message,
+            param="messages",
+            tokens=error.tokens,
+            limit_tokens=error.budget_tokens,
+            window_tokens=error.window_tokens,
+            reserve_tokens=error.reserve_tokens,
+        )
+    if isinstance(error, InvalidRequest):
+        return ErrorInfo(status=400, code="invalid_request_error", message=error.message, param=error.param)
+    return ErrorInfo(status=400, code="invalid_request_error", message=str(error))
