@@ -24,7 +24,12 @@ INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects
     error (this API's wordings first, then the shared classifier)?
   - ``input_tokens_used(answer) -> int | None``: the upstream's own count of the prompt, from a
     JSON answer or from one parsed SSE event (``usage.prompt_tokens``, ``response.usage.
-    input_tokens``, Anthropic's input + cache read + cache creation), for calibration.
+    input_tokens``, Anthropic's input + cache read + cache creation), for calibration;
+  - ``count_answer(input_tokens) -> dict``: the answer of this API's token-counting endpoint
+    (Responses ``/responses/input_tokens``, Anthropic ``/messages/count_tokens``) with our count;
+  - ``stream_error(error) -> bytes``: the SSE bytes that end a stream that failed midway, in this
+    API's shape (chat: ``data: {"error": ...}``; Responses: an ``error`` event; Anthropic:
+    ``event: error``).
 
 * ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
   ``invalid_request_error``, ``upstream_timeout``, ...), ``message``, ``param``, and for a
@@ -85,6 +90,10 @@ class Dialect(Protocol):
     ) -> ContextOverflow | None: ...
 
     def input_tokens_used(self, answer: Mapping[str, Any], /) -> int | None: ...
+
+    def count_answer(self, input_tokens: int, /) -> dict[str, Any]: ...
+
+    def stream_error(self, error: ErrorInfo, /) -> bytes: ...
 
 
 def error_info(error: CoreError) -> ErrorInfo:
