@@ -203,7 +203,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .core.errors import InvalidRequest
     from .core.fit import plan_request
     from .core.tokens import MessageCounter
-    from .service import plan_report
+    from .service.report import plan_report
     from .tokenizer import counter_for
 
     body = _read_body(args.file)
@@ -343,11 +343,11 @@ def _proxy_models(url: str, *, timeout_s: float) -> int:
 
 
 async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -> list[Any]:
-    """The effective spec of every model ``base_url`` lists, after asking it (``app.discovery``)."""
+    """The effective spec of every model ``base_url`` lists, after asking it (``app.service.discovery``)."""
     import httpx
 
     from .core.knowledge import Knowledge
-    from .discovery import Discovery
+    from .service.discovery import Discovery
     from .upstream.client import UpstreamClient
 
     settings = _settings()

@@ -26,13 +26,14 @@ from .api.lane import ChatLane
 from .api.routes import router
 from .core.knowledge import Knowledge
 from .core.tokens import TokenCounter
-from .discovery import Discovery
-from .knowledge_share import KnowledgeShare
-from .learning import Learner
 from .observability import Observability, ObservabilityMiddleware, RequestIdFilter
 from .observability import router as observability_router
 from .observability.observer import discovery_call, discovery_result
-from .service import ModelResolver, Service, Vocabularies
+from .service.discovery import Discovery
+from .service.driver import Service
+from .service.knowledge_share import KnowledgeShare
+from .service.learning import Learner
+from .service.ports import ModelResolver, Vocabularies
 from .settings import Settings
 from .upstream.client import UpstreamClient
 from .upstream.limits import ConcurrencyLimiter
@@ -248,7 +249,7 @@ def create_app(
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 instrumentation=observability.instrumentation(),
             )
-            from .summaries import Summaries
+            from .service.summaries import Summaries
 
             summaries = Summaries(settings=settings, registry=models, vocabularies=vocab, upstream=upstream)
             observability.metrics.watch_summary_cache(summaries.cache.stats)

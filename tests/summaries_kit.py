@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from app.core.registry import ModelSpec
 from app.main import create_app
-from app.summaries import Summaries
+from app.service.summaries import Summaries
 from tests.api import (
     MAX_OUTPUT_TOKENS,
     WINDOW_TOKENS,

@@ -54,7 +54,7 @@ def under(name: str, package: str) -> bool:
 
 def test_the_scan_sees_the_packages() -> None:
     names = modules()
-    assert "app.core.fit" in names and "app.upstream.client" in names and "app.service" in names
+    assert "app.core.fit" in names and "app.upstream.client" in names and "app.service.driver" in names
 
 
 def test_app_imports_itself_relatively() -> None:
@@ -94,8 +94,42 @@ def test_upstream_imports_no_web_framework_nor_the_layers_above() -> None:
 
 def test_core_and_service_do_not_import_the_api() -> None:
     for name, path in modules().items():
-        if under(name, "app.core") or name == "app.service":
+        if under(name, "app.core") or under(name, "app.service"):
             assert not {i for i in imports_of(path) if under(i, "app.api") or under(i, "app.main")}, name
+
+
+def test_service_imports_no_web_framework() -> None:
+    forbidden = ("fastapi", "starlette", "app.api", "app.main", "app.observability")
+    seen = 0
+    for name, path in modules().items():
+        if under(name, "app.service"):
+            seen += 1
+            bad = {i for i in imports_of(path) if any(under(i, f) for f in forbidden)}
+            assert not bad, f"{name} imports {sorted(bad)}"
+    assert seen >= 5
+
+
+def test_core_imports_nothing_of_the_layers_above() -> None:
+    above = ("app.api", "app.service", "app.upstream", "app.main", "app.settings", "app.compaction")
+    for name, path in modules().items():
+        if under(name, "app.core"):
+            bad = {i for i in imports_of(path) if any(under(i, a) for a in above)}
+            assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_the_top_level_of_app_holds_only_edges_and_entry_points() -> None:
+    loose = {name for name, path in modules().items() if path.parent == APP and path.stem != "__init__"}
+    assert loose <= {
+        "app.__main__",
+        "app.cli",
+        "app.demo",
+        "app.demo_upstream",
+        "app.main",
+        "app.model_table",
+        "app.settings",
+        "app.tokenizer",
+        "app.wire",
+    }, sorted(loose)
 
 
 def test_only_settings_imports_pydantic_settings_and_only_tokenizer_imports_tiktoken() -> None:

@@ -19,7 +19,7 @@ from app.main import (
     configure_logging,
     create_app,
 )
-from app.service import Service
+from app.service.driver import Service
 from app.settings import Settings
 from tests.api import OneModelRegistry, WordVocabularies, make_settings
 

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.errors import CannotFit, InvalidRequest
 from ..observability.context import current_request
-from ..service import PlanCannotFit
+from ..service.driver import PlanCannotFit
 from ..upstream.errors import (
     UpstreamBusy,
     UpstreamError,

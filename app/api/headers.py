@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from ..core.budget import POLICY_MODES, PolicyMode
 from ..core.errors import InvalidRequest
-from ..service import RequestOptions
+from ..service.request import RequestOptions
 
 BUDGET = "X-Context-Budget"
 RESERVE = "X-Context-Reserve"

@@ -27,7 +27,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..core.plan import Plan
-from ..service import ChatOutcome, request_budget_tokens
+from ..service.driver import ChatOutcome
+from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
 from ..upstream.errors import UpstreamError, UpstreamTimeout
 from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_headers

@@ -18,7 +18,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..core.errors import InvalidRequest
-from ..service import ChatOutcome, Service, plan_report
+from ..service.driver import ChatOutcome, Service
+from ..service.report import plan_report
 from ..upstream.errors import UpstreamError
 from ..upstream.headers import Header
 from ..wire import dump_json

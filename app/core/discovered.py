@@ -1,6 +1,6 @@
 """Read context windows out of what upstream servers say about their models (pure parsing, no I/O).
 
-INTERFACE CONTRACT (``app.discovery`` relies on these):
+INTERFACE CONTRACT (``app.service.discovery`` relies on these):
 
 * ``root_url(base_url) -> str``: the server root (a trailing ``/v1`` stripped), where llama.cpp's
   ``/props`` and Ollama's ``/api/*`` live.

@@ -1,7 +1,7 @@
 """What the proxy knows about each model beyond its table: figures the upstream told us when asked
 (discovery), windows learned from context errors and silent truncations, and the calibrated
-correction of the estimate. Pure and in memory; the I/O lives in ``app.discovery`` and
-``app.learning``.
+correction of the estimate. Pure and in memory; the I/O lives in ``app.service.discovery`` and
+``app.service.learning``.
 
 INTERFACE CONTRACT (the service, the CLI and the learning glue rely on these):
 
@@ -19,7 +19,7 @@ INTERFACE CONTRACT (the service, the CLI and the learning glue rely on these):
   ``take_warning(model) -> bool`` (a truncation seen on a streamed response, reported once),
   ``facts(model) -> ModelFacts | None`` and ``models()`` (every model with knowledge, oldest first).
 * ``is_truncated(*, prompt_tokens, expected_tokens, calibrated) -> bool``: the silent-truncation rule.
-* Sharing between replicas (``app.knowledge_share``): ``export(model) -> dict | None`` (the learned
+* Sharing between replicas (``app.service.knowledge_share``): ``export(model) -> dict | None`` (the learned
   window and the calibration samples: numbers only) and ``absorb(model, data) -> bool``, which
   validates ``data`` and takes a shared learned window when it is smaller than ours (or we have
   none) and the shared samples only when we have none of our own (so nothing is counted twice);

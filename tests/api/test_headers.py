@@ -5,7 +5,7 @@ from starlette.datastructures import Headers
 
 from app.api.headers import parse_context_headers
 from app.core.errors import InvalidRequest
-from app.service import RequestOptions
+from app.service.request import RequestOptions
 
 
 def test_absent_headers_give_empty_options() -> None:

@@ -23,8 +23,8 @@ import pytest
 from fastapi import FastAPI
 
 from app.main import create_app
+from app.service.summaries import Summaries
 from app.settings import Settings
-from app.summaries import Summaries
 from tests.compaction.conftest import free_port, start_redis
 from tests.fake_upstream import FakeModel, FakeUpstream, serve_app
 from tests.summaries_kit import facts, summary_message

@@ -18,8 +18,9 @@ import pytest
 import respx
 
 from app.core.registry import ModelSpec
-from app.fastpath import OFFLOAD_MIN_BYTES, abandon_plan, run_plan, start_plan
-from app.service import RequestOptions, Service
+from app.service.driver import Service
+from app.service.fastpath import OFFLOAD_MIN_BYTES, abandon_plan, run_plan, start_plan
+from app.service.request import RequestOptions
 from app.upstream.client import UpstreamClient
 from app.upstream.errors import UpstreamUnreachable
 from tests.api import UPSTREAM, chat_ok, make_settings, words

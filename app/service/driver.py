@@ -7,7 +7,7 @@
    settings refined by the request's ``X-Context-*`` options;
 3. plan with ``app.core.fit.plan_request``; a plan that does not fit raises ``CannotFit`` (the
    ``off`` policy never fails). A large body is planned in a worker thread, and one that
-   ``app.core.ceiling`` proves fits is sent first and planned meanwhile (``app.fastpath``); the
+   ``app.core.ceiling`` proves fits is sent first and planned meanwhile (``app.service.fastpath``); the
    exact plan is always ready before the outcome is returned;
 4. send: the client's *original bytes* when the plan did not change anything, else the plan's
    body serialized once;
@@ -23,63 +23,31 @@ frameworks; the API layer renders errors and responses.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from .core.budget import Budget, Policy, PolicyMode
-from .core.ceiling import surely_fits
-from .core.errors import CannotFit, InvalidRequest
-from .core.fit import SummaryProvider, plan_request
-from .core.overflow import ContextOverflow, classify_overflow
-from .core.plan import Plan
-from .core.registry import ModelSpec
-from .core.retry import MAX_RETRIES, retry_cap_tokens
-from .core.tokens import MessageCounter, TokenCounter
+from ..core.budget import Policy
+from ..core.ceiling import surely_fits
+from ..core.errors import CannotFit, InvalidRequest
+from ..core.fit import SummaryProvider, plan_request
+from ..core.overflow import ContextOverflow, classify_overflow
+from ..core.plan import Plan
+from ..core.registry import ModelSpec
+from ..core.retry import MAX_RETRIES, retry_cap_tokens
+from ..core.tokens import MessageCounter
+from ..settings import Settings
+from ..upstream.client import UpstreamClient, UpstreamResponse
+from ..upstream.headers import Header
 from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
 from .learning import Learner
-from .settings import Settings
-from .upstream.client import UpstreamClient, UpstreamResponse
-from .upstream.headers import Header
-from .wire import dump_json
+from .ports import CHAT_PATH, REQUIRED_ENCODINGS, ModelResolver, Vocabularies
+from .report import request_budget_tokens
+from .request import RequestOptions, dump_body, parse_body
 
 if TYPE_CHECKING:
     from .summaries import Summaries
-
-CHAT_PATH = "chat/completions"
-REQUIRED_ENCODINGS: tuple[str, ...] = ("o200k_base", "cl100k_base")
-
-
-class ModelResolver(Protocol):
-    """The model table as the service sees it (``app.model_table.ModelRegistry``)."""
-
-    def resolve(self, model: str, /) -> ModelSpec: ...
-
-
-class Vocabularies(Protocol):
-    """The tokenizer edge (``app.tokenizer``), injectable so tests can use a word counter."""
-
-    def counter_for(self, encoding: str, /) -> TokenCounter: ...
-
-    def preload(self) -> None: ...
-
-    def loaded_encodings(self) -> tuple[str, ...]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOptions:
-    """The request's validated ``X-Context-*`` headers; None means "not given"."""
-
-    budget_tokens: int | None = None
-    reserve_tokens: int | None = None
-    window_tokens: int | None = None
-    mode: PolicyMode | None = None
-    keep_turns: int | None = None
-    summarize: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +56,7 @@ class ChatOutcome:
 
     ``response`` is open (body unread for a streamed success, already read otherwise) and
     must be closed by the caller. ``warnings`` are ``X-Context-Warning`` values
-    (``upstream-truncated``, see ``app.learning``).
+    (``upstream-truncated``, see ``app.service.learning``).
     """
 
     plan: Plan
@@ -123,86 +91,6 @@ class PlanCannotFit(CannotFit):
             reserve_tokens=plan.budget.reserve_tokens,
             reason=reason,
         )
-
-
-def request_budget_tokens(budget: Budget) -> int:
-    """The whole-request input budget (messages, priming and tool definitions), as compared to
-    ``Plan.tokens_after`` and as the ``X-Context-Budget`` request header caps it."""
-    room = budget.window_tokens - budget.reserve_tokens - budget.margin_tokens
-    if budget.cap_tokens is not None:
-        room = min(room, budget.cap_tokens)
-    return max(0, room)
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a dict; ``InvalidRequest`` for malformed JSON or a non-object."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        # orjson is stricter than the JSON the upstream accepts (escaped lone surrogates, ...):
-        # fall back to the standard library before calling the body malformed.
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise InvalidRequest(
-                f"We could not parse the JSON body of your request ({exc}). "
-                "The body must be a JSON object (Content-Type: application/json)."
-            ) from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest(
-            f"The request body must be a JSON object, not {type(body).__name__}.", param=None
-        )
-    return body
-
-
-def dump_body(body: Mapping[str, Any]) -> bytes:
-    """Serialize a rewritten body compactly (lone surrogates survive, see ``app.wire``)."""
-    return dump_json(body)
-
-
-def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
-    """The plan as JSON-ready data (the dry run's answer, and ``ctxproxy plan``'s output)."""
-    spec, budget = plan.spec, plan.budget
-    return {
-        "model": plan.model,
-        "spec": {
-            "name": spec.name,
-            "window_tokens": spec.window_tokens,
-            "max_output_tokens": spec.max_output_tokens,
-            "encoding": spec.encoding,
-            "source": spec.source,
-            "matched": spec.matched,
-            "guessed": spec.guessed,
-            "sources": dict(spec.sources),
-            "correction": spec.correction,
-        },
-        "budget": {
-            "window_tokens": budget.window_tokens,
-            "reserve_tokens": budget.reserve_tokens,
-            "margin_tokens": budget.margin_tokens,
-            "tool_tokens": budget.tool_tokens,
-            "cap_tokens": budget.cap_tokens,
-            "input_budget_tokens": budget.input_budget_tokens,
-            "request_budget_tokens": request_budget_tokens(budget),
-        },
-        "count": plan.count_kind,
-        "tokens_before": plan.tokens_before,
-        "tokens_after": plan.tokens_after,
-        "fits": plan.fits,
-        "changed": plan.changed,
-        "retries": retries,
-        "actions": [
-            {"kind": a.kind, "count": a.count, "tokens_freed": a.tokens_freed, "detail": a.detail}
-            for a in plan.actions
-        ],
-        "actions_header": plan.actions_header(),
-        "dropped": [
-            {"start": d.start, "stop": d.stop, "tokens": d.tokens, "block_stops": list(d.block_stops)}
-            for d in plan.dropped
-        ],
-        "message_tokens": list(plan.message_tokens),
-        "messages": list(plan.messages),
-    }
 
 
 class Service:
@@ -288,7 +176,8 @@ class Service:
         *,
         cap_tokens: int | None = None,
     ) -> Plan:
-        """``plan`` with LLM summaries in place of its dropped spans when they are on (``app.summaries``)."""
+        """``plan`` with LLM summaries in place of its dropped spans when they are on
+        (``app.service.summaries``)."""
         if self.summaries is None:
             return plan
         return await self.summaries.refine(
@@ -302,7 +191,7 @@ class Service:
         )
 
     def models_report(self) -> list[dict[str, Any]]:
-        """What the proxy knows about every model it has seen or discovered (``app.learning``)."""
+        """What the proxy knows about every model it has seen or discovered (``app.service.learning``)."""
         return self.learner.report(self.registry.resolve)
 
     def plan_raw(self, raw: bytes, options: RequestOptions) -> Plan:
@@ -340,7 +229,7 @@ class Service:
         pending: asyncio.Future[Plan] | None = None
         size = self.counting_size(body, options, size_bytes=len(raw))
         if size >= OFFLOAD_MIN_BYTES and self.surely_fits(body, options):
-            # Fast path (app.fastpath): forward now, finish the exact count meanwhile.
+            # Fast path (app.service.fastpath): forward now, finish the exact count meanwhile.
             pending = start_plan(partial(self.plan, body, options))
         else:
             first = await run_plan(partial(self.plan, body, options), size_bytes=size)

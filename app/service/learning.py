@@ -41,16 +41,16 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from .core.estimate import EstimateCounter
-from .core.knowledge import Knowledge, ModelFacts, UsageVerdict
-from .core.overflow import ContextOverflow
-from .core.registry import ModelSpec
-from .core.tokens import MessageCounter
-from .core.usage import SseUsageScanner, prompt_tokens_from_json
+from ..core.estimate import EstimateCounter
+from ..core.knowledge import Knowledge, ModelFacts, UsageVerdict
+from ..core.overflow import ContextOverflow
+from ..core.registry import ModelSpec
+from ..core.tokens import MessageCounter
+from ..core.usage import SseUsageScanner, prompt_tokens_from_json
+from ..upstream.client import UpstreamResponse
+from ..upstream.headers import Header
 from .discovery import Discovery
 from .knowledge_share import KnowledgeShare
-from .upstream.client import UpstreamResponse
-from .upstream.headers import Header
 
 logger = logging.getLogger("ctxproxy.learning")
 
@@ -162,7 +162,7 @@ class Learner:
         self.discovery = discovery
         self.share = share
         self._counters: OrderedDict[str, MessageCounter] = OrderedDict()
-        self._lock = threading.Lock()  # plans may be made in worker threads (app.fastpath)
+        self._lock = threading.Lock()  # plans may be made in worker threads (app.service.fastpath)
 
     # -- planning -----------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .core.plan import Plan
-from .upstream.client import UpstreamResponse
+from ..core.plan import Plan
+from ..upstream.client import UpstreamResponse
 
 # 64 KiB of JSON is about 16K tokens: a cold count of ~5-10 ms, the point where keeping it off the
 # event loop is worth a thread hop (~0.1 ms).

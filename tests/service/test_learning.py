@@ -10,7 +10,7 @@ import httpx
 import respx
 
 from app.core.registry import ModelSpec
-from app.learning import Learner
+from app.service.learning import Learner
 from tests.api import UPSTREAM, proxy
 
 CHAT = f"{UPSTREAM}/chat/completions"

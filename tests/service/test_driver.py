@@ -11,7 +11,9 @@ import respx
 
 from app.core.budget import Budget
 from app.core.errors import CannotFit, InvalidRequest
-from app.service import RequestOptions, Service, dump_body, parse_body, plan_report, request_budget_tokens
+from app.service.driver import Service
+from app.service.report import plan_report, request_budget_tokens
+from app.service.request import RequestOptions, dump_body, parse_body
 from app.upstream.client import UpstreamClient
 from tests.api import (
     UPSTREAM,

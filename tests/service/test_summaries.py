@@ -18,9 +18,9 @@ from app.core.fit import plan_request, preview_next_cut
 from app.core.messages import Message
 from app.core.registry import ModelSpec
 from app.core.tokens import MessageCounter
-from app.service import request_budget_tokens
+from app.service.report import request_budget_tokens
+from app.service.summaries import next_cut_blocks
 from app.settings import Settings
-from app.summaries import next_cut_blocks
 from tests.api import OneModelRegistry, WordCounter
 from tests.fake_upstream import FakeUpstream, fact_summary, is_summary_request
 from tests.summaries_kit import (

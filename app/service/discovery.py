@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from .core.discovered import (
+from ..core.discovered import (
     combine,
     figures_from_model_list,
     figures_from_ollama_show,
@@ -44,8 +44,8 @@ from .core.discovered import (
     listed_ids,
     root_url,
 )
-from .core.knowledge import DiscoveredFigures, Knowledge
-from .upstream.client import UpstreamClient, join_url
+from ..core.knowledge import DiscoveredFigures, Knowledge
+from ..upstream.client import UpstreamClient, join_url
 
 logger = logging.getLogger("ctxproxy.discovery")
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.core.knowledge import Knowledge
-from app.discovery import Discovery, safe_url
+from app.service.discovery import Discovery, safe_url
 from app.upstream.client import UpstreamClient
 
 BASE = "http://upstream.test/v1"

@@ -39,21 +39,22 @@ from typing import Any
 
 import orjson
 
-from .compaction.ahead import AheadOfTime
-from .compaction.cache import SummaryCache, cache_from_url
-from .compaction.summarizer import PrefetchedSummaries, Summarizer, blocks_from_spans
-from .core.budget import Policy
-from .core.context import block_tokens_for, droppable_blocks, pinned_indices
-from .core.fit import SummaryProvider
-from .core.messages import Message, group_turns, validate_messages
-from .core.plan import DroppedSpan, Plan
-from .core.strategies import is_ctxproxy_note
-from .core.tokens import MessageCounter
-from .service import CHAT_PATH, ModelResolver, Vocabularies, request_budget_tokens
-from .settings import Settings
-from .upstream.client import UpstreamClient
-from .upstream.headers import Header
-from .wire import dump_json
+from ..compaction.ahead import AheadOfTime
+from ..compaction.cache import SummaryCache, cache_from_url
+from ..compaction.summarizer import PrefetchedSummaries, Summarizer, blocks_from_spans
+from ..core.budget import Policy
+from ..core.context import block_tokens_for, droppable_blocks, pinned_indices
+from ..core.fit import SummaryProvider
+from ..core.messages import Message, group_turns, validate_messages
+from ..core.plan import DroppedSpan, Plan
+from ..core.strategies import is_ctxproxy_note
+from ..core.tokens import MessageCounter
+from ..settings import Settings
+from ..upstream.client import UpstreamClient
+from ..upstream.headers import Header
+from ..wire import dump_json
+from .ports import CHAT_PATH, ModelResolver, Vocabularies
+from .report import request_budget_tokens
 
 logger = logging.getLogger("ctxproxy.compaction")
 

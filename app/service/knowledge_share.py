@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from .core.knowledge import Knowledge
+from ..core.knowledge import Knowledge
 
 logger = logging.getLogger("ctxproxy.learning")
 

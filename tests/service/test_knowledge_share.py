@@ -14,10 +14,10 @@ from app.compaction.cache import MemoryCache
 from app.core.knowledge import Knowledge
 from app.core.overflow import ContextOverflow
 from app.core.registry import ModelSpec
-from app.knowledge_share import KnowledgeShare, share_key
+from app.service.knowledge_share import KnowledgeShare, share_key
 from tests.api import UPSTREAM, chat_ok, proxy
 from tests.compaction.conftest import free_port, start_redis
-from tests.test_learning import EstimateRegistry, request
+from tests.service.test_learning import EstimateRegistry, request
 
 CHAT = f"{UPSTREAM}/chat/completions"
 

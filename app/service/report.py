@@ -1,0 +1,66 @@
+"""The plan as numbers for people: the dry run's JSON and the whole-request budget.
+
+``plan_report(plan, *, retries=0) -> dict`` is the answer of ``POST /v1/context/plan`` and of
+``ctxproxy plan``; ``request_budget_tokens(budget)`` is the figure ``X-Context-Budget`` caps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.budget import Budget
+from ..core.plan import Plan
+
+
+def request_budget_tokens(budget: Budget) -> int:
+    """The whole-request input budget (messages, priming and tool definitions), as compared to
+    ``Plan.tokens_after`` and as the ``X-Context-Budget`` request header caps it."""
+    room = budget.window_tokens - budget.reserve_tokens - budget.margin_tokens
+    if budget.cap_tokens is not None:
+        room = min(room, budget.cap_tokens)
+    return max(0, room)
+
+
+def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
+    """The plan as JSON-ready data (the dry run's answer, and ``ctxproxy plan``'s output)."""
+    spec, budget = plan.spec, plan.budget
+    return {
+        "model": plan.model,
+        "spec": {
+            "name": spec.name,
+            "window_tokens": spec.window_tokens,
+            "max_output_tokens": spec.max_output_tokens,
+            "encoding": spec.encoding,
+            "source": spec.source,
+            "matched": spec.matched,
+            "guessed": spec.guessed,
+            "sources": dict(spec.sources),
+            "correction": spec.correction,
+        },
+        "budget": {
+            "window_tokens": budget.window_tokens,
+            "reserve_tokens": budget.reserve_tokens,
+            "margin_tokens": budget.margin_tokens,
+            "tool_tokens": budget.tool_tokens,
+            "cap_tokens": budget.cap_tokens,
+            "input_budget_tokens": budget.input_budget_tokens,
+            "request_budget_tokens": request_budget_tokens(budget),
+        },
+        "count": plan.count_kind,
+        "tokens_before": plan.tokens_before,
+        "tokens_after": plan.tokens_after,
+        "fits": plan.fits,
+        "changed": plan.changed,
+        "retries": retries,
+        "actions": [
+            {"kind": a.kind, "count": a.count, "tokens_freed": a.tokens_freed, "detail": a.detail}
+            for a in plan.actions
+        ],
+        "actions_header": plan.actions_header(),
+        "dropped": [
+            {"start": d.start, "stop": d.stop, "tokens": d.tokens, "block_stops": list(d.block_stops)}
+            for d in plan.dropped
+        ],
+        "message_tokens": list(plan.message_tokens),
+        "messages": list(plan.messages),
+    }
