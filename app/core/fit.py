@@ -2,9 +2,13 @@
 
 INTERFACE CONTRACT (the service relies on this):
 
-``plan_request(body, *, spec, policy, counter, cap_tokens=None, summaries=None) -> Plan``
-validates ``body["messages"]`` (raises ``InvalidRequest``), counts, builds the budget and fits.
-It never raises ``CannotFit`` itself: a plan that cannot fit has ``fits=False`` and the numbers.
+``plan_request(body, *, spec, policy, counter, cap_tokens=None, summaries=None, dialect=CHAT,
+conversation=None) -> Plan`` parses ``body`` with its ``dialect`` into the neutral conversation
+(raises ``InvalidRequest``; pass the ``conversation`` already parsed to skip that), counts, builds
+the budget and fits the neutral messages. It never raises ``CannotFit`` itself: a plan that cannot
+fit has ``fits=False`` and the numbers. The plan renders its body through the same dialect
+(``Plan.body``). A conversation the dialect marks not ``fittable`` (its history lives upstream) is
+planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the proxy cannot know.
 
 ``SummaryProvider`` is the seam for LLM summaries (a later issue): a *synchronous* lookup the
 pipeline may call for a span it is about to drop; ``None`` means "use the deterministic note".
@@ -47,30 +51,42 @@ from .context import (
     protect_tokens_for,
     protected_start,
 )
-from .messages import Message, group_turns, pairing_problems, validate_messages
+from .conversation import Conversation
+from .dialect import Dialect
+from .dialects.chat import CHAT
+from .messages import Message, group_turns, pairing_problems
 from .plan import Action, DroppedSpan, Plan
 from .registry import ModelSpec
 from .strategies import STRATEGIES, is_ctxproxy_note
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
-__all__ = ["SummaryProvider", "plan_request", "preview_next_cut"]
+__all__ = ["HISTORY_UPSTREAM", "SummaryProvider", "plan_request", "preview_next_cut"]
+
+HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation kept upstream
+_NO_OUTPUT_CAP: Mapping[str, Any] = {}
 
 _AT_INDEX = re.compile(r" at \d+\b")  # positions shift when a note is inserted: compare without them
 
 
 def _prepare(
     body: Mapping[str, Any],
+    conversation: Conversation,
     *,
+    dialect: Dialect,
     spec: ModelSpec,
     policy: Policy,
     counter: MessageCounter,
     cap_tokens: int | None,
-) -> tuple[list[Message], tuple[int, ...], int, Budget]:
-    messages = validate_messages(body.get("messages"))
+) -> tuple[tuple[Message, ...], tuple[int, ...], int, Budget]:
+    messages = conversation.messages
     per_message = counter.count_messages(messages)
-    tool_tokens = counter.count_tools(body)
+    tool_tokens = dialect.tool_tokens(body, counter)
+    # The budget reads the output cap from a chat-shaped mapping; every dialect states its own
+    # cap on the conversation, so the budget is the same whatever the wire key was called.
+    requested = conversation.requested_output_tokens
+    caps = {"max_tokens": requested} if requested is not None else _NO_OUTPUT_CAP
     budget = budget_for(
-        spec, body, policy, tool_tokens=tool_tokens, exact=counter.exact, cap_tokens=cap_tokens
+        spec, caps, policy, tool_tokens=tool_tokens, exact=counter.exact, cap_tokens=cap_tokens
     )
     return messages, per_message, tool_tokens, budget
 
@@ -87,10 +103,13 @@ def plan_request(
     counter: MessageCounter,
     cap_tokens: int | None = None,
     summaries: SummaryProvider | None = None,
+    dialect: Dialect = CHAT,
+    conversation: Conversation | None = None,
 ) -> Plan:
     """Plan one request: unchanged when it fits, else the least destructive rewrite that fits."""
+    parsed = dialect.parse(body) if conversation is None else conversation
     messages, per_message, tool_tokens, budget = _prepare(
-        body, spec=spec, policy=policy, counter=counter, cap_tokens=cap_tokens
+        body, parsed, dialect=dialect, spec=spec, policy=policy, counter=counter, cap_tokens=cap_tokens
     )
     before = sum(per_message) + REPLY_PRIMING_TOKENS + tool_tokens
     fits = sum(per_message) + REPLY_PRIMING_TOKENS <= budget.input_budget_tokens
@@ -104,9 +123,10 @@ def plan_request(
         fits: bool,
         actions: Sequence[Action] = (),
         dropped: Sequence[DroppedSpan] = (),
+        warnings: tuple[str, ...] = (),
     ) -> Plan:
         return Plan(
-            model=str(body.get("model", "")),
+            model=parsed.model or str(body.get("model", "")),
             spec=spec,
             budget=budget,
             count_kind=count_kind,
@@ -118,8 +138,12 @@ def plan_request(
             message_tokens=tuple(tokens),
             actions=tuple(actions),
             dropped=tuple(dropped),
+            dialect=dialect,
+            warnings=warnings,
         )
 
+    if not parsed.fittable:
+        return plan(messages, per_message, changed=False, fits=True, warnings=(HISTORY_UPSTREAM,))
     if policy.mode == "off" or fits:
         return plan(messages, per_message, changed=False, fits=True)
     if policy.mode == "reject":
@@ -182,6 +206,7 @@ def preview_next_cut(
     policy: Policy,
     counter: MessageCounter,
     cap_tokens: int | None = None,
+    dialect: Dialect = CHAT,
 ) -> DroppedSpan | None:
     """The span the next overflow of this conversation would drop first (its oldest block).
 
@@ -192,7 +217,13 @@ def preview_next_cut(
     turn may go on). The span is in this body's message indices; None when nothing is droppable.
     """
     messages, per_message, _tools, budget = _prepare(
-        body, spec=spec, policy=policy, counter=counter, cap_tokens=cap_tokens
+        body,
+        dialect.parse(body),
+        dialect=dialect,
+        spec=spec,
+        policy=policy,
+        counter=counter,
+        cap_tokens=cap_tokens,
     )
     if not group_turns(messages):
         return None

@@ -9,7 +9,8 @@ INTERFACE CONTRACT (the service, the API and the CLI rely on these names):
   ``messages`` (what to forward), ``message_tokens`` (per forwarded message), ``actions``;
   ``dropped`` (the spans of the *input* messages that were removed, for summaries);
   ``actions_header()`` renders ``pruned=4,dropped_turns=6,truncated=1``; ``body(original)``
-  returns the request body to forward (only ``messages`` is replaced).
+  returns the request body to forward, rendered by the plan's ``dialect`` (chat: only
+  ``messages`` is replaced); ``warnings`` are ``X-Context-Warning`` values (``history-upstream``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .budget import Budget
+from .dialect import Dialect
 from .messages import Message
 from .registry import ModelSpec
 
@@ -96,10 +98,20 @@ class Plan:
     message_tokens: tuple[int, ...]
     actions: tuple[Action, ...] = ()
     dropped: tuple[DroppedSpan, ...] = ()
+    dialect: Dialect | None = None
+    warnings: tuple[str, ...] = ()
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
 
+    @property
+    def api(self) -> str:
+        """The name of the wire API the plan is for (``chat``, ``responses``, ``messages``)."""
+        return "chat" if self.dialect is None else self.dialect.name
+
     def body(self, original: Mapping[str, Any]) -> dict[str, Any]:
-        """``original`` with its messages replaced by ours; every other key kept as is."""
-        return {**original, "messages": list(self.messages)}
+        """``original`` with its conversation replaced by ours, through the plan's dialect (chat,
+        the default: only ``messages`` is replaced); every other key kept as is."""
+        if self.dialect is None:
+            return {**original, "messages": list(self.messages)}
+        return self.dialect.render(original, self.messages)

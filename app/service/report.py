@@ -25,6 +25,7 @@ def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
     """The plan as JSON-ready data (the dry run's answer, and ``ctxproxy plan``'s output)."""
     spec, budget = plan.spec, plan.budget
     return {
+        "api": plan.api,
         "model": plan.model,
         "spec": {
             "name": spec.name,
@@ -57,6 +58,7 @@ def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
             for a in plan.actions
         ],
         "actions_header": plan.actions_header(),
+        "warnings": list(plan.warnings),
         "dropped": [
             {"start": d.start, "stop": d.stop, "tokens": d.tokens, "block_stops": list(d.block_stops)}
             for d in plan.dropped

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from app.core.budget import Policy
+from app.core.conversation import Conversation
+from app.core.dialects import CHAT
 from app.core.errors import InvalidRequest
 from app.core.fit import plan_request, preview_next_cut
 from app.core.messages import Message, pairing_problems
@@ -454,3 +457,61 @@ def test_an_input_problem_mid_conversation_does_not_trip_the_guard_when_a_note_s
     assert pairing_problems(result.messages) != [] and all(
         "call_1" in problem for problem in pairing_problems(result.messages)
     )
+
+
+class _Upstairs:
+    """A dialect stub: the chat dialect's rules, a conversation whose history lives upstream."""
+
+    name = "stub"
+    upstream_path = "stub"
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(CHAT, attribute)
+
+    def parse(self, body: Any, /) -> Conversation:
+        return replace(CHAT.parse(body), fittable=False, unfittable_reason="upstream")
+
+    def render(self, body: Any, messages: Any, /) -> dict[str, Any]:
+        return {**body, "items": list(messages)}
+
+
+def test_the_plan_renders_through_its_dialect_and_defaults_to_chat(counter: FakeMessageCounter) -> None:
+    messages = agentic(6, 200)
+    chat_plan = plan(messages, 600, counter)
+    assert chat_plan.api == "chat" and chat_plan.changed
+    assert chat_plan.body(body(messages))["messages"] == list(chat_plan.messages)
+    stub = _Upstairs()
+    fitted = plan_request(body(messages), spec=SPEC, policy=Policy(), counter=counter, dialect=stub)
+    assert fitted.api == "stub" and fitted.body({"model": "m"}) == {"model": "m", "items": list(messages)}
+
+
+def test_a_conversation_kept_upstream_is_planned_unchanged_with_a_warning(
+    counter: FakeMessageCounter,
+) -> None:
+    messages = agentic(6, 200)
+    result = plan_request(
+        body(messages), spec=SPEC, policy=Policy(), counter=counter, cap_tokens=600, dialect=_Upstairs()
+    )
+    assert not result.changed and result.fits and result.warnings == ("history-upstream",)
+    assert result.tokens_before == result.tokens_after > 600
+
+
+def test_a_parsed_conversation_is_not_parsed_again(counter: FakeMessageCounter) -> None:
+    messages = chat(4)
+    conversation = CHAT.parse(body(messages))
+    # The body's messages are ignored when the conversation is given: planning uses the parsed one.
+    result = plan_request(
+        {"model": "m", "messages": "not parsed"},
+        spec=SPEC,
+        policy=Policy(),
+        counter=counter,
+        conversation=conversation,
+    )
+    assert result.messages == tuple(messages)
+
+
+def test_the_output_cap_comes_from_the_conversation(counter: FakeMessageCounter) -> None:
+    messages = chat(2)
+    capped = replace(CHAT.parse(body(messages)), requested_output_tokens=321)
+    result = plan_request(body(messages), spec=SPEC, policy=Policy(), counter=counter, conversation=capped)
+    assert result.budget.reserve_tokens == 321

@@ -1,0 +1,18 @@
+"""The wire APIs the proxy fits, one dialect each (``app.core.dialect`` states the contract).
+
+``DIALECTS`` maps a dialect's name to it; the routes, the dry run and the metrics look dialects up
+here, so adding a wire API is one module under ``dialects/`` and one line below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..dialect import Dialect
+from .chat import CHAT
+
+DIALECTS: Mapping[str, Dialect] = {
+    "chat": CHAT,
+}
+
+__all__ = ["CHAT", "DIALECTS"]

@@ -1,0 +1,110 @@
+"""Chat Completions as a dialect: the identity adapter (its messages already are the neutral ones).
+
+``CHAT`` parses ``body["messages"]`` by ``messages.validate_messages`` (the same list, no copy of a
+message), counts ``tools``/``functions`` by the chat accounting, renders by replacing ``messages``
+only (``{**body, "messages": [...]}``), and speaks OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}`` (the table in ``app/api/errors.py``). Its
+mid-stream error is ``data: {"error": {...}}`` followed by a blank line, as OpenAI's servers end a
+stream that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..budget import requested_output_tokens
+from ..conversation import Conversation
+from ..dialect import ErrorInfo
+from ..messages import Message, pairing_problems, validate_messages
+from ..overflow import ContextOverflow, classify_overflow
+from ..tokens import MessageCounter
+
+_AT_INDEX = re.compile(r" at \d+\b")
+
+
+def openai_error_type(error: ErrorInfo) -> str:
+    """OpenAI's ``type`` for one of our errors: ours are request errors, upstream failures
+    ``upstream_error``, a busy upstream and our own bugs ``server_error``."""
+    if error.status in (502, 504):
+        return "upstream_error"
+    if error.status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def openai_error(error: ErrorInfo) -> dict[str, Any]:
+    """``{"error": {...}}`` in OpenAI's shape; a plain request error has no ``code`` (``None``)."""
+    code = None if error.code == "invalid_request_error" else error.code
+    return {
+        "error": {
+            "message": error.message,
+            "type": openai_error_type(error),
+            "param": error.param,
+            "code": code,
+        }
+    }
+
+
+def prompt_tokens_of(answer: Mapping[str, Any]) -> int | None:
+    """``usage.prompt_tokens`` of a chat answer or stream chunk, when it is a count."""
+    usage = answer.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    value = usage.get("prompt_tokens")
+    if type(value) is not int or value < 0:
+        return None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ChatDialect:
+    """``POST /chat/completions`` (see the module docstring)."""
+
+    name: str = "chat"
+    upstream_path: str = "chat/completions"
+
+    def parse(self, body: Mapping[str, Any], /) -> Conversation:
+        model = body.get("model")
+        return Conversation(
+            model=model if isinstance(model, str) else "",
+            messages=tuple(validate_messages(body.get("messages"))),
+            requested_output_tokens=requested_output_tokens(body),
+            stream=body.get("stream") is True,
+        )
+
+    def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
+        return counter.count_tools(body)
+
+    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]:
+        return {**body, "messages": list(messages)}
+
+    def problems(self, body: Mapping[str, Any], /) -> list[str]:
+        messages = validate_messages(body.get("messages"))
+        return sorted({_AT_INDEX.sub("", problem) for problem in pairing_problems(messages)})
+
+    def error_body(self, error: ErrorInfo, /) -> dict[str, Any]:
+        return openai_error(error)
+
+    def overflow(
+        self, status: int, body: bytes | str | Mapping[str, object] | None, /
+    ) -> ContextOverflow | None:
+        return classify_overflow(status, body)
+
+    def input_tokens_used(self, answer: Mapping[str, Any], /) -> int | None:
+        return prompt_tokens_of(answer)
+
+    def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
+        # Chat Completions has no counting endpoint; the shape of OpenAI's Responses one is the
+        # closest a client of ours could expect.
+        return {"object": "response.input_tokens", "input_tokens": input_tokens}
+
+    def stream_error(self, error: ErrorInfo, /) -> bytes:
+        payload = json.dumps(openai_error(error), ensure_ascii=False, separators=(",", ":"))
+        return b"data: " + payload.encode("utf-8") + b"\n\n"
+
+
+CHAT = ChatDialect()
