@@ -1,0 +1,205 @@
+"""The OpenAI Responses API (``POST /v1/responses``) as a dialect of the neutral conversation.
+
+INTERFACE CONTRACT: ``RESPONSES`` implements :class:`app.core.dialect.Dialect` (see there for
+each member). Origins (``ORIGIN_KEY`` paths) are ``[i]`` = item ``i`` of ``input`` (``[0]`` is a
+string ``input`` itself) and ``[-1]`` = the top-level ``instructions``.
+
+Neutral mapping (``parse``), in wire order:
+
+* ``instructions`` -> a pinned ``system`` message; a string ``input`` -> one ``user`` message;
+* a ``message`` item (also an item with a ``role`` and no ``type``) -> a message of its role;
+  ``input_text``/``output_text`` parts -> ``text`` parts, ``input_image`` -> an ``image_url`` part
+  (OpenAI's tile rule), ``input_file`` -> a ``file`` part (the flat rule), other parts kept (their
+  string values count as text);
+* a run of consecutive **call items** (``function_call``, ``custom_tool_call``, and the built-in
+  calls that take an output item: ``computer_call``, ``local_shell_call``, ``shell_call``,
+  ``apply_patch_call``, ``mcp_approval_request``, ``program``) -> ONE assistant message with
+  ``tool_calls`` (ids = ``call_id``), and the output items right after it that answer those calls
+  -> ``tool`` messages: one unit, kept or dropped together. Outputs of function and custom calls
+  may be pruned (only their ``output`` is replaced); built-in outputs are opaque;
+* a ``reasoning`` item is glued to the item after it: both (and the rest of that item's neutral
+  message, e.g. the whole call run) become one **opaque** neutral message whose origin lists every
+  item. Priced: its summary and reasoning texts as text, its ``encrypted_content`` at
+  ``ENCRYPTED_CHARS_PER_TOKEN`` characters a token (base64 ciphertext is longer than the tokens
+  it holds, so this over-counts rather than under-counts);
+* a ``compaction`` item -> an opaque, pinned ``developer`` message (it holds the conversation
+  before it; dropping it would lose everything it summarises); priced like encrypted reasoning;
+* every other item (built-in calls without an output item, ``item_reference``, unknown types) ->
+  an opaque ``assistant`` message of its own, its string values counted as text;
+* a call run whose outputs do not all follow it directly (another item sits between a call and its
+  output): the whole span up to its last output is one opaque message, so nothing can split it.
+
+``render`` writes the fitted messages back: an unchanged message as its original items (same
+objects, same order); a changed one (a pruned output, a cut text) as its original item with only
+``output``/``content``/``instructions`` replaced; a message the engine made (note, summary) as a
+``message`` item. Notes sit at unit boundaries, so never between a call and its output.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..conversation import Conversation
+from ..dialect import ErrorInfo
+from ..errors import InvalidRequest
+from ..messages import Message
+from ..overflow import ContextOverflow, classify_overflow
+from ..tokens import MessageCounter
+from .responses_items import (
+    ENCRYPTED_CHARS_PER_TOKEN,
+    INSTRUCTIONS_PATH,
+    input_problems,
+    parse_input,
+    reject_orphan_outputs,
+    render_input,
+    unfittable_reason,
+)
+
+# -- the dialect ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesDialect:
+    """``POST /v1/responses`` (see the module docstring)."""
+
+    name: str = "responses"
+    upstream_path: str = "responses"
+
+    def parse(self, body: Mapping[str, Any], /) -> Conversation:
+        parsed = parse_input(body)
+        reason = unfittable_reason(body)
+        if not reason:
+            reject_orphan_outputs(body)
+        cap = body.get("max_output_tokens")
+        if cap is not None and (type(cap) is not int or cap < 0):
+            raise InvalidRequest(
+                "'max_output_tokens' must be a non-negative integer.", param="max_output_tokens"
+            )
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise InvalidRequest("'tools' must be an array of tools.", param="tools")
+        return Conversation(
+            model=str(body.get("model", "")),
+            messages=parsed.messages,
+            requested_output_tokens=cap,
+            stream=body.get("stream") is True,
+            fittable=not reason,
+            unfittable_reason=reason,
+        )
+
+    def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
+        """Function tools by the chat tool rule (their flat shape nested as chat's); built-in and
+        custom tools and a ``text.format`` JSON schema by their string values."""
+        tools = body.get("tools")
+        chat_tools: list[Any] = []
+        if isinstance(tools, list):
+            for tool in tools:
+                if isinstance(tool, Mapping) and tool.get("type") == "function" and "function" not in tool:
+                    spec = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+                    chat_tools.append({"type": "function", "function": spec})
+                else:
+                    chat_tools.append(tool)
+        text = body.get("text")
+        fmt = text.get("format") if isinstance(text, Mapping) else None
+        if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+            chat_tools.append({"type": "json_schema", "json_schema": dict(fmt)})
+        return counter.count_tools({"tools": chat_tools}) if chat_tools else 0
+
+    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]:
+        return render_input(body, messages)
+
+    def problems(self, body: Mapping[str, Any], /) -> list[str]:
+        return input_problems(body)
+
+    def error_body(self, error: ErrorInfo, /) -> dict[str, Any]:
+        param = error.param
+        if error.code == "context_length_exceeded" and param in (None, "messages"):
+            param = "input"
+        return {
+            "error": {
+                "message": error.message,
+                "type": _error_type(error),
+                "param": param,
+                "code": _code(error),
+            }
+        }
+
+    def overflow(
+        self, status: int, body: bytes | str | Mapping[str, object] | None, /
+    ) -> ContextOverflow | None:
+        """OpenAI's wordings (the shared classifier) on a JSON body, an ``error`` event or a
+        ``response.failed`` event (as JSON, or as SSE frames ``event: ...`` / ``data: ...``)."""
+        for event in _events(body):
+            kind = event.get("type")
+            if kind == "error":
+                node: object = event.get("error") if isinstance(event.get("error"), Mapping) else event
+                return classify_overflow(status, {"error": node}) if isinstance(node, Mapping) else None
+            if kind == "response.failed":
+                response = event.get("response")
+                error = response.get("error") if isinstance(response, Mapping) else None
+                return classify_overflow(status, {"error": error}) if isinstance(error, Mapping) else None
+        return classify_overflow(status, body)
+
+    def input_tokens_used(self, answer: Mapping[str, Any], /) -> int | None:
+        response = answer.get("response") if isinstance(answer.get("response"), Mapping) else answer
+        usage = response.get("usage") if isinstance(response, Mapping) else None
+        value = usage.get("input_tokens") if isinstance(usage, Mapping) else None
+        return value if type(value) is int and value >= 0 else None
+
+    def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
+        return {"object": "response.input_tokens", "input_tokens": input_tokens}
+
+    def stream_error(self, error: ErrorInfo, /) -> bytes:
+        event = {
+            "type": "error",
+            "code": _code(error),
+            "message": error.message,
+            "param": self.error_body(error)["error"]["param"],
+            "sequence_number": 0,
+        }
+        data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+        return f"event: error\ndata: {data}\n\n".encode()
+
+
+def _error_type(error: ErrorInfo) -> str:
+    if error.code == "upstream_busy" or (error.status >= 500 and not error.code.startswith("upstream_")):
+        return "server_error"
+    if error.code.startswith("upstream_"):
+        return "upstream_error"
+    return "invalid_request_error"
+
+
+def _code(error: ErrorInfo) -> str | None:
+    return None if error.code == "invalid_request_error" else error.code
+
+
+def _events(body: bytes | str | Mapping[str, object] | None) -> list[Mapping[str, Any]]:
+    """The JSON events in ``body``: the mapping itself, or the ``data:`` lines of SSE text."""
+    if isinstance(body, Mapping):
+        return [body] if isinstance(body.get("type"), str) else []
+    if isinstance(body, bytes | bytearray | memoryview):
+        text = bytes(body[:1_000_000]).decode("utf-8", errors="replace")
+    elif isinstance(body, str):
+        text = body[:1_000_000]
+    else:
+        return []
+    events: list[Mapping[str, Any]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue
+        try:
+            value = json.loads(line[5:].strip())
+        except ValueError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("type"), str):
+            events.append(value)
+    return events
+
+
+RESPONSES = ResponsesDialect()
+
+__all__ = ["ENCRYPTED_CHARS_PER_TOKEN", "INSTRUCTIONS_PATH", "RESPONSES", "ResponsesDialect"]

@@ -1,0 +1,520 @@
+"""The items of a Responses API ``input`` and the neutral messages they become (and back).
+
+INTERFACE CONTRACT (``responses.py`` builds the dialect on these):
+
+* ``parse_input(body) -> ParsedInput``: validates ``instructions`` and ``input`` (raises
+  ``InvalidRequest`` naming the field) and maps them to neutral messages (rules in
+  ``responses.py``'s docstring); ``ParsedInput.items`` is the ``input`` list (None for a string).
+* ``render_input(body, messages) -> dict``: ``body`` with the fitted messages written back.
+* ``input_problems(body) -> list[str]``: position-free structural problems of ``input``.
+* ``unfittable_reason(body)``, ``reject_orphan_outputs(body)``; ``OUTPUT_OF_CALL``/
+  ``CALL_OF_OUTPUT`` (call item type <-> output item type), ``ENCRYPTED_CHARS_PER_TOKEN``,
+  ``INSTRUCTIONS_PATH``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..conversation import PRICE_KEY, Path, neutral, origin_of
+from ..errors import InvalidRequest
+from ..messages import Message
+from ..strategies import is_ctxproxy_note
+
+ENCRYPTED_CHARS_PER_TOKEN = 4
+INSTRUCTIONS_PATH: Path = (-1,)
+MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
+
+# Call item type -> its output item type. Outputs answer calls by ``call_id`` except where
+# ``_ANSWER_KEY``/``_CALL_KEY`` say otherwise (local shell outputs carry the call's id as ``id``).
+OUTPUT_OF_CALL: Mapping[str, str] = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "mcp_approval_request": "mcp_approval_response",
+    "program": "program_output",
+}
+CALL_OF_OUTPUT: Mapping[str, str] = {v: k for k, v in OUTPUT_OF_CALL.items()}
+# Calls whose output is plain text the model produced for us: prunable and cuttable.
+_EDITABLE_CALLS = frozenset({"function_call", "custom_tool_call"})
+_CALL_KEY: Mapping[str, str] = {"mcp_approval_request": "id"}
+_ANSWER_KEY: Mapping[str, str] = {
+    "local_shell_call_output": "id",
+    "mcp_approval_response": "approval_request_id",
+}
+# Keys that never reach the model's context (identifiers, bookkeeping): not counted.
+_UNCOUNTED_KEYS = frozenset({"type", "id", "status", "encrypted_content"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+def _key_of(item: Mapping[str, Any]) -> str | None:
+    """The pairing key of a call or an output item (``call_id`` unless the type says otherwise)."""
+    kind = _type(item)
+    field = _CALL_KEY.get(kind, "call_id") if kind in OUTPUT_OF_CALL else _ANSWER_KEY.get(kind, "call_id")
+    value = item.get(field)
+    return value if isinstance(value, str) else None
+
+
+def _type(item: object) -> str:
+    """The item's ``type`` ("" when it has none or it is not a string)."""
+    kind = item.get("type") if isinstance(item, Mapping) else None
+    return kind if isinstance(kind, str) else ""
+
+
+def _kind(item: Mapping[str, Any]) -> str:
+    kind = item.get("type")
+    if kind is None and "role" in item:
+        return "message"
+    return kind if isinstance(kind, str) else ""
+
+
+def _encrypted_tokens(value: object) -> int:
+    return math.ceil(len(value) / ENCRYPTED_CHARS_PER_TOKEN) if isinstance(value, str) else 0
+
+
+# -- parts ------------------------------------------------------------------------------------
+
+
+def _neutral_part(part: Any) -> Any:
+    """One Responses content part as the chat accounting knows it (text, image_url, file)."""
+    if not isinstance(part, Mapping):
+        return part
+    kind = part.get("type")
+    if kind in _TEXT_PARTS:
+        return {"type": "text", "text": part.get("text") if isinstance(part.get("text"), str) else ""}
+    if kind == "input_image":
+        url = part.get("image_url")
+        image: dict[str, Any] = {"url": url if isinstance(url, str) else None}
+        if isinstance(part.get("detail"), str):
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    if kind == "input_file":
+        filename = part.get("filename")
+        return {"type": "file", "file": {"filename": filename if isinstance(filename, str) else ""}}
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": part.get("refusal")}
+    return dict(part)
+
+
+def _neutral_content(content: Any) -> Any:
+    if isinstance(content, list):
+        return [_neutral_part(p) for p in content]
+    return content
+
+
+def _opaque_parts(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Parts that price an item the engine keeps whole: its texts as text, ciphertext by length."""
+    kind = _kind(item)
+    parts: list[dict[str, Any]] = []
+    if kind == "reasoning":
+        for field in ("summary", "content"):
+            entries = item.get(field)
+            if isinstance(entries, list):
+                for entry in entries:
+                    text = entry.get("text") if isinstance(entry, Mapping) else None
+                    if isinstance(text, str):
+                        parts.append({"type": "text", "text": text})
+    elif kind == "message":
+        content = item.get("content")
+        if isinstance(content, str):
+            parts.append({"type": "text", "text": content})
+        elif isinstance(content, list):
+            parts.extend(
+                p if isinstance(p, dict) else {"type": "text", "text": ""}
+                for p in map(_neutral_part, content)
+            )
+    else:
+        rest = {k: v for k, v in item.items() if k not in _UNCOUNTED_KEYS}
+        if rest:
+            parts.append({"type": f"item:{kind}", **rest})
+    price = _encrypted_tokens(item.get("encrypted_content"))
+    if price:
+        parts.append({"type": "encrypted", PRICE_KEY: price})
+    return parts
+
+
+def _call_entry(item: Mapping[str, Any]) -> dict[str, Any]:
+    kind = _kind(item)
+    key = _key_of(item) or ""
+    if kind == "function_call":
+        return {
+            "id": key,
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+        }
+    if kind == "custom_tool_call":
+        return {
+            "id": key,
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("input")},
+        }
+    rest = {k: v for k, v in item.items() if k not in _UNCOUNTED_KEYS and k != "call_id"}
+    return {"id": key, "type": kind, kind: rest}
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+def _validate_item(i: int, item: Any) -> str:
+    """The item's kind; raise ``InvalidRequest`` for what planning cannot rely on."""
+    where = f"input[{i}]"
+    if not isinstance(item, Mapping):
+        raise InvalidRequest(f"{where} must be an object.", param=where)
+    kind = item.get("type")
+    if kind is None:
+        if "role" not in item:
+            raise InvalidRequest(
+                f"{where} has no 'type' and no 'role': it is not an input item.", param=where
+            )
+        kind = "message"
+    if not isinstance(kind, str):
+        raise InvalidRequest(f"{where}.type must be a string.", param=f"{where}.type")
+    if kind == "message":
+        role = item.get("role")
+        if not isinstance(role, str) or role not in MESSAGE_ROLES:
+            raise InvalidRequest(
+                f"{where}.role must be one of {sorted(MESSAGE_ROLES)}.", param=f"{where}.role"
+            )
+        content = item.get("content")
+        if not isinstance(content, str | list):
+            raise InvalidRequest(
+                f"{where}.content must be a string or an array of content parts.", param=f"{where}.content"
+            )
+        if isinstance(content, list):
+            for k, part in enumerate(content):
+                if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                    raise InvalidRequest(
+                        f"{where}.content[{k}] must be an object with a string 'type'.",
+                        param=f"{where}.content[{k}]",
+                    )
+    elif kind in OUTPUT_OF_CALL or kind in CALL_OF_OUTPUT:
+        if _key_of(item) is None:
+            field = (
+                _CALL_KEY.get(kind, "call_id") if kind in OUTPUT_OF_CALL else _ANSWER_KEY.get(kind, "call_id")
+            )
+            raise InvalidRequest(f"{where}.{field} must be a string.", param=f"{where}.{field}")
+        if kind in ("function_call_output", "custom_tool_call_output") and not isinstance(
+            item.get("output"), str | list
+        ):
+            raise InvalidRequest(
+                f"{where}.output must be a string or an array of content parts.", param=f"{where}.output"
+            )
+    return kind
+
+
+# -- parse ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedInput:
+    """The neutral messages of a body and what ``render`` needs to write them back."""
+
+    messages: tuple[dict[str, Any], ...]
+    items: tuple[Any, ...] | None  # the ``input`` list, or None for a string/absent input
+
+
+def _parse_items(items: Sequence[Any], kinds: Sequence[str]) -> list[dict[str, Any]]:
+    n = len(items)
+    answer_at: dict[str, list[int]] = {}
+    for j, kind in enumerate(kinds):
+        if kind in CALL_OF_OUTPUT:
+            key = _key_of(items[j])
+            if key is not None:
+                answer_at.setdefault(key, []).append(j)
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < n:
+        start = i
+        while i < n and kinds[i] == "reasoning":
+            i += 1
+        reasoning = list(range(start, i))
+        if i == n:  # reasoning with no item after it: kept whole on its own
+            out.append(_opaque(items, reasoning, role="assistant"))
+            break
+        kind = kinds[i]
+        if kind in OUTPUT_OF_CALL:
+            i = _parse_call_run(items, kinds, i, reasoning, answer_at, out)
+            continue
+        if kind == "message":
+            item = items[i]
+            role = item["role"]
+            if reasoning:
+                out.append(_opaque(items, [*reasoning, i], role=role))
+            else:
+                content = item["content"]
+                if isinstance(content, list) and len(content) == 1 and content[0].get("type") in _TEXT_PARTS:
+                    # A note we wrote earlier is read back as the string the engine recognises.
+                    text = content[0].get("text")
+                    if isinstance(text, str) and is_ctxproxy_note({"role": role, "content": text}):
+                        content = text
+                out.append(neutral(role, _neutral_content(content), origin=[(i,)]))
+        elif kind in CALL_OF_OUTPUT and not reasoning:
+            item = items[i]
+            editable = CALL_OF_OUTPUT[kind] in _EDITABLE_CALLS
+            content = _neutral_content(item.get("output")) if editable else _opaque_parts(item)
+            out.append(
+                neutral("tool", content, origin=[(i,)], opaque=not editable, tool_call_id=_key_of(item) or "")
+            )
+        elif kind == "compaction":
+            out.append(_opaque(items, [*reasoning, i], role="developer"))
+        else:
+            out.append(_opaque(items, [*reasoning, i], role="assistant"))
+        i += 1
+    return out
+
+
+def _parse_call_run(
+    items: Sequence[Any],
+    kinds: Sequence[str],
+    i: int,
+    reasoning: list[int],
+    answer_at: Mapping[str, list[int]],
+    out: list[dict[str, Any]],
+) -> int:
+    """Parse the call run starting at ``i`` (reasoning before it in ``reasoning``) and its outputs;
+    append the neutral messages to ``out`` and return the index after what was consumed."""
+    n = len(items)
+    members = list(reasoning)
+    calls: list[int] = []
+    j = i
+    while j < n:
+        if kinds[j] in OUTPUT_OF_CALL:
+            calls.append(j)
+            members.append(j)
+            j += 1
+            continue
+        k = j
+        while k < n and kinds[k] == "reasoning":
+            k += 1
+        if k > j and k < n and kinds[k] in OUTPUT_OF_CALL:  # reasoning that leads to another call
+            members.extend(range(j, k))
+            j = k
+            continue
+        break
+    keys = {key for c in calls if (key := _key_of(items[c])) is not None}
+    outputs: list[int] = []
+    k = j
+    while k < n and kinds[k] in CALL_OF_OUTPUT and _key_of(items[k]) in keys:
+        outputs.append(k)
+        k += 1
+    later = [a for key in keys for a in answer_at.get(key, ()) if a >= k]
+    if later:
+        # An output sits after other items: keep the whole span whole (closed over the calls in it).
+        stop = max(later) + 1
+        grown = True
+        while grown:
+            grown = False
+            for m in range(i, stop):
+                if kinds[m] in OUTPUT_OF_CALL:
+                    key = _key_of(items[m])
+                    far = max(answer_at.get(key, [m]) if key else [m])
+                    if far + 1 > stop:
+                        stop, grown = far + 1, True
+        out.append(_opaque(items, [*reasoning, *range(i, stop)], role="assistant"))
+        return stop
+    opaque = (
+        bool(reasoning) or len(members) != len(calls) or any(kinds[c] not in _EDITABLE_CALLS for c in calls)
+    )
+    content: list[dict[str, Any]] | None = None
+    texts = [p for r in members if kinds[r] == "reasoning" for p in _opaque_parts(items[r])]
+    if texts:
+        content = texts
+    out.append(
+        neutral(
+            "assistant",
+            content,
+            origin=[(m,) for m in members],
+            opaque=opaque,
+            tool_calls=[_call_entry(items[c]) for c in calls],
+        )
+    )
+    for o in outputs:
+        item = items[o]
+        editable = CALL_OF_OUTPUT[kinds[o]] in _EDITABLE_CALLS
+        body = _neutral_content(item.get("output")) if editable else _opaque_parts(item)
+        out.append(
+            neutral("tool", body, origin=[(o,)], opaque=not editable, tool_call_id=_key_of(item) or "")
+        )
+    return k
+
+
+def _opaque(items: Sequence[Any], indices: Sequence[int], *, role: str) -> dict[str, Any]:
+    parts = [p for m in indices for p in _opaque_parts(items[m])]
+    return neutral(role, parts, origin=[(m,) for m in indices], opaque=True)
+
+
+def parse_input(body: Mapping[str, Any]) -> ParsedInput:
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest("'instructions' must be a string.", param="instructions")
+    messages: list[dict[str, Any]] = []
+    if isinstance(instructions, str) and instructions:
+        messages.append(neutral("system", instructions, origin=[INSTRUCTIONS_PATH]))
+    raw = body.get("input")
+    if raw is None:
+        return ParsedInput(tuple(messages), None)
+    if isinstance(raw, str):
+        messages.append(neutral("user", raw, origin=[(0,)]))
+        return ParsedInput(tuple(messages), None)
+    if not isinstance(raw, list):
+        raise InvalidRequest("'input' must be a string or an array of input items.", param="input")
+    kinds = [_validate_item(i, item) for i, item in enumerate(raw)]
+    messages.extend(_parse_items(raw, kinds))
+    return ParsedInput(tuple(messages), tuple(raw))
+
+
+def unfittable_reason(body: Mapping[str, Any]) -> str:
+    if body.get("previous_response_id") is not None:
+        return "previous_response_id: the conversation's history is stored upstream"
+    if body.get("conversation") is not None:
+        return "conversation: the conversation's history is stored upstream"
+    return ""
+
+
+def reject_orphan_outputs(body: Mapping[str, Any]) -> None:
+    """Reject an output item whose call is not in ``input`` (the upstream would refuse it too)."""
+    raw = body.get("input")
+    if not isinstance(raw, list) or any(
+        isinstance(x, Mapping) and x.get("type") == "item_reference" for x in raw
+    ):
+        return  # a referenced item may be the call
+    calls = {(t, _key_of(x)) for x in raw if isinstance(x, Mapping) and (t := _type(x)) in OUTPUT_OF_CALL}
+    for i, item in enumerate(raw):
+        kind = _type(item)
+        if kind in CALL_OF_OUTPUT and (CALL_OF_OUTPUT[kind], _key_of(item)) not in calls:
+            raise InvalidRequest(
+                f"input[{i}] is a {kind} for call {_shown_id(_key_of(item))}, but no {CALL_OF_OUTPUT[kind]} "
+                "with that id is in 'input'.",
+                param=f"input[{i}]",
+            )
+
+
+def _shown_id(value: str | None) -> str:
+    """An id for an error message: echoed only when it looks like an id (never prompt text)."""
+    if value is not None and len(value) <= 64 and value.replace("_", "").replace("-", "").isalnum():
+        return repr(value)
+    return "with an unusual id"
+
+
+# -- render -----------------------------------------------------------------------------------
+
+
+def _wire_part(original: Any, was: Any, now: Any, *, assistant: bool) -> Any:
+    """One content part written back: the original when its neutral form is unchanged."""
+    if now == was:
+        return original
+    if isinstance(now, Mapping) and now.get("type") == "text":
+        if isinstance(original, Mapping) and original.get("type") in _TEXT_PARTS:
+            return {**original, "text": now.get("text")}
+        return {"type": "output_text" if assistant else "input_text", "text": now.get("text")}
+    return now
+
+
+def _wire_content(original: Any, was: Any, now: Any, *, assistant: bool) -> Any:
+    if isinstance(now, str) or now is None:
+        return now
+    if isinstance(original, list) and isinstance(was, list) and len(was) == len(now) == len(original):
+        return [_wire_part(o, w, n, assistant=assistant) for o, w, n in zip(original, was, now, strict=True)]
+    fresh = [] if not isinstance(now, list) else now
+    return [_wire_part(None, None, p, assistant=assistant) for p in fresh]
+
+
+def _made_item(message: Message) -> dict[str, Any]:
+    """A message the engine wrote (note, summary) as a Responses ``message`` item."""
+    role = message.get("role")
+    role = role if role in ("user", "assistant", "system", "developer") else "user"
+    kind = "output_text" if role == "assistant" else "input_text"
+    content = message.get("content")
+    if isinstance(content, list):
+        text = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    else:
+        text = "" if content is None else str(content)
+    return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+
+def _changed_item(item: Mapping[str, Any], was: Message, now: Message) -> dict[str, Any]:
+    """``item`` with only what the engine changed (its output or its content) replaced."""
+    kind = _kind(item)
+    if kind in CALL_OF_OUTPUT:
+        new = _wire_content(item.get("output"), was.get("content"), now.get("content"), assistant=False)
+        return {**item, "output": new}
+    if kind == "message":
+        assistant = item.get("role") == "assistant"
+        new = _wire_content(item.get("content"), was.get("content"), now.get("content"), assistant=assistant)
+        return {**item, "content": new}
+    return dict(item)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
+def render_input(body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
+    """``body`` with the fitted neutral ``messages`` written back (see the module docstring)."""
+    parsed = parse_input(body)
+    by_origin = {tuple(origin_of(m)): m for m in parsed.messages}
+    out = dict(body)
+    items: list[Any] = []
+    for message in messages:
+        origin = origin_of(message)
+        if not origin:
+            items.append(_made_item(message))
+            continue
+        was = by_origin.get(origin)
+        if was is None:
+            raise AssertionError(f"render: a message with an unknown origin {origin}")
+        if origin == (INSTRUCTIONS_PATH,):
+            if message != was:
+                out["instructions"] = _text_of(message.get("content"))
+            continue
+        if parsed.items is None:  # a string input: one user message
+            if message != was:
+                out["input"] = _text_of(message.get("content"))
+            continue
+        if message == was or len(origin) > 1:
+            # Several items (a call run, glued reasoning) change only by being dropped whole.
+            items.extend(parsed.items[path[0]] for path in origin)
+        else:
+            items.append(_changed_item(parsed.items[origin[0][0]], was, message))
+    if parsed.items is not None:
+        out["input"] = items
+    return out
+
+
+def input_problems(body: Mapping[str, Any]) -> list[str]:
+    """Broken pairings (by call id, both ways) and trailing reasoning items, position-free."""
+    raw = body.get("input")
+    if not isinstance(raw, list):
+        return []
+    found: list[str] = []
+    calls: dict[tuple[str, str | None], int] = {}
+    answers: dict[tuple[str, str | None], int] = {}
+    for item in raw:
+        kind = _type(item)
+        if kind in OUTPUT_OF_CALL:
+            calls[(kind, _key_of(item))] = calls.get((kind, _key_of(item)), 0) + 1
+        elif kind in CALL_OF_OUTPUT:
+            pair = (CALL_OF_OUTPUT[kind], _key_of(item))
+            answers[pair] = answers.get(pair, 0) + 1
+    for (kind, key), _count in calls.items():
+        if (kind, key) not in answers:
+            found.append(f"{kind} {key!r} has no {OUTPUT_OF_CALL[kind]}")
+    for (kind, key), _count in answers.items():
+        if (kind, key) not in calls:
+            found.append(f"{OUTPUT_OF_CALL[kind]} {key!r} has no {kind}")
+    for k, item in enumerate(raw):
+        if isinstance(item, Mapping) and item.get("type") == "reasoning":
+            after = raw[k + 1] if k + 1 < len(raw) else None
+            if after is None:
+                found.append(f"reasoning item {item.get('id')!r} is not followed by an item")
+    return sorted(found)
