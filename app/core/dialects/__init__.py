@@ -10,9 +10,11 @@ from collections.abc import Mapping
 
 from ..dialect import Dialect
 from .chat import CHAT
+from .responses import RESPONSES
 
 DIALECTS: Mapping[str, Dialect] = {
     "chat": CHAT,
+    "responses": RESPONSES,
 }
 
-__all__ = ["CHAT", "DIALECTS"]
+__all__ = ["CHAT", "DIALECTS", "RESPONSES"]

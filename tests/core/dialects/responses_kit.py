@@ -1,7 +1,7 @@
 """Builders of Responses API bodies for the dialect's tests, and the pipeline driven through it.
 
-``fit`` plans a Responses body the way the service does: ``parse`` -> the neutral conversation ->
-the engine's pipeline -> ``render``.
+``fit`` plans a Responses body the way the service does (``plan_request`` with the dialect) and
+returns the body that would be forwarded.
 """
 
 from __future__ import annotations
@@ -68,19 +68,15 @@ def fit(
     request: dict[str, Any], *, cap_tokens: int, counter: MessageCounter, policy: Policy | None = None
 ) -> tuple[Plan, dict[str, Any]]:
     """Plan ``request`` through the Responses dialect; the plan and the body it would forward."""
-    conversation = RESPONSES.parse(request)
-    chat_body: dict[str, Any] = {
-        "model": conversation.model,
-        "messages": list(conversation.messages),
-    }
-    if conversation.requested_output_tokens is not None:
-        chat_body["max_completion_tokens"] = conversation.requested_output_tokens
     plan = plan_request(
-        chat_body, spec=SPEC, policy=policy or Policy(), counter=counter, cap_tokens=cap_tokens
+        request,
+        spec=SPEC,
+        policy=policy or Policy(),
+        counter=counter,
+        cap_tokens=cap_tokens,
+        dialect=RESPONSES,
     )
-    if not plan.changed:
-        return plan, request
-    return plan, RESPONSES.render(request, plan.messages)
+    return plan, (plan.body(request) if plan.changed else request)
 
 
 def dumps(item: Any) -> str:
