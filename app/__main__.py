@@ -1,4 +1,4 @@
-"""``python -m app``: the same as the ``ctxproxy`` console script."""
+"""``python -m ctxproxy`` (``python -m app`` in a checkout): the same as the ``ctxproxy`` console script."""
 
 from .cli import main
 

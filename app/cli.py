@@ -1,8 +1,8 @@
-"""The ``ctxproxy`` command (also ``python -m app``).
+"""The ``ctxproxy`` command (also ``python -m ctxproxy``; ``python -m app`` in a checkout).
 
 ::
 
-    ctxproxy serve  [--host H] [--port P] [--workers N]   run the proxy (uvicorn app.main:create_app)
+    ctxproxy serve  [--host H] [--port P] [--workers N]   run the proxy (uvicorn ctxproxy.main:create_app)
     ctxproxy demo   [--turns N] [--window N]              local demo: no API key, no internet
     ctxproxy plan   FILE.json [--model-window N] [--policy auto|truncate|reject|off] [...]
                                                           print the plan of a chat request, offline

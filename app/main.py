@@ -1,6 +1,6 @@
 """The composition root: ``create_app`` wires settings, tokenizer, model table, upstream and API.
 
-Run with ``uvicorn app.main:create_app --factory``. Nothing happens at import time: the settings
+Run with ``uvicorn ctxproxy.main:create_app --factory``. Nothing happens at import time: the settings
 are read when ``create_app`` runs (once, then passed down), and the lifespan opens the upstream
 HTTP client, preloads the vocabularies and closes the client on shutdown. All state lives on
 ``app.state.service``.

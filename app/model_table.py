@@ -27,7 +27,7 @@ _REPO_TABLE = pathlib.Path(__file__).resolve().parent.parent / "config" / "model
 
 
 def _package_table() -> Traversable:
-    return importlib.resources.files("app").joinpath("data", "models.toml")
+    return importlib.resources.files(__package__ or "app").joinpath("data", "models.toml")
 
 
 def builtin_table_text() -> str:
@@ -38,7 +38,7 @@ def builtin_table_text() -> str:
     if _REPO_TABLE.is_file():
         return _REPO_TABLE.read_text(encoding="utf-8")
     raise FileNotFoundError(
-        "the built-in model table is missing: neither app/data/models.toml (installed package) "
+        "the built-in model table is missing: neither ctxproxy/data/models.toml (installed package) "
         f"nor {_REPO_TABLE} (source checkout) exists"
     )
 

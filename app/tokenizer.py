@@ -79,7 +79,7 @@ class VocabularyError(Exception):
 
 
 def _vocab_dir() -> Traversable:
-    return resources.files("app").joinpath("vocab")
+    return resources.files(__package__ or "app").joinpath("vocab")
 
 
 def _expected_hash(name: str, vocab_dir: Traversable | Path) -> str:
