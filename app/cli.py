@@ -102,14 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings() -> Any:
-    from pydantic import ValidationError
-
-    from .settings import Settings
+    from .settings import InvalidSettings, load_settings
 
     try:
-        return Settings()
-    except ValidationError as exc:
-        raise CliError(f"invalid CTXPROXY_* setting: {exc}") from exc
+        return load_settings()
+    except InvalidSettings as exc:
+        raise CliError("\nctxproxy: error: ".join(exc.lines)) from None
 
 
 def _registry(models_file: Path | None) -> Any:
@@ -119,7 +117,8 @@ def _registry(models_file: Path | None) -> Any:
     settings = _settings()
     operator_file = models_file if models_file is not None else settings.models_file
     if operator_file is not None and not Path(operator_file).is_file():
-        raise CliError(f"model table not found: {operator_file}")
+        where = "--models-file" if models_file is not None else "CTXPROXY_MODELS_FILE"
+        raise CliError(f"{where}: model table not found: {operator_file}; expected a TOML file")
     try:
         return load_registry(
             operator_file=operator_file,
@@ -127,7 +126,8 @@ def _registry(models_file: Path | None) -> Any:
             default_max_output_tokens=settings.default_max_output_tokens,
         )
     except InvalidModelTable as exc:
-        raise CliError(str(exc)) from exc
+        where = "--models-file" if models_file is not None else "CTXPROXY_MODELS_FILE"
+        raise CliError(f"{where}: {exc}" if operator_file is not None else str(exc)) from None
 
 
 def _stopped(signum: int, frame: object) -> None:
@@ -140,6 +140,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = _settings()
+    # Everything create_app would stop on, checked here where it can be one clean line and exit
+    # code 2 (uvicorn would print a traceback and exit 3).
+    _registry(None)
     # On SIGTERM uvicorn stops accepting, drains in-flight requests for up to the grace period,
     # then re-raises the signal to whatever handler was there before it: with this one, a stop
     # that was asked for ends with exit code 0 instead of death by signal.

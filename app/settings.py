@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+import re
+import types
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from .core.budget import Policy, PolicyMode
 
@@ -96,6 +98,16 @@ class Settings(BaseSettings):
     def _blank_is_unset(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
 
+    @field_validator("cache_url")
+    @classmethod
+    def _cache_scheme(cls, value: str | None) -> str | None:
+        if value is None or value in {"memory", "memory://"}:
+            return value
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        if scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError(f"unsupported scheme {scheme!r}")
+        return value
+
     @field_validator("upstream_routes")
     @classmethod
     def _http_urls(cls, value: dict[str, str]) -> dict[str, str]:
@@ -140,3 +152,83 @@ class Settings(BaseSettings):
     def upstream_key(self) -> str | None:
         """The upstream API key in clear, for the Authorization header only (never logged)."""
         return self.upstream_api_key.get_secret_value() if self.upstream_api_key is not None else None
+
+
+_ROUTES_EXPECTED = 'a JSON object {"model name or prefix": "http(s)://base-url", ...}'
+
+
+def _expected(name: str) -> str:
+    """What a setting accepts, in words, from its annotation and constraints."""
+    field = Settings.model_fields.get(name)
+    if field is None:
+        return "a valid value"
+    if name == "upstream_routes":
+        return _ROUTES_EXPECTED
+    base = field.annotation
+    if isinstance(base, types.UnionType):  # X | None
+        (base,) = [a for a in get_args(base) if a is not type(None)]
+    if get_origin(base) is Literal:
+        return "one of " + ", ".join(str(c) for c in get_args(base))
+    words = {
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        Path: "a file path",
+        SecretStr: "text",
+        str: "text",
+    }.get(base, "a valid value")  # type: ignore[call-overload]
+    if name == "cache_url":
+        words = "a redis://, rediss:// or unix:// URL (or empty: in memory)"
+    elif name.endswith("_url"):
+        words = "an http:// or https:// URL"
+    bounds = []
+    for item in field.metadata:
+        for attr, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            value = getattr(item, attr, None)
+            if value is not None:
+                bounds.append(f"{sign} {value}")
+    return words + (f" {' and '.join(bounds)}" if bounds else "")
+
+
+class InvalidSettings(Exception):
+    """The environment holds bad ``CTXPROXY_*`` values: ``lines``, one per problem (see
+    :func:`describe_settings_error`)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
+def load_settings() -> Settings:
+    """``Settings()`` from the environment; bad values raise :class:`InvalidSettings`."""
+    try:
+        return Settings()
+    except (ValidationError, SettingsError) as exc:
+        raise InvalidSettings(describe_settings_error(exc)) from None
+
+
+def describe_settings_error(exc: Exception) -> list[str]:
+    """One line per bad setting: the variable, what was wrong, what is expected. For
+    ``pydantic.ValidationError`` and ``pydantic_settings.SettingsError`` (a complex value, such as
+    ``CTXPROXY_UPSTREAM_ROUTES``, that is not JSON). Never echoes the value (it may be a key)."""
+    if isinstance(exc, SettingsError):
+        match = re.search(r'field "([a-z_]+)"', str(exc))
+        if match is None:
+            return [f"invalid CTXPROXY_* setting: {exc}"]
+        name = match.group(1)
+        return [f"CTXPROXY_{name.upper()}: not valid JSON; expected {_expected(name)}"]
+    if not isinstance(exc, ValidationError):
+        return [str(exc)]
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        loc = [str(part) for part in error.get("loc", ())]
+        message = str(error.get("msg", "invalid value"))
+        message = message.removeprefix("Value error, ")
+        if not loc:  # a rule across settings: its message names them
+            lines.append(message)
+            continue
+        name = loc[0]
+        where = f" (at {'.'.join(loc[1:])})" if len(loc) > 1 else ""
+        first = message[:1].lower() + message[1:]
+        lines.append(f"CTXPROXY_{name.upper()}{where}: {first}; expected {_expected(name)}")
+    return lines

@@ -216,3 +216,153 @@ def test_python_dash_m_app_is_the_console_script() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "gpt-4o" in done.stdout
+
+
+def _bad_value(name: str) -> str | None:
+    """A value the setting ``name`` refuses, from its type; None for free text (any value is valid)."""
+    import types
+    from typing import Literal, get_args, get_origin
+
+    from app.settings import Settings
+
+    base = Settings.model_fields[name].annotation
+    if isinstance(base, types.UnionType):  # X | None
+        (base,) = [a for a in get_args(base) if a is not type(None)]
+    if name.endswith("_url"):
+        return "ftp://example.invalid"
+    if get_origin(base) is Literal or base in (int, float):
+        return "not-a-value"
+    if base is bool:
+        return "maybe"
+    if get_origin(base) is dict:
+        return "{not json"
+    return None
+
+
+def _checkable_settings() -> list[str]:
+    from app.settings import Settings
+
+    return sorted(name for name in Settings.model_fields if _bad_value(name) is not None)
+
+
+@pytest.mark.parametrize("name", _checkable_settings())
+def test_serve_refuses_every_bad_setting_in_one_line(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    started: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.append(a))
+    monkeypatch.setenv(f"CTXPROXY_{name.upper()}", str(_bad_value(name)))
+    assert cli.main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"ctxproxy: error: CTXPROXY_{name.upper()}: "), err
+    assert "; expected " in err
+    assert "Traceback" not in err and "errors.pydantic.dev" not in err
+    assert not started
+
+
+def test_the_checked_settings_cover_every_kind() -> None:
+    assert {"upstream_routes", "port", "log_level", "discovery", "cache_url", "keep_turns"} <= set(
+        _checkable_settings()
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "wrong"),
+    [
+        ("not json", "not valid JSON"),
+        ('["a"]', "valid dictionary"),
+        ('{"gpt-4o": "ftp://x"}', "must start with http:// or https://"),
+    ],
+)
+def test_a_bad_upstream_routes_value_is_one_line(
+    value: str, wrong: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_ROUTES", value)
+    assert cli.main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and wrong in err and '{"model name or prefix"' in err, err
+
+
+def test_a_rule_across_settings_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTXPROXY_API_KEYS", "client-key")
+    assert cli.main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "CTXPROXY_UPSTREAM_API_KEY" in err and "secret" not in err
+
+
+def test_two_bad_settings_are_two_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTXPROXY_PORT", "eighty")
+    monkeypatch.setenv("CTXPROXY_KEEP_TURNS", "-1")
+    assert cli.main(["serve"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("ctxproxy: error: CTXPROXY_") for line in lines)
+
+
+def test_a_secret_setting_is_never_echoed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_ROUTES", '{"m": "sk-secret-value"}')
+    assert cli.main(["serve"]) == 2
+    assert "sk-secret-value" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("table", "wrong"),
+    [
+        ('[models."x"\nwindow = 3\n', "not valid TOML"),
+        ('[models."x"]\nwindow = "big"\n', "window must be a positive integer"),
+        ('[models."x"]\nwindow = 1000\nencoding = "klingon"\n', "encoding"),
+    ],
+)
+def test_serve_refuses_a_bad_model_table_in_one_line(
+    table: str,
+    wrong: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import uvicorn
+
+    started: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.append(a))
+    path = tmp_path / "models.toml"
+    path.write_text(table, encoding="utf-8")
+    monkeypatch.setenv("CTXPROXY_MODELS_FILE", str(path))
+    assert cli.main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"ctxproxy: error: CTXPROXY_MODELS_FILE: {path}") and wrong in err, err
+    assert not started
+
+
+def test_serve_refuses_a_missing_model_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTXPROXY_MODELS_FILE", str(tmp_path / "absent.toml"))
+    assert cli.main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "CTXPROXY_MODELS_FILE: model table not found" in err
+
+
+def test_a_real_start_with_bad_routes_exits_2_with_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CTXPROXY_")}
+    env["CTXPROXY_UPSTREAM_ROUTES"] = "gpt-4o=http://x"
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(
+        "ctxproxy: error: CTXPROXY_UPSTREAM_ROUTES"
+    )

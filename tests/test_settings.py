@@ -77,3 +77,36 @@ def test_settings_are_frozen() -> None:
     settings = Settings()
     with pytest.raises(ValidationError):
         settings.port = 1  # type: ignore[misc]
+
+
+def test_a_bad_setting_is_described_in_one_line_without_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.settings import describe_settings_error
+
+    monkeypatch.setenv("CTXPROXY_PORT", "secret-looking-8080")
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    (line,) = describe_settings_error(caught.value)
+    assert line.startswith("CTXPROXY_PORT: input should be a valid integer")
+    assert line.endswith("; expected an integer >= 0 and <= 65535")
+    assert "secret-looking" not in line
+
+
+def test_routes_that_are_not_json_are_described(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic_settings import SettingsError
+
+    from app.settings import describe_settings_error
+
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_ROUTES", "gpt-4o=http://x")
+    with pytest.raises(SettingsError) as caught:
+        Settings()
+    assert describe_settings_error(caught.value) == [
+        'CTXPROXY_UPSTREAM_ROUTES: not valid JSON; expected a JSON object {"model name or prefix": '
+        '"http(s)://base-url", ...}'
+    ]
+
+
+def test_a_cache_url_of_another_scheme_is_refused() -> None:
+    with pytest.raises(ValidationError, match="unsupported scheme 'http'"):
+        Settings(cache_url="http://cache:6379")
+    assert Settings(cache_url="redis://cache:6379/0").cache_url == "redis://cache:6379/0"
+    assert Settings(cache_url=" ").cache_url is None
