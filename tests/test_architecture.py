@@ -124,6 +124,7 @@ def test_the_top_level_of_app_holds_only_edges_and_entry_points() -> None:
         "app.cli",
         "app.demo",
         "app.demo_upstream",
+        "app.engine",
         "app.main",
         "app.model_table",
         "app.settings",
