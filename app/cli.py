@@ -26,9 +26,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core.budget import POLICY_MODES
+
+if TYPE_CHECKING:
+    from .core.registry import ModelSpec
 
 
 class CliError(Exception):
@@ -240,7 +243,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def figure_sources(spec: Any) -> str:
+def figure_sources(spec: ModelSpec) -> str:
     """``builtin`` when every figure has the same source, else ``window=discovered,max_output=...``."""
     pairs = [(figure, spec.source_of(figure)) for figure in ("window", "max_output", "encoding")]
     if len({source for _, source in pairs}) == 1:

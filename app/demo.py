@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import uvicorn
@@ -89,7 +89,9 @@ def agent_requests(turns: int) -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
-def serve_in_thread(app: Any, *, lifespan: str = "on", timeout_s: float = 20.0) -> Iterator[str]:
+def serve_in_thread(
+    app: Any, *, lifespan: Literal["auto", "on", "off"] = "on", timeout_s: float = 20.0
+) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a free 127.0.0.1 port in a thread; yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

@@ -193,7 +193,7 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     handler), so a stderr that was swapped and closed since (a test runner's capture, a process
     manager's pipe) is never written to."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
