@@ -155,3 +155,14 @@ def test_no_module_but_settings_reads_the_environment() -> None:
             if isinstance(node, ast.ImportFrom) and node.module == "os":
                 names = {alias.name for alias in node.names}
                 assert not names & {"environ", "getenv", "environb"}, f"{name} imports from os {names}"
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    # A name with a leading underscore is its module's own business: another module that needs it
+    # gets a public name with a contract (or the code moves to where it is used).
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.endswith("__")]
+                assert not private, f"{name} imports private {private} from {node.module or '.'}"

@@ -1,13 +1,16 @@
 """OpenAI's chat accounting: the tokens of one message and of a request's tool definitions.
 
-INTERFACE CONTRACT (``tokens.py`` relies on these):
+INTERFACE CONTRACT (``tokens.py`` composes it; a dialect may too):
 
-* ``ChatAccounting``: the rules as a mixin of :class:`app.core.tokens.MessageCounter`, which
-  provides ``_text`` (the tokenizer's *raw* text count) and ``_tool_constants``.
-  ``_tally_message(message)`` and ``_tally_tools({"tools": ..., "functions": ...})`` return
+* ``TextCount``: the protocol of what the rules add up: a callable ``(text) -> int``, the
+  tokenizer's *raw* text count (``MessageCounter`` passes its cached raw count; a correction is
+  applied after, by the caller).
+* ``ChatAccounting(text, *, encoding)``: the rules over one ``TextCount``.
+  ``tally_message(message)`` and ``tally_tools({"tools": ..., "functions": ...})`` return
   ``(fixed tokens, raw text tokens)``, kept apart so a correction scales the text only.
-* ``_TOOL_CONSTANTS`` (by encoding name) and ``_TOOL_CONSTANTS_CL100K`` (the default);
-  ``TOKENS_PER_MESSAGE``, ``TOKENS_PER_NAME``, ``TOKENS_PER_TOOL_CALL``; ``_MAX_SCHEMA_DEPTH``.
+* ``ToolConstants`` and ``tool_constants(encoding)`` (the cookbook's by encoding name, cl100k's as
+  the default); ``TOKENS_PER_MESSAGE``, ``TOKENS_PER_NAME``, ``TOKENS_PER_TOOL_CALL``;
+  ``MAX_NESTING_DEPTH`` (how deep schemas and unknown values are walked).
 
 Accounting rules (``count_message``), all conservative where OpenAI documents nothing:
 
@@ -39,11 +42,11 @@ cache is ``MessageCounter``'s).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
 
 from .conversation import PRICE_KEY
-from .media import FILE_PART_TOKENS, _audio_part_tokens, _data_url_tokens, _image_part_tokens
+from .media import FILE_PART_TOKENS, audio_part_tokens, data_url_tokens, image_part_tokens
 from .messages import Message
 
 TOKENS_PER_MESSAGE = 3
@@ -64,7 +67,15 @@ class _Tally:
         self.text = 0
 
 
-class _ToolConstants(NamedTuple):
+class TextCount(Protocol):
+    """The tokenizer's raw text count, as the rules use it."""
+
+    def __call__(self, text: str, /) -> int: ...
+
+
+class ToolConstants(NamedTuple):
+    """The cookbook's framing tokens of tool definitions (``num_tokens_for_tools``)."""
+
     func_init: int
     prop_init: int
     prop_key: int
@@ -74,19 +85,34 @@ class _ToolConstants(NamedTuple):
 
 
 # From the OpenAI cookbook "How to count tokens with tiktoken", num_tokens_for_tools.
-_TOOL_CONSTANTS_O200K = _ToolConstants(7, 3, 3, -3, 3, 12)
-_TOOL_CONSTANTS_CL100K = _ToolConstants(10, 3, 3, -3, 3, 12)
+_TOOL_CONSTANTS_O200K = ToolConstants(7, 3, 3, -3, 3, 12)
+_TOOL_CONSTANTS_CL100K = ToolConstants(10, 3, 3, -3, 3, 12)
 _TOOL_CONSTANTS = {"o200k_base": _TOOL_CONSTANTS_O200K, "cl100k_base": _TOOL_CONSTANTS_CL100K}
-_MAX_SCHEMA_DEPTH = 32
+# Nested schemas and unknown values are walked this deep; deeper parts are not counted (a body
+# that deep is hostile, and Python's own recursion limit must never be reached here).
+MAX_NESTING_DEPTH = 32
+
+
+def tool_constants(encoding: str) -> ToolConstants:
+    """The cookbook's constants for ``encoding``; cl100k's (the larger) for any other vocabulary."""
+    return _TOOL_CONSTANTS.get(encoding, _TOOL_CONSTANTS_CL100K)
 
 
 class ChatAccounting:
-    """The accounting rules, mixed into :class:`app.core.tokens.MessageCounter`."""
+    """The accounting rules over a raw text count (composed into
+    :class:`app.core.tokens.MessageCounter`, which caches what they return).
 
-    _text: Callable[[str], int]
-    _tool_constants: _ToolConstants
+    Stateless besides its two inputs: thread-safe when ``text`` is, never mutates what it counts.
+    """
 
-    def _tally_message(self, message: Message) -> tuple[int, int]:
+    __slots__ = ("_text", "_tool_constants")
+
+    def __init__(self, text: TextCount, *, encoding: str) -> None:
+        self._text = text
+        self._tool_constants = tool_constants(encoding)
+
+    def tally_message(self, message: Message) -> tuple[int, int]:
+        """``(fixed tokens, raw text tokens)`` of one message (see the module docstring)."""
         t = _Tally()
         t.fixed = TOKENS_PER_MESSAGE
         count = self._text
@@ -134,9 +160,9 @@ class ChatAccounting:
         elif kind == "refusal":
             t.text += count(_as_text(part.get("refusal")))
         elif kind == "image_url":
-            t.fixed += _image_part_tokens(part.get("image_url"))
+            t.fixed += image_part_tokens(part.get("image_url"))
         elif kind == "input_audio":
-            t.fixed += _audio_part_tokens(part.get("input_audio"))
+            t.fixed += audio_part_tokens(part.get("input_audio"))
         elif kind == "file":
             file = part.get("file")
             t.fixed += FILE_PART_TOKENS
@@ -150,13 +176,13 @@ class ChatAccounting:
     def _tally_unknown(self, value: Any, t: _Tally, *, depth: int) -> None:
         if isinstance(value, str):
             if value.startswith("data:"):
-                t.fixed += _data_url_tokens(value)
+                t.fixed += data_url_tokens(value)
             else:
                 t.text += self._text(value)
-        elif depth < _MAX_SCHEMA_DEPTH and isinstance(value, Mapping):
+        elif depth < MAX_NESTING_DEPTH and isinstance(value, Mapping):
             for item in value.values():
                 self._tally_unknown(item, t, depth=depth + 1)
-        elif depth < _MAX_SCHEMA_DEPTH and isinstance(value, list | tuple):
+        elif depth < MAX_NESTING_DEPTH and isinstance(value, list | tuple):
             for item in value:
                 self._tally_unknown(item, t, depth=depth + 1)
 
@@ -187,9 +213,8 @@ class ChatAccounting:
         t.text += self._text(_as_text(call.get("name")))
         t.text += self._text(_as_text(call.get("arguments")))
 
-    # -- tools -----------------------------------------------------------------------------
-
-    def _tally_tools(self, definitions: Mapping[str, Any]) -> tuple[int, int]:
+    def tally_tools(self, definitions: Mapping[str, Any]) -> tuple[int, int]:
+        """``(fixed tokens, raw text tokens)`` of ``{"tools": ..., "functions": ...}``."""
         t = _Tally()
         c = self._tool_constants
         seen = False
@@ -221,7 +246,7 @@ class ChatAccounting:
 
     def _tally_schema_children(self, schema: Mapping[str, Any], t: _Tally, *, depth: int) -> None:
         """Count what sits *inside* ``schema``: its properties, its items and its variants."""
-        if depth >= _MAX_SCHEMA_DEPTH:
+        if depth >= MAX_NESTING_DEPTH:
             return
         c = self._tool_constants
         properties = schema.get("properties")

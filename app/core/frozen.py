@@ -2,15 +2,15 @@
 
 INTERFACE CONTRACT (``tokens.py`` relies on these):
 
-* ``_freeze(item) -> (key, chars) | None``: ``item`` as nested tuples usable as an exact dict key
+* ``freeze(item) -> (key, chars) | None``: ``item`` as nested tuples usable as an exact dict key
   (strings held by reference, dict key order ignored, ``1``/``1.0``/``True`` apart) and the
   characters its strings hold; None when it is not JSON-shaped. May raise ``RecursionError`` on
   values nested deeper than Python recurses (the caller counts those without caching).
-* ``_plain(value) -> bool``: True for values ``==`` compares exactly (strings, null, lists and
+* ``is_plain(value) -> bool``: True for values ``==`` compares exactly (strings, null, lists and
   string-keyed dicts of those); a number or a boolean is not plain.
-* ``_anchor(messages)``: the key a conversation is remembered under (its first two messages,
+* ``anchor_of(messages)``: the key a conversation is remembered under (its first two messages,
   frozen), or None; ``messages`` must hold at least two.
-* ``_common_prefix(messages, remembered) -> int``: how many leading messages equal the remembered.
+* ``common_prefix(messages, remembered) -> int``: how many leading messages equal the remembered.
 
 Pure functions; they never mutate what they are given.
 """
@@ -20,20 +20,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .accounting import _MAX_SCHEMA_DEPTH
 from .messages import Message
 
+# Values nested deeper than this are not plain (never remembered): the walk stays far from Python's
+# recursion limit, and no real message nests this deep.
+PLAIN_MAX_DEPTH = 32
 
-def _anchor(messages: Sequence[Message]) -> Any:
+
+def anchor_of(messages: Sequence[Message]) -> Any:
     """The key a conversation is remembered under: its first two messages, frozen (or None)."""
-    first = _freeze(messages[0]) if type(messages[0]) is dict else None
-    second = _freeze(messages[1]) if type(messages[1]) is dict else None
+    first = freeze(messages[0]) if type(messages[0]) is dict else None
+    second = freeze(messages[1]) if type(messages[1]) is dict else None
     if first is None or second is None:
         return None
     return first[0], second[0]
 
 
-def _common_prefix(messages: Sequence[Message], remembered: tuple[Any, ...]) -> int:
+def common_prefix(messages: Sequence[Message], remembered: tuple[Any, ...]) -> int:
     """How many leading messages equal the remembered ones (one C-level compare when all do)."""
     n = min(len(messages), len(remembered))
     if tuple(messages[:n]) == remembered[:n]:
@@ -44,21 +47,21 @@ def _common_prefix(messages: Sequence[Message], remembered: tuple[Any, ...]) -> 
     return i
 
 
-def _plain(value: Any, depth: int = 0) -> bool:
+def is_plain(value: Any, depth: int = 0) -> bool:
     """Strings, null, lists and string-keyed dicts of those: values ``==`` compares exactly."""
     kind = type(value)
     if kind is str or value is None:
         return True
-    if depth >= _MAX_SCHEMA_DEPTH:
+    if depth >= PLAIN_MAX_DEPTH:
         return False
     if kind is dict:
-        return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+        return all(type(k) is str and is_plain(v, depth + 1) for k, v in value.items())
     if kind is list:
-        return all(_plain(v, depth + 1) for v in value)
+        return all(is_plain(v, depth + 1) for v in value)
     return False
 
 
-def _freeze(item: Any) -> tuple[Any, int] | None:
+def freeze(item: Any) -> tuple[Any, int] | None:
     """``(key, chars)``: ``item`` as nested tuples usable as an exact dict key, and the number of
     characters its strings hold; None when it is not JSON-shaped (then it is not cached).
 
@@ -90,7 +93,7 @@ def _freeze(item: Any) -> tuple[Any, int] | None:
         for key in sorted(item):
             if type(key) is not str:
                 return None
-            frozen = _freeze(item[key])
+            frozen = freeze(item[key])
             if frozen is None:
                 return None
             parts.append(key)
@@ -101,7 +104,7 @@ def _freeze(item: Any) -> tuple[Any, int] | None:
         parts = ["l"]
         chars = 0
         for value in item:
-            frozen = _freeze(value)
+            frozen = freeze(value)
             if frozen is None:
                 return None
             parts.append(frozen[0])

@@ -5,9 +5,12 @@ INTERFACE CONTRACT:
 * ``image_tokens(width, height, *, detail="auto") -> int``: OpenAI's image rule.
 * ``image_size_from_data_url(url) -> (width, height) | None``: PNG, JPEG, GIF and WebP sizes from
   the first bytes of a base64 data URL (never the whole image); None when it cannot be read.
-* For the chat accounting (``accounting.py``): ``_image_part_tokens(image_url)``,
-  ``_audio_part_tokens(input_audio)``, ``_data_url_tokens(url)`` and ``FILE_PART_TOKENS``, each a
-  fixed token count (media is never counted as text).
+* The prices of one wire part, each a fixed token count (media is never counted as text; used by
+  the chat accounting, ``accounting.py``, and by dialects whose parts share the rule):
+  ``image_part_tokens(image_url)`` (chat's ``image_url`` value: a URL string or ``{"url",
+  "detail"}``), ``audio_part_tokens(input_audio)`` (``{"data": base64, "format"}``),
+  ``data_url_tokens(url)`` (a ``data:`` URL met anywhere else: an image by its size, anything
+  else as a file) and ``FILE_PART_TOKENS`` (a file part's flat allowance).
 
 The rules, all conservative where OpenAI documents nothing: an image by its tiles (a remote URL, or
 a data URL whose header cannot be read, is taken to be ``DEFAULT_IMAGE_SIZE``); audio by its
@@ -69,7 +72,9 @@ def image_tokens(width: int, height: int, *, detail: str = "auto") -> int:
     return IMAGE_BASE_TOKENS + IMAGE_TILE_TOKENS * tiles
 
 
-def _image_part_tokens(image: Any) -> int:
+def image_part_tokens(image: Any) -> int:
+    """Tokens of chat's ``image_url`` value (a URL string or ``{"url", "detail"}``): ``low`` is
+    flat, else the tile rule on the data URL's size (``DEFAULT_IMAGE_SIZE`` when unreadable)."""
     url: Any = image
     detail: Any = "auto"
     if isinstance(image, Mapping):
@@ -82,7 +87,7 @@ def _image_part_tokens(image: Any) -> int:
     return image_tokens(width, height, detail="high")
 
 
-def _data_url_tokens(url: str) -> int:
+def data_url_tokens(url: str) -> int:
     """Tokens for a data URL met outside a known part (an image if it says so, else a file)."""
     if url[5:11].lower() == "image/":
         width, height = image_size_from_data_url(url) or DEFAULT_IMAGE_SIZE
@@ -185,7 +190,9 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _audio_part_tokens(audio: Any) -> int:
+def audio_part_tokens(audio: Any) -> int:
+    """Tokens of chat's ``input_audio`` value: its duration at the format's lowest plausible
+    bitrate, at least ``AUDIO_MIN_TOKENS`` (also for a malformed value)."""
     if not isinstance(audio, Mapping):
         return AUDIO_MIN_TOKENS
     data = audio.get("data")

@@ -52,9 +52,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from .accounting import _TOOL_CONSTANTS, _TOOL_CONSTANTS_CL100K, ChatAccounting
+from .accounting import ChatAccounting
 from .errors import InvalidRequest
-from .frozen import _anchor, _common_prefix, _freeze, _plain
+from .frozen import anchor_of, common_prefix, freeze, is_plain
 from .messages import Message
 
 REPLY_PRIMING_TOKENS = 3
@@ -118,7 +118,7 @@ class _Conversation(NamedTuple):
     chars: tuple[int, ...]
 
 
-class MessageCounter(ChatAccounting):
+class MessageCounter:
     """OpenAI chat accounting over a :class:`TokenCounter`, with a bounded per-message LRU cache.
 
     Thread-safe: the cache is guarded by a lock (counting itself runs outside it).
@@ -132,8 +132,11 @@ class MessageCounter(ChatAccounting):
         self.cache_max_chars = max(0, cache_max_chars)
         self._corrected = isinstance(counter, CorrectedCounter)
         self._raw_text = counter.raw_count if isinstance(counter, CorrectedCounter) else counter.count_text
-        self._text = self._count_raw_text
-        self._tool_constants = _TOOL_CONSTANTS.get(counter.name, _TOOL_CONSTANTS_CL100K)
+        # The rules count through the raw-text cache (long texts are encoded once); bound once
+        # here, so the per-message path pays no attribute walk.
+        accounting = ChatAccounting(self._count_raw_text, encoding=counter.name)
+        self._tally_message = accounting.tally_message
+        self._tally_tools = accounting.tally_tools
         self._cache: OrderedDict[CacheKey, tuple[int, int, int]] = OrderedDict()
         self._cache_chars = 0
         self._conversations: OrderedDict[Any, tuple[_Conversation, ...]] = OrderedDict()
@@ -190,7 +193,7 @@ class MessageCounter(ChatAccounting):
         """``(fixed, raw text tokens)`` per message, through the remembered conversations."""
         anchor = None
         if len(messages) >= _PREFIX_MIN_MESSAGES and self.cache_size > 0 and self.cache_max_chars > 0:
-            anchor = _anchor(messages)
+            anchor = anchor_of(messages)
         if anchor is None:
             plain_tallies: list[tuple[int, int]] = []
             for message in messages:
@@ -203,7 +206,7 @@ class MessageCounter(ChatAccounting):
         best: _Conversation | None = None
         shared = 0
         for conversation in candidates:
-            length = _common_prefix(messages, conversation.messages)
+            length = common_prefix(messages, conversation.messages)
             if length > shared:
                 best, shared = conversation, length
         tallies: list[tuple[int, int]] = []
@@ -219,7 +222,7 @@ class MessageCounter(ChatAccounting):
                 raise InvalidRequest("Each message must be an object.", param="messages")
             fixed, text, size = self._cached_full(message, self._tally_message, prefix="m")
             tallies.append((fixed, text))
-            if plain and size is not None and _plain(message):
+            if plain and size is not None and is_plain(message):
                 chars.append(size)
             else:
                 plain = False
@@ -234,17 +237,17 @@ class MessageCounter(ChatAccounting):
         ``messages`` (what counting them may still cost), or None when none is remembered."""
         if len(messages) < _PREFIX_MIN_MESSAGES or self.cache_size == 0 or self.cache_max_chars == 0:
             return None
-        anchor = _anchor(messages)
+        anchor = anchor_of(messages)
         if anchor is None:
             return None
         with self._lock:
             candidates = self._conversations.get(anchor, ())
-        shared = max((_common_prefix(messages, c.messages) for c in candidates), default=0)
+        shared = max((common_prefix(messages, c.messages) for c in candidates), default=0)
         if shared == 0:
             return None
         tail = 0
         for message in messages[shared:]:
-            frozen = _freeze(message) if type(message) is dict else None
+            frozen = freeze(message) if type(message) is dict else None
             tail += frozen[1] if frozen is not None else 1 << 30
         return tail
 
@@ -300,7 +303,7 @@ class MessageCounter(ChatAccounting):
         if self.cache_size == 0 or self.cache_max_chars == 0:
             return (*tally(item), None)
         try:
-            frozen = _freeze(item)
+            frozen = freeze(item)
         except RecursionError:  # nested deeper than Python recurses: counted, never cached
             frozen = None
         if frozen is None:
