@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .core.budget import POLICY_MODES
+from .core.errors import CtxproxyError
 
 if TYPE_CHECKING:
     from .core.registry import ModelSpec
 
 
-class CliError(Exception):
+class CliError(CtxproxyError):
     """Bad input the user can fix: printed as ``ctxproxy: error: ...`` with exit code 2."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import tiktoken
 
+from .core.errors import CtxproxyError
 from .core.estimate import EstimateCounter
 from .core.tokens import TokenCounter
 
@@ -74,7 +75,7 @@ _encodings: dict[str, tiktoken.Encoding] = {}
 _counters: dict[str, TiktokenCounter] = {}
 
 
-class VocabularyError(Exception):
+class VocabularyError(CtxproxyError):
     """A vocabulary cannot be loaded: unknown name, missing file, corrupt data or hash mismatch."""
 
 

@@ -20,10 +20,12 @@ from typing import TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ..core.errors import CtxproxyError
+
 T = TypeVar("T")
 
 
-class ClientLeft(Exception):
+class ClientLeft(CtxproxyError):
     """The client disconnected before the answer started; nothing can be sent to it."""
 
 

@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..core.errors import CannotFit, InvalidRequest
+from ..core.errors import CannotFit, CtxproxyError, InvalidRequest
 from ..observability.context import current_request
 from ..service.driver import PlanCannotFit
 from ..upstream.errors import (
@@ -47,7 +47,7 @@ from .responses import context_headers, record_plan
 logger = logging.getLogger("ctxproxy.errors")
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(CtxproxyError):
     """The request body is over ``max_body_bytes``; refused before it is read whole."""
 
     def __init__(self, *, limit_bytes: int) -> None:

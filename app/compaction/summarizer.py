@@ -37,6 +37,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from ..core.errors import CtxproxyError
 from ..core.messages import Message
 from ..core.plan import DroppedSpan
 from .cache import SummaryCache, prefix_keys, summary_key
@@ -60,7 +61,7 @@ MAX_MERGE_DEPTH = 4
 _PART_PLACEHOLDER = 99999
 
 
-class SummaryError(Exception):
+class SummaryError(CtxproxyError):
     """Internal: a summary could not be made (turned into ``None`` at the public boundary)."""
 
 

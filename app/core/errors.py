@@ -1,22 +1,48 @@
-"""The core's error tree.
+"""The one error tree of ctxproxy: its root, and the core's own errors.
+
+Every error ctxproxy raises on purpose derives from ``CtxproxyError``; anything else that escapes
+is a bug (the API answers it with a logged 500). The whole tree, drawn once (the module that
+defines each class in brackets; the HTTP status of the errors a client can meet is decided in
+``app/api/errors.py`` only):
 
 ::
 
-    CoreError
-     ├── InvalidRequest    the request body is not a chat-completions request we can plan
-     │                     (the API renders it as 400 ``invalid_request_error`` with ``param``)
-     ├── CannotFit         nothing the policy allows makes the request fit its budget
-     │                     (the API renders it as 400 ``context_length_exceeded`` with the numbers)
-     └── InvalidModelTable a model table (built-in or the operator's) is malformed: ``key`` names
-                           the offending entry (``models."gpt-4o".window``); raised at startup
+    CtxproxyError                   every error raised on purpose
+     ├── CoreError                  the budget engine (this module)
+     │    ├── InvalidRequest        the body is not a request we can plan: 400, ``param`` names
+     │    │                         the offending field (``messages[3].role``)
+     │    ├── CannotFit             nothing the policy allows makes the request fit its budget:
+     │    │    │                    400 ``context_length_exceeded``, with every number
+     │    │    └── PlanCannotFit    [service.driver] the same, carrying the plan for the
+     │    │                         X-Context-* headers
+     │    └── InvalidModelTable     a model table is malformed (``key`` names the entry); startup
+     ├── UpstreamError              [upstream.errors] no usable HTTP answer from the upstream
+     │    ├── UpstreamUnreachable   502
+     │    ├── UpstreamTimeout       504
+     │    ├── UpstreamProtocolError 502
+     │    └── UpstreamBusy          503 with Retry-After (the proxy's concurrency cap is full)
+     ├── BodyTooLarge               [api.errors] the body is over ``max_body_bytes``: 413
+     ├── ClientLeft                 [api.disconnect] the client went away before the answer
+     │                              started: nothing is sent (not an answer, a signal)
+     ├── SummaryError               [compaction.summarizer] a summary could not be made; never
+     │    │                         reaches a client (the summarizer fails open to None)
+     │    └── SummaryUpstreamError  [service.summaries] the summarizer's upstream call failed
+     ├── VocabularyError            [tokenizer] a shipped vocabulary is missing or corrupt; startup
+     └── CliError                   [cli] bad command-line input: exit code 2
 
-Everything else raised from ``app.core`` is a bug.
+An HTTP answer with an error status from the upstream is not an error of ours: it is a response,
+passed back (or classified as a context overflow and retried). Third-party errors are translated
+into this tree at the boundary that meets them (``raise UpstreamTimeout(...) from exc``).
 """
 
 from __future__ import annotations
 
 
-class CoreError(Exception):
+class CtxproxyError(Exception):
+    """The root: every error ctxproxy raises on purpose (see the tree above)."""
+
+
+class CoreError(CtxproxyError):
     """Base class of every error the budget engine raises on purpose."""
 
 

@@ -41,7 +41,7 @@ import orjson
 
 from ..compaction.ahead import AheadOfTime
 from ..compaction.cache import SummaryCache, cache_from_url
-from ..compaction.summarizer import PrefetchedSummaries, Summarizer, blocks_from_spans
+from ..compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError, blocks_from_spans
 from ..core.budget import Policy
 from ..core.context import block_tokens_for, droppable_blocks, pinned_indices
 from ..core.fit import SummaryProvider
@@ -67,7 +67,7 @@ _authorization: ContextVar[str | None] = ContextVar("ctxproxy_summary_authorizat
 Replan = Callable[[SummaryProvider], Plan]
 
 
-class SummaryUpstreamError(Exception):
+class SummaryUpstreamError(SummaryError):
     """The summarizer's upstream answered with an error or something that is not a completion."""
 
 

@@ -10,14 +10,17 @@
      └── UpstreamBusy          the proxy's cap on concurrent upstream requests is reached and the
                                brief queue did not free a place (503 with Retry-After)
 
-An HTTP answer with an error status is *not* an ``UpstreamError``: it is a response, passed back.
+The tree hangs under ``CtxproxyError`` (``app/core/errors.py`` draws it whole). An HTTP answer
+with an error status is *not* an ``UpstreamError``: it is a response, passed back.
 The HTTP status of each error is decided in ``app/api/errors.py`` only.
 """
 
 from __future__ import annotations
 
+from ..core.errors import CtxproxyError
 
-class UpstreamError(Exception):
+
+class UpstreamError(CtxproxyError):
     """Base class: ``message`` is safe to show to the client (no secrets, no request body)."""
 
     def __init__(self, message: str, *, base_url: str | None = None) -> None:
