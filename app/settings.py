@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from .core.budget import Policy, PolicyMode
+from .core.errors import CtxproxyError
 
 MIB = 1024 * 1024
 
@@ -169,14 +170,15 @@ def _expected(name: str) -> str:
         (base,) = [a for a in get_args(base) if a is not type(None)]
     if get_origin(base) is Literal:
         return "one of " + ", ".join(str(c) for c in get_args(base))
-    words = {
+    expected: dict[object, str] = {
         int: "an integer",
         float: "a number",
         bool: "true or false",
         Path: "a file path",
         SecretStr: "text",
         str: "text",
-    }.get(base, "a valid value")  # type: ignore[call-overload]
+    }
+    words = expected.get(base, "a valid value")
     if name == "cache_url":
         words = "a redis://, rediss:// or unix:// URL (or empty: in memory)"
     elif name.endswith("_url"):
@@ -190,7 +192,7 @@ def _expected(name: str) -> str:
     return words + (f" {' and '.join(bounds)}" if bounds else "")
 
 
-class InvalidSettings(Exception):
+class InvalidSettings(CtxproxyError):
     """The environment holds bad ``CTXPROXY_*`` values: ``lines``, one per problem (see
     :func:`describe_settings_error`)."""
 

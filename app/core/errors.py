@@ -28,6 +28,7 @@ defines each class in brackets; the HTTP status of the errors a client can meet 
      │    │                         reaches a client (the summarizer fails open to None)
      │    └── SummaryUpstreamError  [service.summaries] the summarizer's upstream call failed
      ├── VocabularyError            [tokenizer] a shipped vocabulary is missing or corrupt; startup
+     ├── InvalidSettings            [settings] bad ``CTXPROXY_*`` values, one line each; startup
      └── CliError                   [cli] bad command-line input: exit code 2
 
 An HTTP answer with an error status from the upstream is not an error of ours: it is a response,
