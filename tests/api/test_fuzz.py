@@ -53,6 +53,8 @@ OVERFLOW = {
 
 def fake_upstream(request: httpx.Request) -> httpx.Response:
     """200 JSON or SSE; a context overflow for large chat bodies; 404 for unknown paths."""
+    if request.url.path.endswith("/responses"):
+        return responses_upstream(request)
     if not request.url.path.endswith("/chat/completions"):
         return httpx.Response(200, json={"object": "list", "data": []})
     body = request.content
@@ -67,6 +69,26 @@ def fake_upstream(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=sse, headers={"Content-Type": "text/event-stream"})
     return httpx.Response(
         200, json={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]}
+    )
+
+
+def responses_upstream(request: httpx.Request) -> httpx.Response:
+    """The Responses API's answers: an overflow for large bodies, else a response or its events."""
+    if len(request.content) > 3000:
+        return httpx.Response(400, json={"error": {**OVERFLOW["error"], "param": "input"}})
+    try:
+        stream = json.loads(request.content).get("stream") is True
+    except (ValueError, AttributeError):
+        stream = False
+    if stream:
+        sse = (
+            b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n'
+            b'event: response.completed\ndata: {"type":"response.completed","sequence_number":1,'
+            b'"response":{"usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
+        )
+        return httpx.Response(200, content=sse, headers={"Content-Type": "text/event-stream"})
+    return httpx.Response(
+        200, json={"object": "response", "status": "completed", "output": [], "usage": None}
     )
 
 
@@ -265,6 +287,7 @@ def test_raw_bytes_never_5xx(
     path=st.sampled_from(
         [
             "/v1/chat/completions",
+            "/v1/responses",
             "/v1/context/plan",
             "/v1/models",
             "/v1/embeddings",
@@ -287,3 +310,80 @@ def test_headers_methods_and_paths_never_5xx(
     check(response)
     if not keyed and path.startswith("/v1/") and "Authorization" not in headers:
         assert response.status_code == 401
+
+
+input_part = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "refusal"]), "text": text}),
+    st.fixed_dictionaries(
+        {"type": st.just("input_image")},
+        optional={"image_url": image_url, "detail": st.sampled_from(["low", "high", "auto", "x"])},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("input_file")}, optional={"filename": json_any, "file_data": json_any}
+    ),
+    json_any,
+)
+call_ids = st.sampled_from(["call_1", "call_2", "call_9"]) | json_any
+input_item = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "developer", "tool", "", "bot"])},
+        optional={
+            "type": st.sampled_from(["message", "bogus"]),
+            "content": text | st.lists(input_part, max_size=3) | json_any,
+            "id": json_any,
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["function_call", "custom_tool_call", "computer_call", "local_shell_call"])},
+        optional={"call_id": call_ids, "name": json_any, "arguments": text | json_any, "input": json_any},
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.sampled_from(
+                ["function_call_output", "custom_tool_call_output", "local_shell_call_output"]
+            )
+        },
+        optional={
+            "call_id": call_ids,
+            "id": call_ids,
+            "output": text | st.lists(input_part, max_size=2) | json_any,
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["reasoning", "compaction", "web_search_call", "item_reference", "zzz"])},
+        optional={"id": json_any, "summary": json_any, "encrypted_content": text | json_any},
+    ),
+    json_any,
+)
+responses_body = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["gpt-4o-mini", "gpt-5", "llama-3-8b", ""]) | json_any,
+        "input": text | st.lists(input_item, max_size=8) | json_any,
+        "instructions": text | json_any,
+        "max_output_tokens": st.integers(min_value=-10, max_value=10**12) | json_any,
+        "stream": st.booleans() | json_any,
+        "tools": st.lists(tool | json_any, max_size=3) | json_any,
+        "text": json_any,
+        "previous_response_id": st.none() | st.text(max_size=10),
+        "conversation": st.none() | json_any,
+        "store": json_any,
+    },
+)
+
+
+@FUZZ
+@given(
+    body=responses_body,
+    headers=context_headers,
+    path=st.sampled_from(["/v1/responses", "/v1/responses/input_tokens", "/v1/context/plan"]),
+)
+def test_responses_bodies_never_5xx(
+    client: TestClient, body: dict[str, Any], headers: dict[str, str], path: str
+) -> None:
+    raw = json.dumps(body).encode("utf-8", "surrogatepass")
+    check(
+        client.post(
+            path, content=raw, headers=latin1({**AUTH, "Content-Type": "application/json", **headers})
+        )
+    )

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from app.core.budget import Policy
 from app.core.dialects.responses import RESPONSES
+from app.core.errors import InvalidRequest
 from tests.core.dialects.responses_kit import body, call, dumps, fit, output, reasoning, said, user
 from tests.core.fakes import FakeMessageCounter
 
@@ -189,3 +190,58 @@ def test_fits_when_the_pinned_items_and_the_newest_turn_fit_with_room(
     plan, _ = fit(request, cap_tokens=cap, counter=counter)
     if essential * 3 <= plan.budget.input_budget_tokens:
         assert plan.fits
+
+
+json_leaf = st.none() | st.booleans() | st.integers(-5, 10**6) | st.text(max_size=20)
+json_any = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+odd_item = st.one_of(
+    json_any,
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "zzz"])},
+        optional={
+            "role": st.sampled_from(["user", "assistant", "tool", "bot"]) | json_any,
+            "content": json_any | st.lists(json_any, max_size=2),
+            "call_id": st.sampled_from(["c1", "c2"]) | json_any,
+            "output": json_any,
+            "id": json_any,
+            "encrypted_content": json_any,
+            "summary": json_any,
+        },
+    ),
+    st.fixed_dictionaries({"role": json_any}, optional={"content": json_any}),
+)
+odd_bodies = st.fixed_dictionaries(
+    {"model": st.just("test-model")},
+    optional={
+        "input": json_any | st.lists(odd_item, max_size=6),
+        "instructions": json_any,
+        "max_output_tokens": json_any,
+        "tools": json_any,
+        "text": json_any,
+    },
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request=odd_bodies, cap=st.integers(30, 400))
+def test_any_json_is_planned_or_refused_as_an_invalid_request(request: dict[str, Any], cap: int) -> None:
+    """Whatever the body, the dialect and the pipeline either plan it or raise ``InvalidRequest``
+    (a 400), never anything else; what they accept renders back to itself and fits idempotently."""
+    counter = FakeMessageCounter()
+    try:
+        conversation = RESPONSES.parse(request)
+    except InvalidRequest:
+        return
+    assert RESPONSES.render(request, conversation.messages) == request
+    RESPONSES.problems(request)
+    RESPONSES.tool_tokens(request, counter)
+    try:
+        plan, forwarded = fit(request, cap_tokens=cap, counter=counter)
+    except InvalidRequest:
+        return
+    assert set(RESPONSES.problems(forwarded)) <= set(RESPONSES.problems(request))
+    assert plan.changed or forwarded is request
