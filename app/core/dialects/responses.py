@@ -24,8 +24,10 @@ Neutral mapping (``parse``), in wire order:
   it holds, so this over-counts rather than under-counts);
 * a ``compaction`` item -> an opaque, pinned ``developer`` message (it holds the conversation
   before it; dropping it would lose everything it summarises); priced like encrypted reasoning;
-* every other item (built-in calls without an output item, ``item_reference``, unknown types) ->
-  an opaque ``assistant`` message of its own, its string values counted as text;
+* every other item (built-in calls without an output item, ``item_reference``, Codex's
+  ``compaction_trigger``, unknown types) -> an opaque ``assistant`` message of its own (pinned
+  ``system``/``developer`` when the item has that role, e.g. ``additional_tools``), its string
+  values counted as text;
 * a call run whose outputs do not all follow it directly (another item sits between a call and its
   output): the whole span up to its last output is one opaque message, so nothing can split it.
 

@@ -264,7 +264,11 @@ def _parse_items(items: Sequence[Any], kinds: Sequence[str]) -> list[dict[str, A
         elif kind == "compaction":
             out.append(_opaque(items, [*reasoning, i], role="developer"))
         else:
-            out.append(_opaque(items, [*reasoning, i], role="assistant"))
+            # An item that instructs (``additional_tools`` is a developer item) stays pinned like one.
+            role = items[i].get("role")
+            out.append(
+                _opaque(items, [*reasoning, i], role=role if role in ("system", "developer") else "assistant")
+            )
         i += 1
     return out
 

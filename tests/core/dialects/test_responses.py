@@ -114,6 +114,13 @@ def test_built_in_items_are_opaque_and_paired_built_ins_stay_one_unit() -> None:
     assert {"type": "item:web_search_call", "action": {"query": "weather"}} in messages[1]["content"]
 
 
+def test_an_unknown_item_with_an_instruction_role_stays_pinned() -> None:
+    tools = {"type": "additional_tools", "role": "developer", "tools": [{"type": "function", "name": "f"}]}
+    messages = RESPONSES.parse(body([user("q"), tools, said("a"), {"type": "compaction_trigger"}])).messages
+    assert [m["role"] for m in messages] == ["user", "developer", "assistant", "assistant"]
+    assert is_opaque(messages[1]) and is_opaque(messages[3])
+
+
 def test_an_output_after_other_items_keeps_the_whole_span_in_one_opaque_message() -> None:
     items = [user("q"), call("c1"), said("meanwhile"), output("c1", "late"), user("next")]
     messages = RESPONSES.parse(body(items)).messages
