@@ -1,0 +1,98 @@
+"""The Dockerfile: hadolint finds nothing, the user is numeric and not root, every pip command is held
+to the lock (constraints.txt), the command is a console script of the wheel. No image is built here
+(no Docker engine in CI); these are the checks that run without one."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+from tests.deploy.repo import REPO, run, tool
+
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    joined = re.sub(
+        r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    )
+    return [
+        (parts[0].upper(), parts[1] if len(parts) > 1 else "")
+        for line in joined.splitlines()
+        if (parts := line.strip().split(maxsplit=1))
+    ]
+
+
+def hadolint(path: Path) -> tuple[int, str]:
+    result = run(tool("hadolint"), "--no-color", path)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_hadolint_finds_nothing() -> None:
+    status, report = hadolint(DOCKERFILE)
+    assert status == 0, report
+
+
+def test_hadolint_would_catch_a_named_user_and_an_unpinned_install(tmp_path: Path) -> None:
+    text = DOCKERFILE.read_text().replace("USER 10001:10001", "USER ctxproxy")
+    text = text.replace("pip install --constraint constraints.txt hatchling", "pip install hatchling")
+    (tmp_path / "Dockerfile").write_text(text)
+    status, report = hadolint(tmp_path / "Dockerfile")
+    assert status != 0
+    assert "DL3066" in report and "DL3013" in report
+
+
+def test_the_final_user_is_numeric_and_not_root() -> None:
+    users = [args for name, args in instructions(DOCKERFILE.read_text()) if name == "USER"]
+    assert users, "no USER instruction: the image would run as root"
+    match = re.fullmatch(r"(\d+):(\d+)", users[-1])
+    assert match, f"USER {users[-1]}: Kubernetes runAsNonRoot needs a numeric uid:gid"
+    assert int(match[1]) != 0 and int(match[2]) != 0
+
+
+def test_every_pip_command_is_held_to_the_lock() -> None:
+    pip_runs = [
+        args for name, args in instructions(DOCKERFILE.read_text()) if name == "RUN" and "pip " in args
+    ]
+    assert len(pip_runs) >= 3  # the build backend, the wheels, the runtime install
+    for args in pip_runs:
+        words = shlex.split(args)
+        constraints = [words[i + 1] for i, word in enumerate(words) if word in ("-c", "--constraint")]
+        assert constraints and all(c.endswith("constraints.txt") for c in constraints), args
+    assert (REPO / "constraints.txt").is_file()
+
+
+def test_the_image_installs_the_extras_the_lock_was_compiled_for() -> None:
+    text = DOCKERFILE.read_text()
+    installed = {frozenset(m.split(",")) for m in re.findall(r"\[([a-z,]+)\]\"", text)}
+    locked = frozenset(re.findall(r"--extra (\w+)", (REPO / ".ci" / "lint-deploy").read_text()))
+    assert installed == {locked}
+
+
+def test_the_build_context_keeps_what_the_build_copies() -> None:
+    ignored = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip()[:1] not in ("", "#")
+    ]
+    for needed in ("constraints.txt", "pyproject.toml", "README.md", "app", "config"):
+        assert needed not in ignored
+
+
+def test_the_command_is_a_console_script_of_the_wheel_and_the_port_is_exposed() -> None:
+    steps = instructions(DOCKERFILE.read_text())
+    (cmd,) = [args for name, args in steps if name == "CMD"]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert cmd.startswith("[") and cmd.split('"')[1] in scripts
+    assert ("EXPOSE", "8080") in steps
+    assert any(name == "HEALTHCHECK" and "/healthz" in args for name, args in steps)
+
+
+def test_both_stages_are_the_same_pinned_python_image() -> None:
+    steps = instructions(DOCKERFILE.read_text())
+    (base,) = [args for name, args in steps if name == "ARG" and args.startswith("PYTHON_IMAGE=")]
+    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base)
+    assert [args.split()[0] for name, args in steps if name == "FROM"] == ["${PYTHON_IMAGE}"] * 2
