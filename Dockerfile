@@ -16,7 +16,7 @@ COPY constraints.txt ./
 # The build backend at its locked version; the wheel is then built without an isolated (unpinned)
 # build environment.
 RUN pip install --constraint constraints.txt hatchling
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md hatch_build.py ./
 COPY config ./config
 COPY app ./app
 RUN pip wheel --no-build-isolation --constraint constraints.txt --wheel-dir /wheels ".[metrics,redis]"

@@ -72,14 +72,33 @@ def test_the_image_installs_the_extras_the_lock_was_compiled_for() -> None:
     assert installed == {locked}
 
 
-def test_the_build_context_keeps_what_the_build_copies() -> None:
-    ignored = [
-        line.strip()
+def build_inputs() -> set[str]:
+    """What building the wheel reads, per pyproject.toml: the metadata, the readme, the packages,
+    the force-included files, the custom build hook."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wheel = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]
+    needed = {"pyproject.toml", pyproject["project"]["readme"], *wheel["packages"]}
+    needed |= set(wheel.get("force-include", {}))
+    if "custom" in wheel.get("hooks", {}):
+        needed.add(wheel["hooks"]["custom"].get("path", "hatch_build.py"))
+    return needed
+
+
+def test_the_build_stage_copies_everything_the_wheel_build_reads() -> None:
+    copied: set[str] = set()
+    for name, args in instructions(DOCKERFILE.read_text()):
+        if name == "COPY" and not args.startswith("--from"):
+            copied |= {source.rstrip("/") for source in args.split()[:-1]}
+    ignored = {
+        line.strip().rstrip("/")
         for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.strip()[:1] not in ("", "#")
-    ]
-    for needed in ("constraints.txt", "pyproject.toml", "README.md", "app", "config"):
-        assert needed not in ignored
+    }
+    for needed in build_inputs():
+        top = needed.split("/", 1)[0]
+        assert needed in copied or top in copied, f"the image build does not copy {needed}"
+        assert needed not in ignored and top not in ignored, f".dockerignore drops {needed}"
+    assert "constraints.txt" in copied and "constraints.txt" not in ignored
 
 
 def test_the_command_is_a_console_script_of_the_wheel_and_the_port_is_exposed() -> None:
