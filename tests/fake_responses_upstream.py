@@ -18,6 +18,8 @@ integration tests. It is strict where the real API is strict, with the real API'
   one is checked and counted with the stored history in front of its own input;
 * answers: a scripted :attr:`responder` (``body -> list of output specs``) or the default reply;
   specs are ``{"text": ...}``, ``{"call": name, "arguments": ...}``, ``{"reasoning": summary}``;
+  a request whose last item is Codex's ``compaction_trigger`` is answered with one sealed
+  ``compaction`` item (remote compaction v2), counted in :attr:`compactions`;
   ``stream: true`` gets the real event sequence (``response.created`` ... ``response.completed``).
 * ``POST /v1/responses/input_tokens`` answers the fake's count; ``GET /v1/models`` lists models.
 
@@ -97,6 +99,7 @@ class FakeResponsesUpstream:
         self.requests: list[Recorded] = []
         self.responder: Responder | None = None
         self.overflow_in_stream = False
+        self.compactions = 0
         self._key = key
         self._stored: dict[str, list[Any]] = {}
         self._counters: dict[str, MessageCounter] = {}
@@ -129,6 +132,7 @@ class FakeResponsesUpstream:
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.compactions = 0
 
     def responses(self) -> list[Recorded]:
         with self._lock:
@@ -253,9 +257,19 @@ class FakeResponsesUpstream:
     def _response(
         self, body: Mapping[str, Any], model: FakeModel, full: Mapping[str, Any], prompt: int
     ) -> dict[str, Any]:
-        specs = (
-            self.responder(full) if self.responder is not None else [{"text": _default_text(full, prompt)}]
-        )
+        items = full.get("input")
+        if (
+            isinstance(items, list)
+            and items
+            and isinstance(items[-1], dict)
+            and items[-1].get("type") == "compaction_trigger"
+        ):
+            specs: list[dict[str, Any]] = [{"compaction": True}]  # Codex's remote compaction (v2)
+            self.compactions += 1
+        elif self.responder is not None:
+            specs = self.responder(full)
+        else:
+            specs = [{"text": _default_text(full, prompt)}]
         n = next(self._ids)
         output: list[dict[str, Any]] = []
         for k, spec in enumerate(specs):
@@ -299,6 +313,9 @@ class FakeResponsesUpstream:
                 "arguments": spec.get("arguments", "{}"),
                 "status": "completed",
             }
+        if "compaction" in spec:
+            item_id = f"cmp_{suffix}"
+            return {"type": "compaction", "id": item_id, "encrypted_content": self.seal(item_id, None)}
         if "reasoning" in spec:
             summary = [{"type": "summary_text", "text": spec["reasoning"]}]
             item_id = f"rs_{suffix}"

@@ -101,3 +101,16 @@ def test_input_tokens_endpoint_and_bad_bodies(fake: FakeResponsesUpstream) -> No
     assert post(fake, b"{not json").status_code == 400
     assert post(fake, {"model": MODEL.name, "input": 3}).json()["error"]["param"] == "input"
     assert post(fake, {"model": "nope", "input": "x"}).status_code == 404
+
+
+def test_a_compaction_trigger_is_answered_with_one_sealed_compaction_item(
+    fake: FakeResponsesUpstream,
+) -> None:
+    answer = post(
+        fake,
+        {"model": MODEL.name, "input": [{"role": "user", "content": "q"}, {"type": "compaction_trigger"}]},
+    )
+    (item,) = answer.json()["output"]
+    assert item["type"] == "compaction" and fake.compactions == 1
+    again = post(fake, {"model": MODEL.name, "input": [item, {"role": "user", "content": "next"}]})
+    assert again.status_code == 200  # the sealed item is accepted back
