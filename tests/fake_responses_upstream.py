@@ -21,6 +21,9 @@ integration tests. It is strict where the real API is strict, with the real API'
   a request whose last item is Codex's ``compaction_trigger`` is answered with one sealed
   ``compaction`` item (remote compaction v2), counted in :attr:`compactions`;
   ``stream: true`` gets the real event sequence (``response.created`` ... ``response.completed``).
+* drip mode (served over HTTP, :attr:`drip_acks` set): event ``N + 1`` of a stream is sent only
+  after the test sets ``drip_acks[N]`` on receiving event ``N`` (a buffering proxy would stall it;
+  every wait that runs out is logged in :attr:`drip_timeouts`);
 * ``POST /v1/responses/input_tokens`` answers the fake's count; ``GET /v1/models`` lists models.
 
 Every request is recorded in :attr:`requests` (path, lower-case headers, raw body, status, count).
@@ -28,6 +31,7 @@ Every request is recorded in :attr:`requests` (path, lower-case headers, raw bod
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -35,7 +39,7 @@ import itertools
 import json
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +47,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from app.core.dialects.responses import RESPONSES
@@ -52,6 +56,7 @@ from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
 from app.tokenizer import counter_for
 from tests.fake_upstream import FakeModel, serve_app
 
+DRIP_WAIT_S = 10.0
 Responder = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
 
 
@@ -76,6 +81,7 @@ class Answer:
     status: int
     body: bytes
     content_type: str = "application/json"
+    frames: tuple[bytes, ...] = ()  # an event stream's frames, for the drip mode
 
 
 def error_body(message: str, *, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -100,6 +106,8 @@ class FakeResponsesUpstream:
         self.responder: Responder | None = None
         self.overflow_in_stream = False
         self.compactions = 0
+        self.drip_acks: list[threading.Event] | None = None
+        self.drip_timeouts: list[int] = []
         self._key = key
         self._stored: dict[str, list[Any]] = {}
         self._counters: dict[str, MessageCounter] = {}
@@ -394,7 +402,17 @@ class FakeResponsesUpstream:
         headers = {k.lower(): v for k, v in request.headers.items()}
         # Counting a large prompt is CPU work; the fake serves one test at a time, so inline is fine.
         answer = self.answer(request.method, request.url.path, headers, raw)
-        return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
+        acks = self.drip_acks
+        if acks is None or not answer.frames:
+            return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
+
+        async def drip() -> AsyncIterator[bytes]:
+            for number, frame in enumerate(answer.frames):
+                yield frame
+                if number < len(acks) and not await asyncio.to_thread(acks[number].wait, DRIP_WAIT_S):
+                    self.drip_timeouts.append(number)
+
+        return StreamingResponse(drip(), status_code=answer.status, media_type=answer.content_type)
 
 
 _CALLS = frozenset({"function_call", "custom_tool_call"})
@@ -423,5 +441,5 @@ def _sse(events: list[dict[str, Any]]) -> Answer:
     frames = []
     for number, event in enumerate(events):
         data = json.dumps({**event, "sequence_number": number})
-        frames.append(f"event: {event['type']}\ndata: {data}\n\n")
-    return Answer(200, "".join(frames).encode(), "text/event-stream")
+        frames.append(f"event: {event['type']}\ndata: {data}\n\n".encode())
+    return Answer(200, b"".join(frames), "text/event-stream", tuple(frames))
