@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -39,3 +41,13 @@ def compose() -> dict[str, Any]:
     """docker-compose.yml with its variables at their defaults (YAML merge keys resolved)."""
     loaded: dict[str, Any] = yaml.safe_load(with_compose_defaults((REPO / "docker-compose.yml").read_text()))
     return loaded
+
+
+def load_example_app() -> ModuleType:
+    """deploy/compose/example_app.py (a script, not a package module), freshly loaded."""
+    path = REPO / "deploy" / "compose" / "example_app.py"
+    spec = importlib.util.spec_from_file_location("example_app", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -5,28 +5,16 @@ ctxproxy."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import ModuleType
 
 import pytest
 
-from tests.deploy.repo import REPO
-
-
-def load_example_app() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "example_app", REPO / "deploy" / "compose" / "example_app.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.deploy.repo import load_example_app
 
 
 @dataclass

@@ -11,8 +11,7 @@ import pytest
 
 from app.main import create_app
 from app.settings import Settings
-from tests.deploy.repo import compose
-from tests.deploy.test_example_app import load_example_app
+from tests.deploy.repo import compose, load_example_app
 from tests.fake_upstream import FakeModel, FakeUpstream, serve_app
 
 
