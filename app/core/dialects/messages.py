@@ -1,0 +1,452 @@
+"""The Anthropic Messages API (``POST /v1/messages``) as a dialect.
+
+``MESSAGES`` implements ``app.core.dialect.Dialect``; ``render`` and ``problems`` live in
+``messages_wire.py``. Pure and standard-library only.
+
+Parsing (``parse``) maps the body onto neutral messages (``app.core.conversation``):
+
+* top-level ``system`` (a string or text blocks) -> one pinned ``system`` message, origin
+  ``[[-1]]`` (string) or ``[[-1, k], ...]`` (blocks); a ``role: "system"`` message inside
+  ``messages`` (the mid-conversation-system beta) -> a ``system`` message where it sits (pinned, so
+  it is never dropped);
+* a user message: each ``tool_result`` block -> a neutral ``tool`` message (``tool_call_id`` =
+  ``tool_use_id``, origin ``[[i, k]]``), so a results-only message does not start a turn; its
+  other blocks -> one neutral ``user`` message (origin = their paths, one per content part, in
+  order); string content -> a ``user`` message with origin ``[[i]]``;
+* an assistant message -> one neutral ``assistant``: ``tool_use`` blocks become ``tool_calls``
+  (arguments = the JSON of ``input``), every other block a content part; its origin lists the paths
+  of *all* its blocks. A message with a ``thinking`` or ``redacted_thinking`` block is opaque.
+* content parts are the body's own block objects (never copied) unless priced: ``image`` and PDF
+  ``document`` blocks are shallow copies carrying ``PRICE_KEY``; a thinking block is shown to the
+  counter as its text only (the signature is not prompt text), a redacted one by a price.
+
+Prices (Claude's tokenizer is not public; the counter's estimate counts text, these count media):
+
+* image: Anthropic's rule ``tokens = width * height / 750`` after its resize (long edge at most
+  ``IMAGE_MAX_EDGE_PX``, at most ``IMAGE_MAX_TOKENS`` per image); the size is read from a base64
+  header (PNG, JPEG, GIF, WebP), a URL or file source (or an unreadable header) is priced at
+  ``IMAGE_MAX_TOKENS``, the most any image costs after the resize;
+* PDF document (base64): ``DOCUMENT_PAGE_TOKENS`` per page (Anthropic: each page is its text,
+  1,500-3,000 tokens for a dense page, plus the page as an image, up to ~1,600), the pages counted
+  by their ``/Type /Page`` objects (at least one); a URL or file PDF is priced as one page (the
+  upstream's overflow answer and our retry cover larger ones); text and content documents are
+  counted as text by the accounting;
+* ``redacted_thinking``: a quarter of its base64 length (the encrypted text is about as long as
+  the thinking it hides);
+* ``tools``: the chat accounting over ``name``/``description``/``input_schema`` plus
+  ``TOOL_USE_SYSTEM_PROMPT_TOKENS`` (the system prompt Anthropic adds when tools are present).
+
+The thinking rule (the upstream binds a kept thinking block to the conversation before it): the
+*current tool loop* is every message after the newest user message that carries something other
+than ``tool_result`` blocks. Every neutral message of that loop up to and including the loop's
+newest thinking-bearing assistant message is opaque: no prune, no cut there, so the loop can only
+lose whole units (a call with all its results) from its oldest end, and everything between the
+earliest kept thinking block and the end of the loop reaches the upstream byte-for-byte. Older
+turns' thinking messages are opaque too (kept whole or dropped whole with their unit).
+
+Errors: Anthropic's shape ``{"type": "error", "error": {"type": ..., "message": ...}}``. Our own
+cannot-fit speaks Anthropic's two wordings with true numbers (Claude Code parses the second):
+``prompt is too long: N tokens > W maximum`` when the prompt alone is over the window ``W``, else
+``input length and `max_tokens` exceed context limit: N + K > M, decrease input length or
+`max_tokens` and try again`` where ``K`` is the output reserve and ``M`` the input budget plus
+``K`` (what the proxy can send; ``M <= W``, and ``N + K > M`` holds whenever the prompt is over
+its budget). Upstream errors are never rewritten (the service forwards them).
+
+``window_from_beta(spec, anthropic_beta)``: the 1M-token window the ``context-1m-2025-08-07``
+beta header turns on for the models that support it (``LONG_CONTEXT_BETA_KEYS``), else None.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..conversation import PRICE_KEY, Conversation, neutral
+from ..dialect import ErrorInfo
+from ..errors import InvalidRequest
+from ..media import image_size_from_data_url
+from ..messages import Message
+from ..overflow import ContextOverflow, classify_overflow
+from ..registry import ModelSpec
+from ..tokens import MessageCounter
+from .messages_wire import SYSTEM_INDEX, render_messages, wire_problems
+
+IMAGE_PIXELS_PER_TOKEN = 750
+IMAGE_MAX_EDGE_PX = 1568
+IMAGE_MAX_TOKENS = 1600
+DOCUMENT_PAGE_TOKENS = 4600
+TOOL_USE_SYSTEM_PROMPT_TOKENS = 346
+REDACTED_THINKING_CHARS_PER_TOKEN = 4
+# Only this much of a base64 PDF is decoded to count its pages (about 48 MB, beyond the API's
+# 32 MB request limit), so a hostile body cannot make parsing unbounded.
+DOCUMENT_MAX_DECODED_CHARS = 64 * 1024 * 1024
+
+LONG_CONTEXT_BETA = "context-1m-2025-08-07"
+LONG_CONTEXT_WINDOW_TOKENS = 1_000_000
+# Model-table keys (``ModelSpec.matched``) whose window the beta above raises to 1M tokens
+# (Anthropic's context-windows page: Sonnet 4 and Sonnet 4.5; the 4.6 models and later have 1M
+# in the table already).
+LONG_CONTEXT_BETA_KEYS: frozenset[str] = frozenset(
+    {"claude-sonnet-4", "claude-sonnet-4-5", "claude-sonnet-4.5"}
+)
+
+ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
+THINKING_TYPES: frozenset[str] = frozenset({"thinking", "redacted_thinking"})
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(error: ErrorInfo) -> dict[str, Any]:
+    """One of our errors in Anthropic's shape, a cannot-fit one in Anthropic's own wording."""
+    kind = _ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": _message(error)}}
+
+
+def _message(error: ErrorInfo) -> str:
+    tokens, limit, window = error.tokens, error.limit_tokens, error.window_tokens
+    reserve = error.reserve_tokens
+    if error.code != "context_length_exceeded" or tokens is None or limit is None:
+        return error.message
+    if window is not None and tokens > window:
+        return f"prompt is too long: {tokens} tokens > {window} maximum"
+    reserve = reserve or 0
+    return (
+        f"input length and `max_tokens` exceed context limit: {tokens} + {reserve} > {limit + reserve}, "
+        "decrease input length or `max_tokens` and try again"
+    )
+
+
+def window_from_beta(spec: ModelSpec, anthropic_beta: str | None) -> int | None:
+    """The window the ``anthropic-beta`` header turns on for ``spec``, or None when it changes
+    nothing (no long-context beta, or a model that does not support it)."""
+    if not anthropic_beta or spec.matched is None:
+        return None
+    betas = {item.strip().lower() for item in anthropic_beta.split(",")}
+    if LONG_CONTEXT_BETA not in betas or spec.matched.lower() not in LONG_CONTEXT_BETA_KEYS:
+        return None
+    return max(spec.window_tokens, LONG_CONTEXT_WINDOW_TOKENS)
+
+
+# -- prices ------------------------------------------------------------------------------------
+
+
+def image_tokens(width: int, height: int) -> int:
+    """Anthropic's image rule: ``w * h / 750`` after scaling the long edge to at most 1568 px,
+    at most ``IMAGE_MAX_TOKENS`` (larger images are scaled down until they cost that)."""
+    w, h = float(max(1, width)), float(max(1, height))
+    if max(w, h) > IMAGE_MAX_EDGE_PX:
+        ratio = IMAGE_MAX_EDGE_PX / max(w, h)
+        w, h = w * ratio, h * ratio
+    return min(IMAGE_MAX_TOKENS, max(1, math.ceil(w * h / IMAGE_PIXELS_PER_TOKEN)))
+
+
+def _image_price(block: Mapping[str, Any]) -> int:
+    source = block.get("source")
+    if isinstance(source, Mapping) and source.get("type") == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if isinstance(media_type, str) and isinstance(data, str):
+            size = image_size_from_data_url(f"data:{media_type};base64,{data[:200_000]}")
+            if size is not None:
+                return image_tokens(*size)
+    return IMAGE_MAX_TOKENS
+
+
+def _pdf_pages(data: str) -> int:
+    try:
+        raw = base64.b64decode(data[:DOCUMENT_MAX_DECODED_CHARS], validate=False)
+    except (binascii.Error, ValueError):
+        return 1
+    pages = raw.count(b"/Type /Page") - raw.count(b"/Type /Pages")
+    pages += raw.count(b"/Type/Page") - raw.count(b"/Type/Pages")
+    return max(1, pages)
+
+
+def _document_price(block: Mapping[str, Any]) -> int | None:
+    source = block.get("source")
+    if not isinstance(source, Mapping):
+        return None
+    kind = source.get("type")
+    if kind == "base64":
+        data = source.get("data")
+        return DOCUMENT_PAGE_TOKENS * (_pdf_pages(data) if isinstance(data, str) else 1)
+    if kind in ("url", "file"):
+        return DOCUMENT_PAGE_TOKENS
+    return None  # text and content documents: their strings are counted as text
+
+
+def _part(block: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The neutral content part of one block: the block itself unless the dialect prices it."""
+    kind = block.get("type")
+    if kind == "image":
+        return {**block, PRICE_KEY: _image_price(block)}
+    if kind == "document":
+        price = _document_price(block)
+        return block if price is None else {**block, PRICE_KEY: price}
+    if kind == "thinking":
+        thinking = block.get("thinking")
+        return {"type": "thinking", "thinking": thinking if isinstance(thinking, str) else ""}
+    if kind == "redacted_thinking":
+        data = block.get("data")
+        size = len(data) if isinstance(data, str) else 0
+        return {"type": "redacted_thinking", PRICE_KEY: -(-size // REDACTED_THINKING_CHARS_PER_TOKEN)}
+    return block
+
+
+def _tool_content(block: Mapping[str, Any]) -> object:
+    content = block.get("content")
+    if isinstance(content, list):
+        return [_part(item) if isinstance(item, Mapping) else item for item in content]
+    return content if content is not None else ""
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def _invalid(message: str, param: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {message}", param=param)
+
+
+def _check_blocks(content: object, where: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _invalid("Input should be a valid string or a list of content blocks", where)
+    for k, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise _invalid("Input should be an object with a string 'type'", f"{where}.{k}")
+        kind = block["type"]
+        named = isinstance(block.get("id"), str) and isinstance(block.get("name"), str)
+        if kind == "tool_use" and not named:
+            raise _invalid("a tool_use block needs a string 'id' and 'name'", f"{where}.{k}")
+        if kind == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise _invalid("a tool_result block needs a string 'tool_use_id'", f"{where}.{k}")
+            inner = block.get("content")
+            if inner is not None:
+                _check_blocks(inner, f"{where}.{k}.content")
+
+
+def validate_body(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What planning relies on (raise ``InvalidRequest`` naming the field); returns ``messages``."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("The request body must be a JSON object.", param=None)
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise _invalid("Field required (a model name)", "model")
+    max_tokens = body.get("max_tokens")
+    if type(max_tokens) is not int or max_tokens < 1:
+        raise _invalid("Field required (an integer of at least 1)", "max_tokens")
+    system = body.get("system")
+    if system is not None:
+        _check_blocks(system, "system")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise _invalid("Field required (an array of messages)", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _invalid("Input should be an object", f"messages.{i}")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise _invalid("Input should be 'user', 'assistant' or 'system'", f"messages.{i}.role")
+        if "content" not in message:
+            raise _invalid("Field required", f"messages.{i}.content")
+        _check_blocks(message["content"], f"messages.{i}.content")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise _invalid("Input should be a list of tool objects", "tools")
+    return messages
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+
+def _has_thinking(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(b.get("type") in THINKING_TYPES for b in content)
+
+
+def _loop_span(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """``(start, stop)``: the wire messages of the current tool loop that must stay unchanged (up to
+    and including its newest thinking-bearing assistant message); empty when it has none."""
+    start = 0
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if not isinstance(content, list) or any(b.get("type") != "tool_result" for b in content):
+            start = i + 1
+            break
+    for j in range(len(messages) - 1, start - 1, -1):
+        if messages[j].get("role") == "assistant" and _has_thinking(messages[j]):
+            return start, j + 1
+    return start, start
+
+
+def _system_message(content: object, index: int) -> dict[str, Any]:
+    if isinstance(content, str):
+        return neutral("system", content, origin=[(index,)])
+    blocks = content if isinstance(content, list) else []
+    return neutral("system", [_part(b) for b in blocks], origin=[(index, k) for k in range(len(blocks))])
+
+
+def _neutral_messages(index: int, message: Mapping[str, Any], *, frozen: bool) -> list[dict[str, Any]]:
+    role = message["role"]
+    content = message["content"]
+    paths: list[tuple[int, ...]]
+    if role == "system":
+        return [_system_message(content, index)]
+    if isinstance(content, str):
+        return [neutral(role, content, origin=[(index,)], opaque=frozen)]
+    if role == "user":
+        out = [
+            neutral(
+                "tool",
+                _tool_content(block),
+                origin=[(index, k)],
+                opaque=frozen,
+                tool_call_id=block["tool_use_id"],
+            )
+            for k, block in enumerate(content)
+            if block["type"] == "tool_result"
+        ]
+        rest = [(k, block) for k, block in enumerate(content) if block["type"] != "tool_result"]
+        if rest or not out:
+            paths = [(index, k) for k, _ in rest] or [(index,)]
+            out.append(neutral("user", [_part(b) for _, b in rest], origin=paths, opaque=frozen))
+        return out
+    parts = [_part(b) for b in content if b["type"] != "tool_use"]
+    calls = [
+        {
+            "id": b["id"],
+            "type": "function",
+            "function": {"name": b["name"], "arguments": _json(b.get("input"))},
+        }
+        for b in content
+        if b["type"] == "tool_use"
+    ]
+    paths = [(index, k) for k in range(len(content))] or [(index,)]
+    opaque = frozen or _has_thinking(message)
+    if calls:
+        return [neutral("assistant", parts, origin=paths, opaque=opaque, tool_calls=calls)]
+    return [neutral("assistant", parts, origin=paths, opaque=opaque)]
+
+
+def _json(value: object) -> str:
+    return json.dumps(value if value is not None else {}, ensure_ascii=False, separators=(",", ":"))
+
+
+def _usage_input(usage: object) -> int | None:
+    if not isinstance(usage, Mapping):
+        return None
+    total = 0
+    seen = False
+    for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        value = usage.get(key)
+        if type(value) is int and value >= 0:
+            total += value
+            seen = seen or key == "input_tokens"
+    return total if seen else None
+
+
+def _sse_data(body: bytes | str) -> str | None:
+    """The ``data:`` payload of an ``event: error`` SSE event, or None when ``body`` is not one."""
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
+    if not text.lstrip().startswith("event:"):
+        return None
+    lines = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    return "\n".join(lines) if lines else None
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesDialect:
+    """``POST /v1/messages`` (see the module docstring)."""
+
+    name: str = "messages"
+    upstream_path: str = "messages"
+
+    def parse(self, body: Mapping[str, Any], /) -> Conversation:
+        messages = validate_body(body)
+        out: list[dict[str, Any]] = []
+        system = body.get("system")
+        if system is not None and system != "" and system != []:
+            out.append(_system_message(system, SYSTEM_INDEX))
+        start, stop = _loop_span(messages)
+        for i, message in enumerate(messages):
+            out.extend(_neutral_messages(i, message, frozen=start <= i < stop))
+        return Conversation(
+            model=body["model"],
+            messages=tuple(out),
+            requested_output_tokens=body["max_tokens"],
+            stream=body.get("stream") is True,
+        )
+
+    def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
+        tools = body.get("tools")
+        if not isinstance(tools, list) or not tools:
+            return 0
+        shaped = [
+            {"name": t.get("name"), "description": t.get("description"), "parameters": t["input_schema"]}
+            if isinstance(t.get("input_schema"), Mapping)
+            else {"type": "custom", "custom": t}
+            for t in tools
+            if isinstance(t, Mapping)
+        ]
+        return counter.count_tools({"tools": shaped}) + TOOL_USE_SYSTEM_PROMPT_TOKENS
+
+    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]:
+        return render_messages(body, messages)
+
+    def problems(self, body: Mapping[str, Any], /) -> list[str]:
+        return wire_problems(body)
+
+    def error_body(self, error: ErrorInfo, /) -> dict[str, Any]:
+        return anthropic_error(error)
+
+    def overflow(
+        self, status: int, body: bytes | str | Mapping[str, object] | None, /
+    ) -> ContextOverflow | None:
+        if isinstance(body, bytes | str):
+            data = _sse_data(body)
+            if data is not None:
+                return classify_overflow(status if status >= 400 else 400, data)
+        return classify_overflow(status, body)
+
+    def input_tokens_used(self, answer: Mapping[str, Any], /) -> int | None:
+        if answer.get("type") == "message_start":
+            message = answer.get("message")
+            return _usage_input(message.get("usage")) if isinstance(message, Mapping) else None
+        return _usage_input(answer.get("usage"))
+
+    def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
+        return {"input_tokens": input_tokens}
+
+    def stream_error(self, error: ErrorInfo, /) -> bytes:
+        payload = json.dumps(anthropic_error(error), ensure_ascii=False, separators=(",", ":"))
+        return b"event: error\ndata: " + payload.encode("utf-8") + b"\n\n"
+
+
+MESSAGES = MessagesDialect()
+
+__all__ = [
+    "MESSAGES",
+    "MessagesDialect",
+    "anthropic_error",
+    "image_tokens",
+    "validate_body",
+    "window_from_beta",
+]
