@@ -10,11 +10,13 @@ from collections.abc import Mapping
 
 from ..dialect import Dialect
 from .chat import CHAT
+from .messages import MESSAGES
 from .responses import RESPONSES
 
 DIALECTS: Mapping[str, Dialect] = {
     "chat": CHAT,
     "responses": RESPONSES,
+    "messages": MESSAGES,
 }
 
-__all__ = ["CHAT", "DIALECTS", "RESPONSES"]
+__all__ = ["CHAT", "DIALECTS", "MESSAGES", "RESPONSES"]

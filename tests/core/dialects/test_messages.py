@@ -46,17 +46,16 @@ def spec(window_tokens: int) -> ModelSpec:
 def fit(
     body: dict[str, Any], *, window_tokens: int, policy: Policy | None = None
 ) -> tuple[Plan, dict[str, Any]]:
-    """The pipeline as the service drives a dialect: parse, plan the neutral messages, render."""
-    conversation = MESSAGES.parse(body)
-    neutral_body = {
-        "model": conversation.model,
-        "messages": list(conversation.messages),
-        "max_tokens": conversation.requested_output_tokens,
-    }
+    """The pipeline as the service drives it: plan through the dialect, render the plan's body."""
     plan = plan_request(
-        neutral_body, spec=spec(window_tokens), policy=policy or Policy(), counter=FakeMessageCounter()
+        body,
+        spec=spec(window_tokens),
+        policy=policy or Policy(),
+        counter=FakeMessageCounter(),
+        dialect=MESSAGES,
     )
-    return plan, MESSAGES.render(body, plan.messages) if plan.changed else body
+    assert plan.api == "messages"
+    return plan, plan.body(body) if plan.changed else body
 
 
 def signed(thinking: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
