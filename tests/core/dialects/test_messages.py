@@ -606,3 +606,83 @@ def test_fits_when_the_newest_turn_alone_fits(body: dict[str, Any], window: int)
     small = sum(counter.count_messages(newest.messages)) * 2 + 200
     plan, _ = fit(body, window_tokens=max(window, small + 100 + 500))
     assert plan.fits
+
+
+json_leaf = st.none() | st.booleans() | st.integers(-5, 10**6) | st.text(max_size=20)
+json_any = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+block_types = st.sampled_from(
+    [
+        "text",
+        "image",
+        "document",
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+        "search_result",
+        "x",
+    ]
+)
+blocks = st.fixed_dictionaries(
+    {"type": block_types},
+    optional={
+        "text": st.text(max_size=200) | json_any,
+        "id": st.sampled_from(["t1", "t2"]) | json_any,
+        "name": st.text(max_size=5) | json_any,
+        "input": json_any,
+        "tool_use_id": st.sampled_from(["t1", "t2", "t3"]) | json_any,
+        "content": st.text(max_size=200) | st.lists(json_any, max_size=3) | json_any,
+        "source": st.fixed_dictionaries(
+            {"type": st.sampled_from(["base64", "url", "file", "text", "content"])},
+            optional={
+                "media_type": st.sampled_from(["image/png", "application/pdf"]) | json_any,
+                "data": st.text(max_size=40) | json_any,
+            },
+        )
+        | json_any,
+        "thinking": st.text(max_size=20) | json_any,
+        "signature": st.text(max_size=20),
+        "data": st.text(max_size=40) | json_any,
+        "cache_control": st.just({"type": "ephemeral"}),
+    },
+)
+fuzz_messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant", "system", "tool", ""]),
+            "content": st.text(max_size=300) | st.lists(blocks, max_size=4) | json_any,
+        },
+    ),
+    max_size=8,
+)
+fuzz_bodies = st.fixed_dictionaries(
+    {"model": st.just("claude-test"), "max_tokens": st.integers(1, 500), "messages": fuzz_messages},
+    optional={
+        "system": st.text(max_size=100) | st.lists(blocks, max_size=2) | json_any,
+        "tools": st.lists(
+            st.fixed_dictionaries({"name": st.text(max_size=5)}, optional={"input_schema": json_any}),
+            max_size=2,
+        )
+        | json_any,
+    },
+) | st.fixed_dictionaries({}, optional={"model": json_any, "max_tokens": json_any, "messages": json_any})
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(body=fuzz_bodies, window=st.integers(50, 3000))
+def test_any_body_is_planned_or_refused_as_an_invalid_request(body: dict[str, Any], window: int) -> None:
+    """No input makes the dialect or the pipeline fail otherwise (the route answers 400, not 500)."""
+    try:
+        plan, out = fit(body, window_tokens=window)
+    except InvalidRequest as error:
+        assert error.message
+        return
+    assert isinstance(MESSAGES.problems(out), list)
+    new = set(MESSAGES.problems(out)) - set(MESSAGES.problems(body))
+    assert not new, (new, plan.actions)
