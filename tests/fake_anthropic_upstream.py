@@ -21,13 +21,14 @@ It enforces what the real API enforces, and the stricter reading of it the proxy
   wordings (``prompt is too long: N tokens > W maximum``; ``input length and `max_tokens` exceed
   context limit: N + K > W, ...``).
 
-Answers (``answer``): scripted tool loops (while the request has ``tools`` and the current loop
-has fewer than ``FakeClaude.loop_calls`` tool results, it calls the first tool with
-``{"step": n}``; then a final text repeating every ``FACT-...`` token it was sent, in order),
-optional thinking first (when the body enables it), ``usage`` with ``input_tokens`` = its count,
-as JSON or real SSE (``message_start``, ``ping``, ``content_block_start/delta/stop``,
-``message_delta``, ``message_stop``). ``POST /v1/messages/count_tokens`` answers its count;
-``HEAD /`` answers 200. Every request is recorded in :attr:`FakeAnthropic.requests`.
+Answers (``respond``): :attr:`FakeAnthropic.script` when set (a scripted model: its blocks), else
+scripted tool loops (while the request has ``tools`` and the current loop has fewer than
+``FakeClaude.loop_calls`` tool results, it calls the first tool with ``{"step": n}``; then a final
+text repeating every ``FACT-...`` token it was sent, in order), optional thinking first (when the
+body enables it), ``usage`` with ``input_tokens`` = its count, as JSON or real SSE
+(``message_start``, ``ping``, ``content_block_start/delta/stop``, ``message_delta``,
+``message_stop``). ``POST /v1/messages/count_tokens`` answers its count; ``HEAD /`` answers 200.
+Every request is recorded in :attr:`FakeAnthropic.requests`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import json
 import re
 import secrets
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -301,6 +302,9 @@ class FakeAnthropic:
     models: Sequence[FakeClaude]
     signer: Signer = field(default_factory=Signer)
     requests: list[Recorded] = field(default_factory=list)
+    # A scripted model: the reply's blocks (thinking is added in front when enabled), or None for
+    # the default behaviour.
+    script: Callable[[Mapping[str, Any]], list[dict[str, Any]] | None] | None = None
 
     def __post_init__(self) -> None:
         self._by_name = {m.name: m for m in self.models}
@@ -377,7 +381,11 @@ class FakeAnthropic:
             content.append({"type": "thinking", "thinking": text, "signature": signature})
         tools = body.get("tools") or []
         n = next(self._ids)
-        if tools and results < model.loop_calls:
+        scripted = self.script(body) if self.script is not None else None
+        if scripted is not None:
+            content += scripted
+            stop = "tool_use" if any(b.get("type") == "tool_use" for b in scripted) else "end_turn"
+        elif tools and results < model.loop_calls:
             content.append({"type": "text", "text": f"Calling step {results + 1}."})
             content.append(
                 {
