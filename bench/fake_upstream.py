@@ -10,6 +10,13 @@ top-level keys that proxies keep.
 ``system_fingerprint`` carries ``bytes=N``, the size of the body it received, so the harness can
 check what a proxy actually forwarded (scenario (c): the cut request is smaller).
 
+``POST /v1/responses`` (OpenAI Responses API) and ``POST /v1/messages`` (Anthropic Messages API)
+do the same in their own API's shape: a fixed ``message`` output item / ``text`` block with
+``usage``, or, streaming, the API's event sequence (Responses: ``response.created``, one
+``response.output_text.delta`` per chunk, ``response.completed`` with usage; Anthropic:
+``message_start`` ... ``message_stop``). Their ``metadata.bench_bytes`` / ``id`` suffix carry the
+body size like ``system_fingerprint`` does for chat.
+
 ``GET /v1/models`` lists one model (readiness probes use it).
 
 Run: ``python -m bench.fake_upstream --port 8001``.
@@ -22,6 +29,7 @@ import asyncio
 import contextlib
 import re
 import time
+from collections.abc import Callable
 
 import uvloop
 from aiohttp import web
@@ -43,6 +51,47 @@ _CHUNK = (
 _LAST = (
     b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":0,"model":"bench",'
     b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+)
+_RESPONSE = (
+    b'{"id":"resp_bench","object":"response","created_at":%d,"status":"completed","model":"bench",'
+    b'"metadata":{"bench_bytes":"%d"},"output":[{"type":"message","id":"msg_bench","status":"completed",'
+    b'"role":"assistant","content":[{"type":"output_text","text":"OK, done.","annotations":[]}]}],'
+    b'"usage":{"input_tokens":%d,"output_tokens":3,"total_tokens":%d}}'
+)
+_RESPONSE_CREATED = (
+    b'event: response.created\ndata: {"type":"response.created","sequence_number":0,"response":'
+    b'{"id":"resp_bench","object":"response","status":"in_progress","model":"bench","output":[]}}\n\n'
+)
+_RESPONSE_DELTA = (
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%d,'
+    b'"item_id":"msg_bench","output_index":0,"content_index":0,"delta":"tok%d "}\n\n'
+)
+_RESPONSE_COMPLETED = (
+    b'event: response.completed\ndata: {"type":"response.completed","sequence_number":%d,"response":'
+    b'{"id":"resp_bench","object":"response","status":"completed","model":"bench","output":[],'
+    b'"usage":{"input_tokens":%d,"output_tokens":%d,"total_tokens":%d}}}\n\n'
+)
+_MESSAGE = (
+    b'{"id":"msg_bench_%d","type":"message","role":"assistant","model":"bench",'
+    b'"content":[{"type":"text","text":"OK, done."}],"stop_reason":"end_turn","stop_sequence":null,'
+    b'"usage":{"input_tokens":%d,"output_tokens":3}}'
+)
+_MESSAGE_START = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_bench","type":"message",'
+    b'"role":"assistant","model":"bench","content":[],"stop_reason":null,"stop_sequence":null,'
+    b'"usage":{"input_tokens":%d,"output_tokens":1}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+)
+_MESSAGE_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"tok%d "}}\n\n'
+)
+_MESSAGE_STOP = (
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn",'
+    b'"stop_sequence":null},"usage":{"output_tokens":%d}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 )
 _MODELS = b'{"object":"list","data":[{"id":"bench","object":"model","created":0,"owned_by":"bench"}]}'
 
@@ -72,6 +121,52 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _stream(
+    request: web.Request,
+    body: bytes,
+    first: bytes,
+    chunk: Callable[[int], bytes],
+    last: Callable[[int], bytes],
+) -> web.StreamResponse:
+    chunks = _int_key(_CHUNKS, body, 16)
+    drip_s = _int_key(_DRIP, body, 0) / 1000
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    await resp.write(first)
+    for i in range(chunks):
+        await resp.write(chunk(i))
+        if drip_s:
+            await asyncio.sleep(drip_s)
+    await resp.write(last(chunks))
+    await resp.write_eof()
+    return resp
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    prompt = len(body) // 4
+    if not _STREAM.search(body):
+        payload = _RESPONSE % (int(time.time()), len(body), prompt, prompt + 3)
+        return web.Response(body=payload, content_type="application/json")
+    return await _stream(
+        request,
+        body,
+        _RESPONSE_CREATED,
+        lambda i: _RESPONSE_DELTA % (i + 1, i),
+        lambda n: _RESPONSE_COMPLETED % (n + 1, prompt, n, prompt + n),
+    )
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    prompt = len(body) // 4
+    if not _STREAM.search(body):
+        return web.Response(body=_MESSAGE % (len(body), prompt), content_type="application/json")
+    return await _stream(
+        request, body, _MESSAGE_START % prompt, lambda i: _MESSAGE_DELTA % i, lambda n: _MESSAGE_STOP % n
+    )
+
+
 async def models(request: web.Request) -> web.Response:
     return web.Response(body=_MODELS, content_type="application/json")
 
@@ -80,6 +175,8 @@ def make_app() -> web.Application:
     app = web.Application(client_max_size=256 * 1024 * 1024)
     for prefix in ("/v1", ""):
         app.router.add_post(f"{prefix}/chat/completions", chat)
+        app.router.add_post(f"{prefix}/responses", responses)
+        app.router.add_post(f"{prefix}/messages", messages)
         app.router.add_get(f"{prefix}/models", models)
     return app
 

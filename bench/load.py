@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -28,15 +28,28 @@ CHAT_PATH = "/v1/chat/completions"
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Something that answers ``POST {base_url}/v1/chat/completions``; ``server`` names its process."""
+    """Something that answers ``POST {base_url}{path}`` (chat completions unless told); ``server``
+    names its process; ``headers`` are sent beside ``HEADERS`` (an API's own, such as
+    ``anthropic-version``)."""
 
     name: str
     base_url: str
     server: str | None = None
+    path: str = CHAT_PATH
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def url(self) -> str:
-        return self.base_url + CHAT_PATH
+        return self.base_url + self.path
+
+
+# What a scenario sends: the same bytes to every target, or bytes per target path (the same
+# request written in each wire API's shape).
+Body = bytes | Mapping[str, bytes]
+
+
+def body_for_target(body: Body, target: Target) -> bytes:
+    return body if isinstance(body, bytes) else body[target.path]
 
 
 @dataclass
@@ -78,7 +91,8 @@ async def request_once(
     """One exchange, recorded into ``samples`` (a non-200 answer counts as an error, not a sample)."""
     start = time.perf_counter()
     try:
-        async with session.post(target.url, data=body, headers=HEADERS) as resp:
+        headers = {**HEADERS, **dict(target.headers)} if target.headers else HEADERS
+        async with session.post(target.url, data=body, headers=headers) as resp:
             if stream:
                 first = await resp.content.readany()
                 first_at = time.perf_counter()
@@ -111,7 +125,7 @@ CpuReader = Callable[[Target], float | None]
 async def run_interleaved(
     session: aiohttp.ClientSession,
     targets: Sequence[Target],
-    body_for: Callable[[int], bytes],
+    body_for: Callable[[int], Body],
     *,
     iterations: int,
     time_limit_s: float,
@@ -122,13 +136,14 @@ async def run_interleaved(
     """``iterations`` rounds of one request per target; returns samples and whether time ran out.
 
     ``body_for(i)`` is called once per iteration (``i`` < 0 for warm-up rounds) and the same bytes
-    go to every target. ``cpu_of`` reads a target's server CPU seconds (before/after the run).
+    go to every target (or each target its path's bytes). ``cpu_of`` reads a target's server CPU
+    seconds (before/after the run).
     """
     results = {t.name: Samples() for t in targets}
     for w in range(warmup):
         body = body_for(-1 - w)
         for t in targets:
-            await request_once(session, t, body, Samples(), stream=stream)
+            await request_once(session, t, body_for_target(body, t), Samples(), stream=stream)
     cpu_before = {t.name: cpu_of(t) if cpu_of else None for t in targets}
     started = time.perf_counter()
     client_before = _client_cpu_s()
@@ -141,7 +156,7 @@ async def run_interleaved(
         body = body_for(i)
         k = i % len(targets)
         for t in [*targets[k:], *targets[:k]]:
-            await request_once(session, t, body, results[t.name], stream=stream)
+            await request_once(session, t, body_for_target(body, t), results[t.name], stream=stream)
     wall = time.perf_counter() - started
     client_cpu = _client_cpu_s() - client_before
     await asyncio.sleep(0.2)  # let work a server finishes after its answer land in its CPU time
@@ -195,7 +210,7 @@ async def run_stall_probe(
 async def _concurrent_batch(
     session: aiohttp.ClientSession,
     target: Target,
-    body: bytes,
+    body: Body,
     samples: Samples,
     *,
     requests: int,
@@ -205,6 +220,7 @@ async def _concurrent_batch(
     """``requests`` requests with ``concurrency`` in flight; False if the deadline cut it short."""
     remaining = requests
     cut = False
+    data = body_for_target(body, target)
 
     async def worker() -> None:
         nonlocal remaining, cut
@@ -213,7 +229,7 @@ async def _concurrent_batch(
                 cut = True
                 return
             remaining -= 1
-            await request_once(session, target, body, samples, stream=False)
+            await request_once(session, target, data, samples, stream=False)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return not cut
@@ -222,7 +238,7 @@ async def _concurrent_batch(
 async def run_concurrent_rounds(
     session: aiohttp.ClientSession,
     targets: Sequence[Target],
-    body: bytes,
+    body: Body,
     *,
     requests: int,
     concurrency: int,

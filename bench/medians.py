@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import routes
 from bench.report import evaluate_targets, overhead
 
 Results = Mapping[str, Any]
@@ -34,6 +35,14 @@ def _stat(scenario: str, target: str, key: str) -> Callable[[Results], float]:
 
 def _rps(table: str, target: str, key: str = "rps") -> Callable[[Results], float]:
     return lambda r: float(r["throughput"][table]["stats"][target][key])
+
+
+def _route_added(scenario: str, route: str) -> Callable[[Results], float]:
+    return lambda r: routes.added(r["routes"][scenario]["stats"], route, "p50_ms")
+
+
+def _route_rps(route: str) -> Callable[[Results], float]:
+    return lambda r: float(r["routes"]["throughput"]["stats"][f"proxy {route}"]["rps"])
 
 
 def _mib(target: str) -> Callable[[Results], float]:
@@ -70,6 +79,12 @@ FIGURES: list[Figure] = [
     ("(f) req/s --workers 2, proxy-w2", _rps("w2", "proxy-w2")),
     ("(f) req/s --workers 2, fwd-httpx-w2", _rps("w2", "fwd-httpx-w2")),
     ("(g) small-request p95 during a 1M-token count (ms)", _stat("g_stall", "proxy", "p95_ms")),
+    *(
+        (f"(r) {scenario} added p50, {route.path}", _route_added(scenario, route.name))
+        for scenario in ("small", "session")
+        for route in routes.ROUTES
+    ),
+    *((f"(r) req/s, {route.path}", _route_rps(route.name)) for route in routes.ROUTES),
     ("memory idle, proxy (MiB)", _mib("proxy")),
     ("memory after all scenarios, proxy (MiB)", lambda r: r["memory"]["proxy_after_rounds_kib"][-1] / 1024),
 ]

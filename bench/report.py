@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import routes
+
 DIRECT = "direct"
 FORWARDERS = ("fwd-httpx", "fwd-aiohttp", "fwd-httpx-aiohttp")
 PROXY = "proxy"
@@ -228,6 +230,8 @@ def evaluate_targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         p99 = ratio(f[PROXY]["p99_ms"], f["fwd-httpx"]["p99_ms"])
         out.append(check("(f) req/s >= 1.5x fwd-httpx", rps >= 1.5, f"{rps:.2f}x"))
         out.append(check("(f) p99 <= 0.5x fwd-httpx", p99 <= 0.5, f"{p99:.2f}x"))
+    for name, ok, detail in routes.checks(results.get("routes", {})):
+        out.append(check(name, ok, detail))
     mem = results.get("memory", {})
     rounds = mem.get("proxy_after_rounds_kib") or []
     if len(rounds) >= 2:
@@ -272,6 +276,9 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             parts += [block["note"], ""]
         rows = throughput_rows(block["stats"], baseline=block.get("baseline", "fwd-httpx"))
         parts.append(markdown_table(rows, THROUGHPUT_COLUMNS))
+    if results.get("routes"):
+        parts += ["", "## (r) The proxy's routes: chat, /v1/responses, /v1/messages"]
+        parts += routes.markdown(results["routes"])
     engine = results.get("engine")
     if engine:
         parts += ["", "## (e) Engine counting throughput (in-process, no HTTP)", ""]

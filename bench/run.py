@@ -28,11 +28,12 @@ from typing import Any
 import orjson
 import uvloop
 
-from bench import load, report, scenarios
+from bench import load, report, routes, scenarios
 from bench.forwarders import TARGETS as FORWARDER_APPS
 from bench.servers import REPO, Server, ServerPool, free_port, uvicorn_argv
 
 RESULTS_DIR = REPO / "bench" / "results"
+PROXY_TARGET = "proxy"
 PREFILL_TOKENS_PER_S = 10_000
 
 
@@ -59,6 +60,10 @@ class Plan:
     g_tokens: int
     g_repeats: int
     scenario_time_limit_s: float
+    r_small_iterations: int = 150
+    r_session_tokens: int = 100_000
+    r_session_iterations: int = 30
+    r_requests: int = 1000
 
 
 QUICK = Plan(
@@ -84,6 +89,9 @@ FULL = Plan(
     1_000_000,
     4,
     150.0,
+    r_small_iterations=800,
+    r_session_iterations=150,
+    r_requests=3000,
 )
 
 
@@ -331,6 +339,7 @@ class Harness:
         self.f_extra = f_extra
         self.f_w2 = f_w2
         self.memory: list[dict[str, Any]] = []
+        self.proxy = next((t for t in targets if t.name == PROXY_TARGET), None)
 
     def cpu_of(self, target: load.Target) -> float | None:
         if target.server is None or target.server == "upstream":
@@ -476,7 +485,43 @@ class Harness:
             latency["g_stall"] = block
 
             throughput = await self.concurrency(session, small)
-        return {"latency": latency, "throughput": throughput}
+            out = {"latency": latency, "throughput": throughput}
+            if self.proxy is not None:
+                out["routes"] = await self.routes(session, self.proxy)
+        return out
+
+    async def routes(self, session: Any, proxy: load.Target) -> dict[str, Any]:
+        """(r): the proxy's three routes side by side (``bench/routes.py``)."""
+        plan = self.plan
+        upstream = self.targets[0]
+        measured = await routes.measure(
+            session,
+            direct_url=upstream.base_url,
+            proxy_url=proxy.base_url,
+            small_iterations=plan.r_small_iterations,
+            session_tokens=plan.r_session_tokens,
+            session_iterations=plan.r_session_iterations,
+            requests=plan.r_requests,
+            concurrency=plan.f_concurrency,
+            rounds=plan.f_rounds,
+            time_limit_s=plan.scenario_time_limit_s,
+            cpu_of=self.cpu_of,
+            notes=self.notes,
+        )
+        self.snapshot("after (r)")
+        return {
+            "small": _latency_block("Small fitting request on every route", measured["small"]),
+            "session": _latency_block("~100K-token session resent, on every route", measured["session"]),
+            "throughput": _throughput_block(
+                f"{plan.r_requests} small requests per route at concurrency {plan.f_concurrency}",
+                measured["throughput"],
+                baseline="proxy chat",
+            ),
+            "fitted": measured["fitted"],
+            "note": "Each request is one conversation written in each API's shape (bench/routes.py); added "
+            "= proxy minus the fake upstream on the same path, same interleaved run. The concurrency "
+            "rounds alternate the routes; server CPU is the proxy's per request of that route.",
+        }
 
     async def concurrency(self, session: Any, body: bytes) -> dict[str, Any]:
         plan = self.plan

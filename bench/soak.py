@@ -5,11 +5,14 @@
 ctxproxy (uvicorn, one worker) as child processes, and stops both however it ends. It stops by
 itself: after ``--requests`` requests, or at ``--max-duration-s`` (then the run counts as failed).
 
-The mix, by request number (deterministic): 40% fitting chat requests, 15% over-long ones (the
+The mix, by request number (deterministic): 40% fitting requests, 15% over-long ones (the
 proxy must fit them: 200 with ``X-Context-Actions`` other than ``none``), 30% streaming (200, and
-the stream ends with ``data: [DONE]``), 15% bad requests (malformed JSON, a bad ``X-Context-Budget``,
-an unknown role, a body over ``CTXPROXY_MAX_BODY_BYTES``: each must get its 4xx). Any other answer,
-or no answer, is an *unexpected error*.
+the stream ends with its API's last event: ``data: [DONE]``, ``response.completed``,
+``message_stop``), 15% bad requests (malformed JSON, a bad ``X-Context-Budget``, an unknown role,
+a body over ``CTXPROXY_MAX_BODY_BYTES``: each must get its 4xx with an error body). Any other
+answer, or no answer, is an *unexpected error*. Every kind goes to every route of ``--routes``
+(default all three: chat completions, ``/v1/responses``, ``/v1/messages``; request ``n`` goes to
+route ``n % len(routes)``), the same conversations written in each API's shape (``bench/routes.py``).
 
 Memory is measured the way a leak shows: resident memory (``VmRSS``) of the proxy after a warm-up
 that sends every distinct body once (so the bounded token cache and the allocator pools are
@@ -40,6 +43,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import routes
 from bench.servers import REPO, Server, ServerPool, free_port, uvicorn_argv
 
 MODEL = "soak-small"
@@ -57,6 +61,14 @@ KEEPALIVE_S = 2.0
 SETTLE_S = KEEPALIVE_S + 3.0
 
 
+# What the last event of a good stream holds, per route.
+STREAM_ENDS = {
+    "chat": b"data: [DONE]",
+    "responses": b'"type":"response.completed"',
+    "messages": b"message_stop",
+}
+
+
 @dataclass
 class Expect:
     body: bytes
@@ -64,6 +76,8 @@ class Expect:
     headers: dict[str, str] = field(default_factory=dict)
     stream: bool = False
     fitted: bool = False
+    path: str = "/v1/chat/completions"
+    stream_end: bytes = b"data: [DONE]"
 
 
 def words(n: int, seed: int) -> str:
@@ -71,7 +85,7 @@ def words(n: int, seed: int) -> str:
 
 
 def build_pool(distinct: int) -> dict[str, list[Expect]]:
-    """``distinct`` bodies per kind (bad requests: per variant)."""
+    """``distinct`` chat bodies per kind (bad requests: per variant)."""
     pool: dict[str, list[Expect]] = {"fit": [], "stream": [], "long": [], "bad": []}
     for i in range(distinct):
         short = [
@@ -113,11 +127,43 @@ def build_pool(distinct: int) -> dict[str, list[Expect]]:
     return pool
 
 
+def in_route(expect: Expect, route: routes.Route) -> Expect:
+    """``expect`` (a chat request) sent to ``route``: its body written in that API's shape (a body
+    that is not a chat request is sent as is: malformed JSON, an over-limit pad), its headers."""
+    headers = {**dict(route.headers), **expect.headers}
+    stream_end = STREAM_ENDS[route.name]
+    try:
+        chat = json.loads(expect.body)
+    except ValueError:
+        chat = None
+    body = expect.body
+    if route.name != "chat" and isinstance(chat, dict) and "messages" in chat:
+        if any(m["role"] not in ("system", "user", "assistant", "tool") for m in chat["messages"]):
+            # An unknown role, in the shape the route's API would carry it.
+            key = "input" if route.name == "responses" else "messages"
+            body = json.dumps({"model": MODEL, key: chat["messages"], "max_tokens": 64}).encode()
+        else:
+            body = routes.in_shape(route.name, chat)
+    return Expect(
+        body, expect.status, headers, expect.stream, expect.fitted, path=route.path, stream_end=stream_end
+    )
+
+
+def build_route_pool(distinct: int, names: list[str]) -> dict[str, list[list[Expect]]]:
+    """Per kind, per route (in ``names`` order): the ``distinct`` bodies of ``build_pool``."""
+    chat_pool = build_pool(distinct)
+    return {
+        kind: [[in_route(e, routes.BY_NAME[name]) for e in bodies] for name in names]
+        for kind, bodies in chat_pool.items()
+    }
+
+
 @dataclass
 class Tally:
     sent: Counter[str] = field(default_factory=Counter)
     ok: Counter[str] = field(default_factory=Counter)
     unexpected: Counter[str] = field(default_factory=Counter)
+    routes: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
 
@@ -127,24 +173,28 @@ class Tally:
             self.examples.append(f"{kind}: {text[:200]}")
 
 
-async def one(session: aiohttp.ClientSession, url: str, kind: str, expect: Expect, tally: Tally) -> None:
+async def one(session: aiohttp.ClientSession, base_url: str, kind: str, expect: Expect, tally: Tally) -> None:
     tally.sent[kind] += 1
+    tally.routes[expect.path] += 1
     headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-soak", **expect.headers}
     started = time.perf_counter()
     try:
-        async with session.post(url, data=expect.body, headers=headers) as resp:
+        async with session.post(base_url + expect.path, data=expect.body, headers=headers) as resp:
             data = await resp.read()
             if resp.status != expect.status:
-                tally.bad(kind, f"status {resp.status}: {data[:150]!r}")
+                tally.bad(kind, f"{expect.path} status {resp.status}: {data[:150]!r}")
                 return
-            if expect.stream and not data.rstrip().endswith(b"data: [DONE]"):
-                tally.bad(kind, f"stream did not end with [DONE]: {data[-150:]!r}")
+            last_event = data.rstrip().rsplit(b"\n\n", 1)[-1]
+            if expect.stream and expect.stream_end not in last_event:
+                tally.bad(
+                    kind, f"{expect.path} stream did not end with {expect.stream_end!r}: {data[-150:]!r}"
+                )
                 return
             if expect.fitted and resp.headers.get("X-Context-Actions", "none") == "none":
                 tally.bad(kind, "over-long request was not fitted")
                 return
             if expect.status >= 400 and b'"error"' not in data:
-                tally.bad(kind, f"error without an OpenAI error body: {data[:150]!r}")
+                tally.bad(kind, f"{expect.path}: error without an error body: {data[:150]!r}")
                 return
     except (aiohttp.ClientError, TimeoutError) as exc:
         tally.bad(kind, f"{type(exc).__name__}: {exc}")
@@ -154,7 +204,13 @@ async def one(session: aiohttp.ClientSession, url: str, kind: str, expect: Expec
 
 
 async def drive(
-    url: str, pool: dict[str, list[Expect]], *, start: int, count: int, concurrency: int, deadline: float
+    base_url: str,
+    pool: dict[str, list[list[Expect]]],
+    *,
+    start: int,
+    count: int,
+    concurrency: int,
+    deadline: float,
 ) -> Tally:
     """Requests ``start .. start+count-1`` of the mix, ``concurrency`` at a time, until the deadline."""
     tally = Tally()
@@ -168,8 +224,9 @@ async def drive(
                 if time.monotonic() > deadline:
                     return
                 kind = KINDS[n % len(KINDS)]
-                bodies = pool[kind]
-                await one(session, url, kind, bodies[(n // len(KINDS)) % len(bodies)], tally)
+                per_route = pool[kind]
+                bodies = per_route[n % len(per_route)]
+                await one(session, base_url, kind, bodies[(n // len(KINDS)) % len(bodies)], tally)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return tally
@@ -202,6 +259,7 @@ def render(result: dict[str, Any]) -> str:
             (f"  {kind}", f"{t.sent[kind]:,} sent, {t.ok[kind]:,} ok, {t.unexpected[kind]} unexpected")
             for kind in ("fit", "long", "stream", "bad")
         ),
+        ("routes", ", ".join(f"{path} {n:,}" for path, n in sorted(t.routes.items()))),
         ("unexpected errors", str(sum(t.unexpected.values()))),
         ("concurrency", str(result["concurrency"])),
         ("duration (s)", f"{result['duration_s']:.1f}"),
@@ -238,7 +296,8 @@ def update_readme(table: str, header: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    pool_bodies = build_pool(args.distinct)
+    names = list(getattr(args, "routes", None) or [r.name for r in routes.ROUTES])
+    pool_bodies = build_route_pool(args.distinct, names)
     with tempfile.TemporaryDirectory(prefix="ctxproxy-soak-") as tmp, ServerPool(Path(tmp)) as servers:
         models = Path(tmp) / "models.toml"
         models.write_text(
@@ -269,10 +328,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ready_path="/healthz",
         )
         servers.wait_ready(["ctxproxy"])
-        url = f"{proxy.base_url}/v1/chat/completions"
+        url = proxy.base_url
         _, fd_start = settle(proxy, 0.5)  # ready, before any chat request
         deadline = time.monotonic() + args.max_duration_s
-        warm_count = max(args.warmup, len(KINDS) * args.distinct)
+        # Every distinct body of every route once (request n: kind n % 20, route n % routes).
+        warm_count = max(args.warmup, len(KINDS) * args.distinct * len(names))
         warm = asyncio.run(
             drive(
                 url, pool_bodies, start=0, count=warm_count, concurrency=args.concurrency, deadline=deadline
@@ -335,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup", type=int, default=0, help="warm-up requests (at least every distinct body once)"
     )
     parser.add_argument("--distinct", type=int, default=50, help="distinct bodies per kind")
+    parser.add_argument(
+        "--routes",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=[r.name for r in routes.ROUTES],
+        help="comma-separated routes to mix (default chat,responses,messages)",
+    )
     parser.add_argument("--max-duration-s", type=float, default=900.0, help="hard stop (the run then fails)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.md")
     parser.add_argument("--readme", action="store_true", help="also write the table into README.md")

@@ -9,7 +9,9 @@ from bench import soak
 
 
 def test_tiny_soak_run_answers_every_request_as_expected(tmp_path: Path) -> None:
-    args = argparse.Namespace(requests=120, concurrency=8, warmup=0, distinct=2, max_duration_s=120.0)
+    args = argparse.Namespace(
+        requests=120, concurrency=8, warmup=0, distinct=2, max_duration_s=120.0, routes=["chat"]
+    )
     result = soak.run(args)
     tally = result["tally"]
     assert sum(tally.sent.values()) == 120
@@ -29,3 +31,27 @@ def test_the_mix_is_forty_thirty_fifteen_fifteen() -> None:
     pool = soak.build_pool(4)
     assert [e.status for e in pool["bad"]] == [400, 400, 400, 413]
     assert all(len(e.body) > soak.MAX_BODY_BYTES for e in pool["bad"] if e.status == 413)
+
+
+def test_every_kind_goes_to_every_route_in_its_shape() -> None:
+    pool = soak.build_route_pool(4, ["chat", "responses", "messages"])
+    assert {kind: len(per_route) for kind, per_route in pool.items()} == dict.fromkeys(pool, 3)
+    chat, responses, messages = pool["long"][0][0], pool["long"][1][0], pool["long"][2][0]
+    assert (chat.path, responses.path, messages.path) == (
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+    )
+    assert b'"input"' in responses.body and b'"instructions"' in responses.body
+    assert b'"system"' in messages.body and messages.headers["anthropic-version"] == "2023-06-01"
+    assert all(e.fitted for per_route in pool["long"] for e in per_route)
+    assert [e.stream_end for e in (p[0] for p in pool["stream"])] == list(soak.STREAM_ENDS.values())
+    assert [e.status for e in pool["bad"][1]] == [400, 400, 400, 413]
+    role = pool["bad"][1][2]  # the unknown-role variant, as a Responses body
+    assert b'"input"' in role.body and b'"role": "r2"' in role.body and role.path == "/v1/responses"
+    # The first request numbers of the warm-up reach each route in turn.
+    assert [pool[soak.KINDS[n % len(soak.KINDS)]][n % 3][0].path for n in range(3)] == [
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+    ]
