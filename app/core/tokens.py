@@ -130,7 +130,9 @@ class MessageCounter:
         self.counter = counter
         self.cache_size = max(0, cache_size)
         self.cache_max_chars = max(0, cache_max_chars)
-        self._corrected = isinstance(counter, CorrectedCounter)
+        # The estimate's correction changes as calibration learns, so it is read at every count.
+        self._corrector = counter if isinstance(counter, CorrectedCounter) else None
+        self._corrected = self._corrector is not None
         self._raw_text = counter.raw_count if isinstance(counter, CorrectedCounter) else counter.count_text
         # The rules count through the raw-text cache (long texts are encoded once); bound once
         # here, so the per-message path pays no attribute walk.
@@ -367,9 +369,9 @@ class MessageCounter:
         return 0, self._raw_text(text)
 
     def _scale(self, text_tokens: int) -> int:
-        if not self._corrected or text_tokens == 0:
+        if self._corrector is None or text_tokens == 0:
             return text_tokens
-        correction = float(getattr(self.counter, "correction", 1.0))
+        correction = float(self._corrector.correction)
         if correction == 1.0:
             return text_tokens
         return math.ceil(text_tokens * correction - 1e-9)
