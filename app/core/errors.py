@@ -34,6 +34,10 @@ defines each class in brackets; the HTTP status of the errors a client can meet 
 An HTTP answer with an error status from the upstream is not an error of ours: it is a response,
 passed back (or classified as a context overflow and retried). Third-party errors are translated
 into this tree at the boundary that meets them (``raise UpstreamTimeout(...) from exc``).
+
+Outside the tree on purpose, because they signal a bug and never an answer: ``ExchangeStateError``
+(``core.exchange``: an event the exchange cannot take in its state). Any other exception class
+defined in ``app/`` derives from ``CtxproxyError``.
 """
 
 from __future__ import annotations
