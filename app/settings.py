@@ -15,7 +15,7 @@ from typing import Literal, get_args, get_origin
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from .core.budget import Policy, PolicyMode
+from .core.budget import DEFAULT_CUT_TARGET, Policy, PolicyMode
 from .core.errors import CtxproxyError
 
 MIB = 1024 * 1024
@@ -61,6 +61,13 @@ class Settings(BaseSettings):
     reserve_ratio: float = Field(default=0.15, ge=0, le=1)
     reserve_min_tokens: int = Field(default=512, ge=0)
     reserve_max_tokens: int = Field(default=4096, ge=0)
+    cut_target: float = Field(
+        default=DEFAULT_CUT_TARGET,
+        gt=0,
+        le=1,
+        description="Share of the input budget a cut brings an over-long request down to (headroom "
+        "for the next turns, so upstream prompt caches keep hitting); 1.0 cuts as little as possible.",
+    )
 
     summarize: bool = False
     cache_url: str | None = None
@@ -148,6 +155,7 @@ class Settings(BaseSettings):
             reserve_ratio=self.reserve_ratio,
             reserve_min_tokens=self.reserve_min_tokens,
             reserve_max_tokens=self.reserve_max_tokens,
+            cut_target=self.cut_target,
         )
 
     def upstream_key(self) -> str | None:

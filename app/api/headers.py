@@ -18,6 +18,7 @@ WINDOW = "X-Context-Window"
 POLICY = "X-Context-Policy"
 KEEP_TURNS = "X-Context-Keep-Turns"
 SUMMARIZE = "X-Context-Summarize"
+CUT_TARGET = "X-Context-Cut-Target"
 SWITCH_VALUES = {"on": True, "off": False}
 
 
@@ -31,6 +32,19 @@ def _int(headers: Mapping[str, str], name: str, *, minimum: int) -> int | None:
         kind = "a positive integer" if minimum > 0 else "an integer >= 0"
         raise InvalidRequest(f"Header {name} must be {kind}, got {raw!r}.", param=name)
     return int(text)
+
+
+def _share(headers: Mapping[str, str], name: str) -> float | None:
+    """A share in (0, 1] written as a plain decimal (``0.6``, ``1``); None when absent."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    text = raw.strip()
+    digits = text.replace(".", "", 1)
+    value = float(text) if text.isascii() and digits.isdigit() and len(text) <= 12 else 0.0
+    if not 0.0 < value <= 1.0:
+        raise InvalidRequest(f"Header {name} must be a number in (0, 1], got {raw!r}.", param=name)
+    return value
 
 
 def parse_context_headers(headers: Mapping[str, str]) -> RequestOptions:
@@ -59,4 +73,5 @@ def parse_context_headers(headers: Mapping[str, str]) -> RequestOptions:
         mode=mode,
         keep_turns=_int(headers, KEEP_TURNS, minimum=0),
         summarize=summarize,
+        cut_target=_share(headers, CUT_TARGET),
     )

@@ -15,6 +15,9 @@ from typing import Any, Literal
 from .registry import ModelSpec
 
 PolicyMode = Literal["auto", "truncate", "reject", "off"]
+DEFAULT_CUT_TARGET = 0.6
+"""Share of the input budget a cut brings a request down to (``bench/cache.py`` chose it: the
+trade-off between window use, prompt-cache reuse and summary calls is in README)."""
 POLICY_MODES: tuple[PolicyMode, ...] = ("auto", "truncate", "reject", "off")
 
 
@@ -29,6 +32,11 @@ class Policy:
     ``keep_turns`` newest turns are protected from pruning and dropping, but never more than
     ``protect_max_share`` of the input budget (counted in whole units from the end; the newest unit
     and the newest user message always stay), so one long agent turn can still be fitted.
+
+    ``cut_target`` (0 < t <= 1): when a request is over its budget, the prune boundary and the cut
+    move in steps of ``(1 - t)`` of the input budget (``context.step_tokens_for``), so right after
+    a cut the request uses about ``t`` of the budget and the next turns fit with the very same
+    forwarded prefix (upstream prompt caches keep hitting). ``1.0`` cuts as little as possible.
     """
 
     mode: PolicyMode = "auto"
@@ -47,6 +55,7 @@ class Policy:
     middle_out_share: float = 0.5
     drop_block_tokens: int | None = None
     summarize: bool = False
+    cut_target: float = DEFAULT_CUT_TARGET
 
     def refined(
         self,
@@ -54,6 +63,7 @@ class Policy:
         mode: PolicyMode | None = None,
         keep_turns: int | None = None,
         reserve_tokens: int | None = None,
+        cut_target: float | None = None,
     ) -> Policy:
         """This policy with a request's overrides applied (None leaves a field as it is)."""
         changes: dict[str, Any] = {}
@@ -63,18 +73,22 @@ class Policy:
             changes["keep_turns"] = keep_turns
         if reserve_tokens is not None:
             changes["reserve_tokens"] = reserve_tokens
+        if cut_target is not None:
+            changes["cut_target"] = cut_target
         return replace(self, **changes) if changes else self
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """The numbers of one request's budget; every figure is in tokens."""
+    """The numbers of one request's budget; every figure is in tokens but ``cut_target``, the
+    policy's share of the input budget a cut aims for (see ``Policy``)."""
 
     window_tokens: int
     reserve_tokens: int
     margin_tokens: int
     tool_tokens: int
     cap_tokens: int | None = None
+    cut_target: float = DEFAULT_CUT_TARGET
 
     @property
     def input_budget_tokens(self) -> int:
@@ -83,6 +97,11 @@ class Budget:
         if self.cap_tokens is not None:
             room = min(room, self.cap_tokens)
         return max(0, room - self.tool_tokens)
+
+    @property
+    def cut_target_tokens(self) -> int:
+        """About what a request uses right after a cut: ``cut_target`` of the input budget."""
+        return int(self.cut_target * self.input_budget_tokens)
 
 
 def requested_output_tokens(body: Mapping[str, Any]) -> int | None:
@@ -126,4 +145,5 @@ def budget_for(
         margin_tokens=margin,
         tool_tokens=tool_tokens,
         cap_tokens=cap_tokens,
+        cut_target=policy.cut_target,
     )

@@ -6,7 +6,8 @@ INTERFACE CONTRACT (``strategies.py``, ``fit.py`` and ``app/summaries.py`` rely 
   ``SummaryProvider`` (re-exported by ``fit.py``).
 * ``pinned_indices(...)``, ``protected_start(messages, *, keep_turns, tokens=None, max_tokens=None)``,
   ``protect_tokens_for(budget, policy)``, ``newest_user_index(messages)``,
-  ``block_tokens_for(budget, policy)``, ``droppable_blocks(...)``; ``TOOL_RESULT_ROLES``.
+  ``block_tokens_for(budget, policy)``, ``droppable_blocks(...)``, ``step_tokens_for(budget, policy)``,
+  ``level_starts(blocks, tokens, *, step_tokens)``; ``TOOL_RESULT_ROLES``.
 
 All pure: values in, values out; the messages are never mutated.
 
@@ -33,6 +34,15 @@ leaves every existing boundary where it was, so dropping (and the prune boundary
 down to a block boundary) moves only in whole blocks and upstream prompt caches keep hitting. The
 drop frees at least about ``B // 2`` tokens at a time (see ``drop_oldest``), so cheap (pruned) old
 blocks do not move the cut on every resend of a growing agent session.
+
+Cuts with headroom: the prune boundary and the cut do not move block by block but in *levels*,
+steps of ``S = step_tokens_for(budget, policy)`` (``1 - cut_target`` of the input budget, at least
+``B // 2``), counted from the region's start: the prune boundary is the newest block start where
+the client's tokens from the start cross a multiple of ``S`` (``level_starts``), the cut the
+first block end where the tokens it frees cross one (``drop_oldest``). A request over its budget
+is cut at the smallest level that fits, so right after a cut it uses about ``cut_target`` of the
+budget and the cut stays put for the next turns; both are functions of the conversation's own
+messages, so the same history gives the same forwarded bytes on any replica.
 """
 
 from __future__ import annotations
@@ -208,6 +218,28 @@ def block_tokens_for(budget: Budget, policy: Policy) -> int:
     if policy.drop_block_tokens is not None and policy.drop_block_tokens > 0:
         return policy.drop_block_tokens
     return max(MIN_BLOCK_TOKENS, budget.input_budget_tokens // 8)
+
+
+def step_tokens_for(budget: Budget, policy: Policy) -> int:
+    """The level step ``S``: ``1 - cut_target`` of the input budget, at least ``B // 2``."""
+    share = min(1.0, max(0.0, 1.0 - policy.cut_target))
+    return max(1, block_tokens_for(budget, policy) // 2, int(share * budget.input_budget_tokens))
+
+
+def level_starts(blocks: Sequence[tuple[int, int]], tokens: Sequence[int], *, step_tokens: int) -> list[int]:
+    """The block starts where the running total of ``tokens`` from the first block's start crosses
+    a multiple of ``step_tokens`` (the first block's start is always one), oldest first."""
+    if not blocks:
+        return []
+    step = max(1, step_tokens)
+    starts = [blocks[0][0]]
+    running = level = 0
+    for start, stop in blocks:
+        if start > starts[0] and running // step > level:
+            starts.append(start)
+            level = running // step
+        running += sum(tokens[start:stop])
+    return starts
 
 
 def droppable_blocks(

@@ -14,9 +14,9 @@ planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the 
 pipeline may call for a span it is about to drop; ``None`` means "use the deterministic note".
 It is consulted only under policy ``auto`` with ``policy.summarize``.
 
-``preview_next_cut(body, *, spec, policy, counter, cap_tokens=None) -> DroppedSpan | None``: the
-oldest block the next overflow of this conversation would drop first (for summarizing ahead of
-time), or None when nothing is droppable.
+``preview_next_cut(body, *, spec, policy, counter, cap_tokens=None) -> tuple[DroppedSpan, ...]``:
+the spans the next cut of this conversation will drop (for summarizing ahead of time), ``()`` when
+no complete level is left to cut.
 
 Steps (``fits`` means messages + reply priming <= the input budget):
 
@@ -38,26 +38,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .budget import Budget, Policy, budget_for
-from .context import (
-    SummaryProvider,
-    block_tokens_for,
-    build_context,
-    droppable_blocks,
-    newest_user_index,
-    pinned_indices,
-    protect_tokens_for,
-    protected_start,
-)
+from .context import SummaryProvider, build_context, protect_tokens_for, protected_start
 from .conversation import Conversation
 from .dialect import Dialect
 from .dialects.chat import CHAT
-from .messages import Message, group_turns, pairing_problems
+from .messages import Message, pairing_problems
 from .plan import Action, DroppedSpan, Plan
 from .registry import ModelSpec
-from .strategies import STRATEGIES, is_ctxproxy_note
+from .strategies import STRATEGIES, Strategy, next_cut
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
 __all__ = ["HISTORY_UPSTREAM", "SummaryProvider", "plan_request", "preview_next_cut"]
@@ -93,6 +85,55 @@ def _prepare(
 
 def _problems(messages: Sequence[Message]) -> set[str]:
     return {_AT_INDEX.sub("", problem) for problem in pairing_problems(messages)}
+
+
+def _run_steps(
+    messages: Sequence[Message],
+    per_message: tuple[int, ...],
+    steps: Sequence[tuple[str, Strategy]],
+    *,
+    budget: Budget,
+    policy: Policy,
+    counter: MessageCounter,
+    summaries: SummaryProvider | None,
+) -> tuple[tuple[Message, ...], tuple[int, ...], list[Action], tuple[DroppedSpan, ...]]:
+    """Run ``steps`` in order until the messages fit: (messages, counts, actions, dropped spans)."""
+    current: tuple[Message, ...] = tuple(messages)
+    tokens: tuple[int, ...] = per_message
+    actions: list[Action] = []
+    dropped: tuple[DroppedSpan, ...] = ()
+    aligned = True  # indices still equal the input's (no message removed or inserted yet)
+    for _name, strategy in steps:
+        ctx = build_context(
+            current,
+            budget=budget,
+            policy=policy,
+            counter=counter,
+            tokens=tokens,
+            summaries=summaries,
+            input_messages=messages if aligned else None,
+            input_tokens=per_message if aligned else None,
+        )
+        if ctx.fits(sum(tokens)):
+            break
+        result = strategy(current, ctx)
+        if len(result.messages) == len(current) and all(
+            a is b for a, b in zip(result.messages, current, strict=True)
+        ):
+            continue
+        known = {id(m): t for m, t in zip(current, tokens, strict=True)}
+        new_tokens = tuple(
+            known[id(m)] if id(m) in known else counter.count_message(m) for m in result.messages
+        )
+        if sum(new_tokens) > sum(tokens):
+            raise AssertionError(f"strategy {_name} increased the token count")
+        if result.dropped:
+            dropped = result.dropped
+        if len(result.messages) != len(current):
+            aligned = False
+        current, tokens = result.messages, new_tokens
+        actions.extend(result.actions)
+    return current, tokens, actions, dropped
 
 
 def plan_request(
@@ -152,41 +193,9 @@ def plan_request(
         return plan(messages, per_message, changed=False, fits=False, actions=(rejected,))
 
     wanted = summaries if policy.mode == "auto" and policy.summarize else None
-    current: tuple[Message, ...] = tuple(messages)
-    tokens: tuple[int, ...] = per_message
-    actions: list[Action] = []
-    dropped: tuple[DroppedSpan, ...] = ()
-    aligned = True  # indices still equal the input's (no message removed or inserted yet)
-    for _name, strategy in STRATEGIES:
-        ctx = build_context(
-            current,
-            budget=budget,
-            policy=policy,
-            counter=counter,
-            tokens=tokens,
-            summaries=wanted,
-            input_messages=messages if aligned else None,
-            input_tokens=per_message if aligned else None,
-        )
-        if ctx.fits(sum(tokens)):
-            break
-        result = strategy(current, ctx)
-        if len(result.messages) == len(current) and all(
-            a is b for a, b in zip(result.messages, current, strict=True)
-        ):
-            continue
-        known = {id(m): t for m, t in zip(current, tokens, strict=True)}
-        new_tokens = tuple(
-            known[id(m)] if id(m) in known else counter.count_message(m) for m in result.messages
-        )
-        if sum(new_tokens) > sum(tokens):
-            raise AssertionError(f"strategy {_name} increased the token count")
-        if result.dropped:
-            dropped = result.dropped
-        if len(result.messages) != len(current):
-            aligned = False
-        current, tokens = result.messages, new_tokens
-        actions.extend(result.actions)
+    current, tokens, actions, dropped = _run_steps(
+        messages, per_message, STRATEGIES, budget=budget, policy=policy, counter=counter, summaries=wanted
+    )
 
     out_problems = _problems(current)
     new_problems = out_problems - _problems(messages) if out_problems else out_problems
@@ -207,14 +216,14 @@ def preview_next_cut(
     counter: MessageCounter,
     cap_tokens: int | None = None,
     dialect: Dialect = CHAT,
-) -> DroppedSpan | None:
-    """The span the next overflow of this conversation would drop first (its oldest block).
+) -> tuple[DroppedSpan, ...]:
+    """The spans the next cut of this conversation will drop, all of it from the oldest (``()``
+    when no complete level is left), as ``Plan.dropped`` would report them: ``block_stops`` are the
+    level ends, so a summary made ahead of time for them is the one the next cut looks up.
 
-    Assuming the next request carries one more turn, the region droppable then ends where this
-    body's protected tail with ``keep_turns - 1`` turns starts (at least the newest turn stays, and
-    the tail holds at most ``protect_max_share`` of the budget; that bound only moves forward as a
-    conversation grows, by a turn or by a unit). The newest user message stays out (an agent's
-    turn may go on). The span is in this body's message indices; None when nothing is droppable.
+    One rule with the pipeline (``strategies.next_cut``): this body is pruned and cut middle-out
+    as ``plan_request`` would, and the next cut is the level after the one it needs (the first
+    level when it fits). The span is in this body's message indices.
     """
     messages, per_message, _tools, budget = _prepare(
         body,
@@ -225,24 +234,24 @@ def preview_next_cut(
         counter=counter,
         cap_tokens=cap_tokens,
     )
-    if not group_turns(messages):
-        return None
-    region_stop = protected_start(
+    current, tokens, _actions, _dropped = _run_steps(
+        messages, per_message, STRATEGIES[:2], budget=budget, policy=policy, counter=counter, summaries=None
+    )
+    ctx = build_context(
+        current,
+        budget=budget,
+        policy=policy,
+        counter=counter,
+        tokens=tokens,
+        input_messages=messages,
+        input_tokens=per_message,
+    )
+    # The next request carries one more turn: its protected tail starts where this body's newest
+    # ``keep_turns - 1`` turns do (bounded to the share the same way), at least at the newest turn.
+    next_tail = protected_start(
         messages,
         keep_turns=max(1, policy.keep_turns - 1),
         tokens=per_message,
         max_tokens=protect_tokens_for(budget, policy),
     )
-    blocks = droppable_blocks(
-        messages, per_message, region_stop=region_stop, block_tokens=block_tokens_for(budget, policy)
-    )
-    kept = pinned_indices(messages, pin_first_user=policy.pin_first_user) | {newest_user_index(messages)}
-    for start, stop in blocks:
-        members = [i for i in range(start, stop) if i not in kept and not is_ctxproxy_note(messages[i])]
-        if members:
-            member_set = set(members)
-            span_stop = members[0] + 1
-            while span_stop < stop and span_stop in member_set:
-                span_stop += 1
-            return DroppedSpan(members[0], span_stop, sum(per_message[members[0] : span_stop]), (span_stop,))
-    return None
+    return next_cut(current, replace(ctx, protected_from=max(ctx.protected_from, next_tail)))

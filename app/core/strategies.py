@@ -8,6 +8,8 @@ INTERFACE CONTRACT (the pipeline in ``fit.py`` and the tests rely on these names
   nothing), never splits a unit, and returns its input unchanged when the messages already fit.
 * ``prune_old_results``, ``middle_out``, ``drop_oldest``, ``last_resort``; ``STRATEGIES`` in order.
 * ``is_ctxproxy_note(message)``.
+* ``next_cut(messages, ctx) -> tuple[DroppedSpan, ...]``: what the next overflow's cut will drop
+  (the one next-cut rule: ``fit.preview_next_cut`` and ahead-of-time summaries use it).
 
 What a strategy may know and the regions it works in (``FitContext``, the pinned messages, the
 protected tail, the stable blocks) are in ``context.py``; cutting one message middle-out is in
@@ -32,11 +34,13 @@ from .context import (
     FitContext,
     block_tokens_for,
     droppable_blocks,
+    level_starts,
     newest_user_index,
+    step_tokens_for,
 )
 from .conversation import is_opaque
 from .cutting import truncate_message
-from .messages import INSTRUCTION_ROLES, Message
+from .messages import INSTRUCTION_ROLES, Message, group_units
 from .plan import Action, ActionKind, DroppedSpan, StrategyResult
 
 IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image"})
@@ -116,8 +120,12 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
 
     Old means before the prune boundary: walking back from the protected tail, the newest
     ``protect`` tokens of tool results and image-bearing messages stay; the boundary is then rounded
-    down to a block boundary. Pinned messages and the newest user message are never touched. Acts
-    only if it frees more than the (scaled) minimum.
+    down to a level start (``context.level_starts``: a block start, moving in steps of
+    ``1 - cut_target`` of the budget). The boundary is the oldest such level whose prune fits the
+    budget, else that newest one: so a pruned result stays pruned with the same placeholder and
+    the boundary moves only when the budget is reached again, in the same large steps as the cut.
+    Pinned messages and the newest user message are never touched. Acts only if it frees more
+    than the (scaled) minimum.
     """
     tokens = ctx.tokens
     total = sum(tokens)
@@ -142,7 +150,8 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
         region_stop=ctx.protected_from,
         block_tokens=block_tokens_for(ctx.budget, ctx.policy),
     )
-    boundary = max((start for start, _ in blocks if start <= raw), default=0)
+    levels = level_starts(blocks, base_tokens, step_tokens=step_tokens_for(ctx.budget, ctx.policy))
+    boundary = max((start for start in levels if start <= raw), default=0)
     region_start = blocks[0][0] if blocks else boundary
     changes: dict[int, Message] = {}
     new_tokens: dict[int, int] = {}
@@ -181,6 +190,13 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
                 image_count += images
             else:
                 tool_count += 1
+    # The smallest level that fits (and frees more than the minimum), else the newest allowed: a
+    # boundary that moves only when the budget is reached again, by a level.
+    for start in (s for s in levels if region_start < s <= boundary):
+        freed_here = sum(tokens[i] - new_tokens[i] for i in changes if i < start)
+        if freed_here > minimum and ctx.fits(total - freed_here):
+            changes = {i: m for i, m in changes.items() if i < start}
+            break
     freed = sum(tokens[i] - new_tokens[i] for i in changes)
     if not changes or freed <= minimum:
         return _unchanged(messages)
@@ -276,13 +292,79 @@ def _spans(
     return tuple(spans)
 
 
-def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
-    """Step 4: drop the fewest whole blocks from the oldest; one note (or summary) in their place.
+def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[list[int]], list[int]]:
+    """The droppable members of each block, oldest first, and the *stops*: the block counts ``k``
+    a cut may end after, ascending. ``k`` is a stop where the tokens the first ``k`` blocks hold
+    (current counts, summed from the oldest block) cross a multiple of the level step ``S``
+    (``context.step_tokens_for``), and the last block is always one. The stops depend only on
+    the conversation's start (and on what prune left there, which moves in the same steps)."""
+    base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
+    base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
+    blocks = droppable_blocks(
+        base_messages,
+        base_tokens,
+        region_stop=ctx.protected_from,
+        block_tokens=block_tokens_for(ctx.budget, ctx.policy),
+    )
+    block_tokens = block_tokens_for(ctx.budget, ctx.policy)
+    parts: list[tuple[int, int, bool]] = [(start, stop, False) for start, stop in blocks[:-1]]
+    if blocks:
+        # The last block ends where the protected tail starts, which moves every turn: inside it
+        # every turn start (and unit start in a turn larger than a block) is a stop, so a cut that
+        # reaches into it stays where it was while the next turns still fit.
+        start, stop = blocks[-1]
+        parts += [
+            (a, b, True) for a, b in _split_last_block(base_messages, base_tokens, start, stop, block_tokens)
+        ]
+    block_members: list[list[int]] = []
+    in_last: list[bool] = []
+    for start, stop, last in parts:
+        members = [
+            i for i in range(start, stop) if not ctx.untouchable(i) and not is_ctxproxy_note(messages[i])
+        ]
+        if members:
+            block_members.append(members)
+            in_last.append(last)
+    step = step_tokens_for(ctx.budget, ctx.policy)
+    stops: list[int] = []
+    freed = level = 0
+    for k, members in enumerate(block_members, start=1):
+        freed += sum(ctx.tokens[i] for i in members)
+        if freed // step > level or in_last[k - 1]:
+            stops.append(k)
+            level = max(level, freed // step)
+    return block_members, stops
 
-    The drop may stop only after a block where the tokens it frees (current counts, summed from
-    the oldest block) cross a multiple of ``B // 2``, or after the last droppable block. Where the
-    old blocks cost about ``B`` each (a plain chat) that is every block; where they are cheap (an
-    agent's pruned tool exchanges) it drops several at once, so the next resends keep the cut.
+
+def _split_last_block(
+    messages: Sequence[Message], tokens: Sequence[int], start: int, stop: int, block_tokens: int
+) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut at its turn starts, and at unit starts inside a turn over a block."""
+    cuts = [start]
+    turn_start, turn_big = start, False
+    for unit in group_units(messages[start:stop]):
+        at = start + unit.start
+        if messages[at].get("role") == "user":
+            turn_start = at
+            turn_stop = next((j for j in range(at + 1, stop) if messages[j].get("role") == "user"), stop)
+            turn_big = sum(tokens[at:turn_stop]) > block_tokens
+            if at > start:
+                cuts.append(at)
+        elif turn_big and at > turn_start:
+            cuts.append(at)
+    return list(zip(cuts, [*cuts[1:], stop], strict=True))
+
+
+def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
+    """Step 4: drop whole blocks from the oldest, up to the smallest *level* that fits; one note
+    (or summary) in their place.
+
+    The cut may end only at a stop of ``_drop_levels``: where the tokens it frees cross a multiple
+    of ``S = (1 - cut_target) * budget`` (at least ``B // 2``), or after the last droppable block.
+    So a request over its budget comes down to about ``cut_target`` of it, the next turns fit with
+    the very same cut (and forwarded prefix), and the cut moves again only when the budget is
+    reached again, by another level. Where old blocks are cheap (an agent's pruned tool
+    exchanges) a level holds many of them.
 
     Never drops a pinned message, the newest user message, a note, the protected tail or part of
     a unit. The note's
@@ -294,7 +376,8 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     ``dropped_turns`` (user messages dropped), ``dropped_messages``, and ``summarized`` or
     ``summary_failed`` (count = dropped messages). ``StrategyResult.dropped`` holds one span per
     contiguous run (a pinned message or the newest user message inside the region splits it; the
-    single note sits where the first dropped message was).
+    single note sits where the first dropped message was); its ``block_stops`` are the level ends,
+    so a rolling summary costs one call per cut, not one per block.
     """
     tokens = ctx.tokens
     total = sum(tokens)
@@ -302,44 +385,25 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         return _unchanged(messages)
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else tokens
     base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
-    blocks = droppable_blocks(
-        base_messages,
-        base_tokens,
-        region_stop=ctx.protected_from,
-        block_tokens=block_tokens_for(ctx.budget, ctx.policy),
-    )
-    block_members: list[list[int]] = []
-    for start, stop in blocks:
-        members = [
-            i for i in range(start, stop) if not ctx.untouchable(i) and not is_ctxproxy_note(messages[i])
-        ]
-        if members:
-            block_members.append(members)
+    block_members, stops = _drop_levels(messages, ctx)
     if not block_members:
         return _unchanged(messages)
     first = block_members[0][0]
     previous = messages[first - 1].get("role") if first > 0 else None
     role = "assistant" if previous == "user" else "user"
 
+    def members_of(blocks: int) -> list[int]:
+        return [i for block in block_members[:blocks] for i in block]
+
     def note_for(blocks: int) -> tuple[int, int]:
-        members = [i for block in block_members[:blocks] for i in block]
+        members = members_of(blocks)
         text = _note_text(len(members), sum(base_tokens[i] for i in members))
         freed = sum(tokens[i] for i in members)
         return freed, ctx.counter.count_message({"role": role, "content": text})
 
-    # Stop only where the freed total crosses a multiple of B/2 (or at the last block): when old
-    # blocks are cheap (their tool results already pruned), one more resend must not cost one more
-    # block each time, or the note and with it the whole forwarded prefix would change every time.
-    group_tokens = max(1, block_tokens_for(ctx.budget, ctx.policy) // 2)
     chosen: tuple[int, int, int] | None = None  # blocks, freed, note tokens
-    freed = 0
-    level = 0
-    for k, members in enumerate(block_members, start=1):
-        freed += sum(tokens[i] for i in members)
-        if freed // group_tokens <= level and k < len(block_members):
-            continue
-        level = freed // group_tokens
-        if ctx.fits(total - freed):  # only then can a note fit too: count it
+    for k in stops:
+        if ctx.fits(total - sum(tokens[i] for i in members_of(k))):  # only then can a note fit too
             freed_k, note_k = note_for(k)
             if ctx.fits(total - freed_k + note_k):
                 chosen = (k, freed_k, note_k)
@@ -350,18 +414,21 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
             return _unchanged(messages)
         chosen = (len(block_members), freed_all, note_all)
     k, freed, note_tokens = chosen
-    kept_blocks = block_members[:k]
-    dropped = [i for members in kept_blocks for i in members]
-    block_ends = [members[-1] + 1 for members in kept_blocks]
+    dropped = members_of(k)
+
+    def ends_of(blocks: int) -> list[int]:
+        return [block_members[s - 1][-1] + 1 for s in stops if s <= blocks]
+
+    block_ends = ends_of(k)
     dropped_tokens = sum(base_tokens[i] for i in dropped)
     replacement: dict[str, Any] = {"role": role, "content": _note_text(len(dropped), dropped_tokens)}
     actions: list[Action] = []
     if ctx.summaries is not None:
-        # A summary is longer than the note: when it does not fit the room the k-block cut left,
-        # cut one more block (its summary, if the provider has one, is tried next).
+        # A summary is longer than the note: when it does not fit the room the cut left, cut to
+        # the next level (its summary, if the provider has one, is tried next).
         failure = "no summary available"
-        for j in range(k, len(block_members) + 1):
-            span = [i for members in block_members[:j] for i in members]
+        for j in (s for s in stops if s >= k):
+            span = members_of(j)
             summary = ctx.summaries.summary_for([base_messages[i] for i in span])
             if not (isinstance(summary, str) and summary.strip()):
                 break
@@ -370,7 +437,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
             freed_j = sum(tokens[i] for i in span)
             if freed_j > summary_tokens and ctx.fits(total - freed_j + summary_tokens):
                 dropped, freed = span, freed_j
-                block_ends = [members[-1] + 1 for members in block_members[:j]]
+                block_ends = ends_of(j)
                 replacement, note_tokens = candidate, summary_tokens
                 actions.append(Action("summarized", len(dropped), freed - summary_tokens))
                 break
@@ -390,6 +457,39 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         Action("dropped_messages", len(dropped), freed - note_tokens),
     ]
     return StrategyResult(tuple(out), tuple(actions), _spans(dropped, block_ends, base_tokens))
+
+
+def next_cut(messages: Sequence[Message], ctx: FitContext) -> tuple[DroppedSpan, ...]:
+    """The spans the next cut of this conversation will drop (all of it, from the oldest), in the
+    shape ``drop_oldest`` reports them; ``()`` when no complete level is left to cut.
+
+    ``messages`` and ``ctx`` are the state the drop step would see (after prune and middle-out;
+    indices equal the input's). The next cut is the level after the one this request needs (the
+    first level when it fits without a drop). The last droppable block still grows with the
+    conversation, so a level ending there is never chosen.
+    """
+    block_members, stops = _drop_levels(messages, ctx)
+    complete = [k for k in stops if k < len(block_members)]
+    base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
+    total = sum(ctx.tokens)
+    needed = 0
+    if not ctx.fits(total) and block_members:
+        note = ctx.counter.count_message({"role": "user", "content": _note_text(10**6, 10**9)})
+        needed = next(
+            (
+                k
+                for k in stops
+                if ctx.fits(total - sum(ctx.tokens[i] for b in block_members[:k] for i in b) + note)
+            ),
+            len(block_members),
+        )
+    upcoming = [k for k in complete if k > needed]
+    if not upcoming:
+        return ()
+    k = upcoming[0]
+    dropped = [i for block in block_members[:k] for i in block]
+    ends = [block_members[s - 1][-1] + 1 for s in stops if s <= k]
+    return _spans(dropped, ends, base_tokens)
 
 
 def last_resort(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:

@@ -129,7 +129,10 @@ class Service:
 
     def policy(self, options: RequestOptions) -> Policy:
         return self._policy.refined(
-            mode=options.mode, keep_turns=options.keep_turns, reserve_tokens=options.reserve_tokens
+            mode=options.mode,
+            keep_turns=options.keep_turns,
+            reserve_tokens=options.reserve_tokens,
+            cut_target=options.cut_target,
         )
 
     def resolve(self, body: Mapping[str, Any], options: RequestOptions) -> ModelSpec:

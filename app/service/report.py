@@ -46,6 +46,8 @@ def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
             "cap_tokens": budget.cap_tokens,
             "input_budget_tokens": budget.input_budget_tokens,
             "request_budget_tokens": request_budget_tokens(budget),
+            "cut_target": budget.cut_target,
+            "cut_target_tokens": budget.cut_target_tokens,
         },
         "count": plan.count_kind,
         "tokens_before": plan.tokens_before,

@@ -28,6 +28,7 @@ class RequestOptions:
     mode: PolicyMode | None = None
     keep_turns: int | None = None
     summarize: bool | None = None
+    cut_target: float | None = None
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

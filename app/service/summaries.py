@@ -43,11 +43,9 @@ from ..compaction.ahead import AheadOfTime
 from ..compaction.cache import SummaryCache, cache_from_url
 from ..compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError, blocks_from_spans
 from ..core.budget import Policy
-from ..core.context import block_tokens_for, droppable_blocks, pinned_indices
-from ..core.fit import SummaryProvider
-from ..core.messages import Message, group_turns, validate_messages
-from ..core.plan import DroppedSpan, Plan
-from ..core.strategies import is_ctxproxy_note
+from ..core.fit import SummaryProvider, preview_next_cut
+from ..core.messages import Message, validate_messages
+from ..core.plan import Plan
 from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient
@@ -113,54 +111,22 @@ class UpstreamComplete:
         return content
 
 
-def _spans_of(blocks: Sequence[Sequence[int]]) -> list[DroppedSpan]:
-    """The ``DroppedSpan`` values the engine would report for dropping these member blocks."""
-    dropped = [i for block in blocks for i in block]
-    ends = {block[-1] + 1 for block in blocks}
-    runs: list[tuple[int, int]] = []
-    for i in dropped:
-        if runs and runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], i + 1)
-        else:
-            runs.append((i, i + 1))
-    return [
-        DroppedSpan(start, stop, 0, tuple(sorted({e for e in ends if start < e <= stop} | {stop})))
-        for start, stop in runs
-    ]
-
-
 def next_cut_blocks(
-    messages: Sequence[Message], plan: Plan, *, policy: Policy, counter: MessageCounter
+    body: Mapping[str, Any],
+    messages: Sequence[Message],
+    plan: Plan,
+    *,
+    policy: Policy,
+    counter: MessageCounter,
 ) -> list[list[Message]]:
-    """The blocks the next overflow of this conversation would summarize: the blocks ``plan``
-    dropped plus the next one (or the first one when nothing was dropped), as
-    ``blocks_from_spans`` would give them; empty when no complete block is left to cut.
-
-    The next request carries one more turn, so the droppable region then ends where the newest
-    ``keep_turns - 1`` turns start now; the region's last block may still grow and is never chosen.
-    """
-    turns = group_turns(messages)
-    if not turns:
-        return []
-    per_message = counter.count_messages(messages)
-    keep_next = max(1, policy.keep_turns - 1)
-    region_stop = turns[max(0, len(turns) - keep_next)].start
-    blocks = droppable_blocks(
-        messages, per_message, region_stop=region_stop, block_tokens=block_tokens_for(plan.budget, policy)
+    """The blocks the next cut of this conversation will summarize (everything it drops, as
+    ``blocks_from_spans`` gives them: one block per level), from the engine's one next-cut rule
+    (``app.core.fit.preview_next_cut``); empty when no complete level is left to cut."""
+    extra = {"dialect": plan.dialect} if plan.dialect is not None else {}
+    spans = preview_next_cut(
+        body, spec=plan.spec, policy=policy, counter=counter, cap_tokens=plan.budget.cap_tokens, **extra
     )
-    pinned = pinned_indices(messages, pin_first_user=policy.pin_first_user)
-    members = [
-        kept
-        for start, stop in blocks[:-1]
-        if (kept := [i for i in range(start, stop) if i not in pinned and not is_ctxproxy_note(messages[i])])
-    ]
-    dropped = {i for span in plan.dropped for i in range(span.start, span.stop)}
-    cut = 0
-    while cut < len(members) and dropped.issuperset(members[cut]):
-        cut += 1
-    if cut >= len(members):
-        return []
-    return blocks_from_spans(messages, _spans_of(members[: cut + 1]))
+    return blocks_from_spans(messages, spans) if spans else []
 
 
 def _too_large(plan: Plan) -> bool:
@@ -251,10 +217,10 @@ class Summaries:
             ready = True
             if plan.dropped:
                 plan, ready = await self._summarized(
-                    messages, plan, ahead, model=model, replan=replan, policy=policy, counter=counter
+                    body, messages, plan, ahead, model=model, replan=replan, policy=policy, counter=counter
                 )
             if ahead is not None and ready and plan.fits:
-                await self._schedule_next(messages, plan, ahead, policy=policy, counter=counter)
+                await self._schedule_next(body, messages, plan, ahead, policy=policy, counter=counter)
             return plan
         except Exception as exc:  # never fail a request because of compaction
             logger.warning("summaries skipped for this request: %s: %.200s", type(exc).__name__, exc)
@@ -264,6 +230,7 @@ class Summaries:
 
     async def _summarized(
         self,
+        body: Mapping[str, Any],
         messages: Sequence[Message],
         plan: Plan,
         ahead: AheadOfTime | None,
@@ -291,7 +258,7 @@ class Summaries:
                 mapping[key] = summary
                 # The span one block longer, when already summarized (ahead of time): offered to
                 # the engine too, for when the summary of the planned span does not fit its room.
-                longer = next_cut_blocks(messages, plan, policy=policy, counter=counter)
+                longer = next_cut_blocks(body, messages, plan, policy=policy, counter=counter)
                 if longer:
                     longer_key = ahead.summarizer.key_for(longer)
                     if longer_summary := await self.cache.get(longer_key):
@@ -324,6 +291,7 @@ class Summaries:
 
     async def _schedule_next(
         self,
+        body: Mapping[str, Any],
         messages: Sequence[Message],
         plan: Plan,
         ahead: AheadOfTime,
@@ -333,7 +301,7 @@ class Summaries:
     ) -> None:
         if plan.tokens_after <= self._ahead_threshold(plan):
             return
-        blocks = next_cut_blocks(messages, plan, policy=policy, counter=counter)
+        blocks = next_cut_blocks(body, messages, plan, policy=policy, counter=counter)
         if not blocks or await self.cache.get(ahead.summarizer.key_for(blocks)):
             return
         if ahead.schedule(blocks):

@@ -20,11 +20,18 @@ def test_every_header_is_parsed_case_insensitively() -> None:
             "X-Context-Window": " 8192 ",
             "x-context-policy": "Truncate",
             "x-context-keep-turns": "0",
+            "x-context-cut-target": " 0.75 ",
         }
     )
     assert parse_context_headers(headers) == RequestOptions(
-        budget_tokens=5000, reserve_tokens=0, window_tokens=8192, mode="truncate", keep_turns=0
+        budget_tokens=5000,
+        reserve_tokens=0,
+        window_tokens=8192,
+        mode="truncate",
+        keep_turns=0,
+        cut_target=0.75,
     )
+    assert parse_context_headers(Headers({"X-Context-Cut-Target": "1"})).cut_target == 1.0
 
 
 @pytest.mark.parametrize(
@@ -38,6 +45,11 @@ def test_every_header_is_parsed_case_insensitively() -> None:
         ("X-Context-Reserve", "lots"),
         ("X-Context-Policy", ""),
         ("X-Context-Keep-Turns", "1.0"),
+        ("X-Context-Cut-Target", "0"),
+        ("X-Context-Cut-Target", "1.5"),
+        ("X-Context-Cut-Target", "-0.5"),
+        ("X-Context-Cut-Target", "nan"),
+        ("X-Context-Cut-Target", "6e-1"),
     ],
 )
 def test_bad_values_raise_invalid_request_naming_the_header(name: str, value: str) -> None:

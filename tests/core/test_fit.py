@@ -276,13 +276,11 @@ def test_preview_next_cut_is_what_the_next_overflow_drops_first(counter: FakeMes
         fitting = messages
     assert fitting is not None
     preview = preview_next_cut(body(fitting), spec=SPEC, policy=Policy(), counter=counter, cap_tokens=cap)
-    assert preview is not None
+    assert preview
     over = full[: len(fitting) + 2]
     result = plan(over, cap, counter)
-    (span,) = result.dropped
-    assert span.start == preview.start
-    assert preview.stop in span.block_stops
-    assert preview_next_cut(body(chat(1)), spec=SPEC, policy=Policy(), counter=counter) is None
+    assert result.dropped == preview  # the same span, with the same level ends and count
+    assert preview_next_cut(body(chat(1)), spec=SPEC, policy=Policy(), counter=counter) == ()
 
 
 def test_real_tokenizer_end_to_end() -> None:
@@ -406,12 +404,14 @@ def test_preview_next_cut_in_a_growing_agent_session(counter: FakeMessageCounter
             break
         fitting = messages
     assert fitting is not None
-    preview = preview_next_cut(body(fitting), spec=SPEC, policy=Policy(), counter=counter, cap_tokens=cap)
-    assert preview is not None and preview.start == 2  # after the pinned system prompt and task
-    result = plan(agent_session(units + 40, 100), cap, counter, prune_minimum_tokens=10**9)
-    (span,) = result.dropped
-    assert span.start == preview.start
-    assert preview.stop in span.block_stops
+    # the region outside the tail (half the budget) must hold a whole level: a step of 0.2 here
+    policy = {"prune_minimum_tokens": 10**9, "cut_target": 0.8}
+    preview = preview_next_cut(
+        body(fitting), spec=SPEC, policy=Policy(**policy), counter=counter, cap_tokens=cap
+    )
+    assert preview and preview[0].start == 2  # after the pinned system prompt and task
+    result = plan(agent_session(units + 1, 100), cap, counter, **policy)
+    assert result.dropped == preview
 
 
 def test_a_growing_agent_session_keeps_its_forwarded_prefix_most_of_the_time(

@@ -11,7 +11,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from app.core.budget import Policy
-from app.core.context import newest_user_index, pinned_indices, protect_tokens_for, protected_start
+from app.core.context import (
+    block_tokens_for,
+    droppable_blocks,
+    newest_user_index,
+    pinned_indices,
+    protect_tokens_for,
+    protected_start,
+)
 from app.core.fit import plan_request
 from app.core.messages import group_turns, group_units, pairing_problems
 from app.core.plan import Plan
@@ -377,3 +384,94 @@ def test_the_protected_tail_walks_whole_units_back(
     got = protected_start(messages, keep_turns=keep_turns, tokens=tokens, max_tokens=max_tokens)
     assert got == reference_protected_start(messages, keep_turns, tokens, max_tokens)
     assert got in {unit.start for unit in group_units(messages)}
+
+
+def forwarded_bytes(plan: Plan) -> list[str]:
+    """The forwarded messages as the bytes a prompt cache compares (one JSON text per message)."""
+    return [json.dumps(m, sort_keys=True, ensure_ascii=False) for m in plan.messages]
+
+
+def growing_block_start(
+    messages: list[dict[str, Any]], plan: Plan, policy: Policy, counter: FakeMessageCounter
+) -> int:
+    """Where the last droppable block of ``messages`` starts (the one that still grows)."""
+    blocks = droppable_blocks(
+        messages,
+        counter.count_messages(messages),
+        region_stop=tail_start(messages, plan, policy, counter),
+        block_tokens=block_tokens_for(plan.budget, policy),
+    )
+    return blocks[-1][0] if blocks else len(messages)
+
+
+def pruned_count(plan: Plan) -> int:
+    return sum(a.count for a in plan.actions if a.kind in ("pruned", "images"))
+
+
+headroom_policies = st.builds(
+    Policy,
+    keep_turns=st.integers(1, 3),
+    pin_first_user=st.booleans(),
+    prune_minimum_tokens=st.sampled_from([1, 20_000]),
+    prune_protect_tool_tokens=st.sampled_from([0, 300, 40_000]),
+    drop_block_tokens=st.sampled_from([None, 150]),
+    cut_target=st.sampled_from([0.5, 0.6, 0.8, 1.0]),
+)
+
+
+@SETTINGS
+@given(parts=conversations(min_turns=4, max_turns=24), cap=st.integers(300, 2500), policy=headroom_policies)
+def test_a_growing_conversation_keeps_its_forwarded_bytes_until_it_crosses_the_budget(
+    parts: list[list[dict[str, Any]]], cap: int, policy: Policy
+) -> None:
+    """Every request of a growing conversation (one more turn each time) whose new messages fit
+    behind the previous forwarded request is forwarded as exactly those bytes plus the new
+    messages: the cut moves only when the budget is reached again."""
+    counter = FakeMessageCounter()
+    previous: Plan | None = None
+    kept = crossed = 0
+    for n in range(2, len(parts) + 1):
+        messages = flat(parts[:n])
+        result = run(messages, cap, policy, counter)
+        new = parts[n - 1]
+        if previous is not None and previous.fits and result.fits:
+            lossy = {"truncated", "last_resort"} & {a.kind for a in (*previous.actions, *result.actions)}
+            grown = sum(previous.message_tokens) + sum(counter.count_messages(new)) + 3
+            if pruned_count(result) or pruned_count(previous):
+                # Prune's raw bound (the protected tool tokens) moves with the conversation: when
+                # it reaches a new level the request may fit by pruning where the previous one
+                # dropped. A miss per prune level, not per turn (test_agent_session_... below).
+                event("pruned")
+            elif previous.dropped and previous.dropped[-1].stop > growing_block_start(
+                flat(parts[: n - 1]), previous, policy, counter
+            ):
+                # The previous cut reached past the last complete level into the block that still
+                # grows (the region outside the tail was smaller than a level): its turn starts were
+                # stops then and are not once that block is complete. One miss when it completes.
+                event("cut inside the growing block")
+            elif not lossy and grown <= result.budget.input_budget_tokens:
+                kept += 1
+                assert forwarded_bytes(result) == forwarded_bytes(previous) + [
+                    json.dumps(m, sort_keys=True, ensure_ascii=False) for m in new
+                ]
+            else:
+                crossed += 1
+        previous = result
+    event(f"kept {min(kept, 3)}+, crossed {min(crossed, 3)}+")
+
+
+@SETTINGS
+@given(parts=conversations(min_turns=3, max_turns=20), cap=st.integers(200, 2500), policy=headroom_policies)
+def test_the_cut_is_a_function_of_the_history(
+    parts: list[list[dict[str, Any]]], cap: int, policy: Policy
+) -> None:
+    """Two instances (one that saw the conversation grow turn by turn, one that sees it cold)
+    forward the same bytes for the same history."""
+    warm = FakeMessageCounter()
+    for n in range(2, len(parts)):
+        run(flat(parts[:n]), cap, policy, warm)
+    messages = flat(parts)
+    a = run(messages, cap, policy, warm)
+    b = run(copy.deepcopy(messages), cap, policy, FakeMessageCounter())
+    assert forwarded_bytes(a) == forwarded_bytes(b)
+    assert a.dropped == b.dropped and a.actions == b.actions

@@ -174,13 +174,13 @@ def test_prune_keeps_the_newest_protected_tool_tokens(counter: FakeMessageCounte
 
 def test_prune_skips_when_it_would_free_too_little(counter: FakeMessageCounter) -> None:
     messages = [system(), user(10, "first"), assistant(1000), *agentic(4, 30)[2:]]
-    # the scaled minimum is min(20K, 1200 // 6) = 200 and pruning frees less than that
-    ctx = ctx_for(messages, 1200, counter, prune_protect_tool_tokens=0, drop_block_tokens=50)
+    # the scaled minimum is min(20K, 1200 // 6) = 200 and pruning frees less than that (the prune
+    # boundary moves in steps of blocks here: cut target 1.0, no headroom levels)
+    tight = {"prune_protect_tool_tokens": 0, "drop_block_tokens": 50, "cut_target": 1.0}
+    ctx = ctx_for(messages, 1200, counter, **tight)
     assert not ctx.fits(sum(ctx.tokens))
     assert prune_old_results(messages, ctx).actions == ()
-    ctx = ctx_for(
-        messages, 1200, counter, prune_protect_tool_tokens=0, prune_minimum_tokens=5, drop_block_tokens=50
-    )
+    ctx = ctx_for(messages, 1200, counter, prune_minimum_tokens=5, **tight)
     (action,) = prune_old_results(messages, ctx).actions
     assert action.kind == "pruned" and 5 < action.tokens_freed < 200
 
