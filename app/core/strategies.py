@@ -155,7 +155,7 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
     region_start = blocks[0][0] if blocks else boundary
     changes: dict[int, Message] = {}
     new_tokens: dict[int, int] = {}
-    tool_count = image_count = 0
+    image_counts: dict[int, int] = {}
     names = _tool_names(messages) if region_start < boundary else {}
     for i in range(region_start, boundary):
         message = messages[i]
@@ -186,10 +186,7 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
         if count < tokens[i]:
             changes[i] = candidate
             new_tokens[i] = count
-            if images:
-                image_count += images
-            else:
-                tool_count += 1
+            image_counts[i] = images
     # The smallest level that fits (and frees more than the minimum), else the newest allowed: a
     # boundary that moves only when the budget is reached again, by a level.
     for start in (s for s in levels if region_start < s <= boundary):
@@ -204,6 +201,8 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
     tool_freed = sum(
         tokens[i] - new_tokens[i] for i in changes if messages[i].get("role") in TOOL_RESULT_ROLES
     )
+    tool_count = sum(1 for i in changes if not image_counts[i])
+    image_count = sum(image_counts[i] for i in changes)
     if tool_count:
         actions.append(Action("pruned", tool_count, tool_freed))
     if image_count:
@@ -292,12 +291,13 @@ def _spans(
     return tuple(spans)
 
 
-def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[list[int]], list[int]]:
+def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[list[int]], list[int], int]:
     """The droppable members of each block, oldest first, and the *stops*: the block counts ``k``
     a cut may end after, ascending. ``k`` is a stop where the tokens the first ``k`` blocks hold
     (current counts, summed from the oldest block) cross a multiple of the level step ``S``
-    (``context.step_tokens_for``), and the last block is always one. The stops depend only on
-    the conversation's start (and on what prune left there, which moves in the same steps)."""
+    (``context.step_tokens_for``), and inside the last (still growing) block every turn start is
+    one. The stops depend only on the conversation's start (and on what prune left there, which
+    moves in the same steps). Third: how many of the member blocks come before the growing one."""
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
     base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
     blocks = droppable_blocks(
@@ -333,7 +333,7 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
         if freed // step > level or in_last[k - 1]:
             stops.append(k)
             level = max(level, freed // step)
-    return block_members, stops
+    return block_members, stops, in_last.count(False)
 
 
 def _split_last_block(
@@ -385,7 +385,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         return _unchanged(messages)
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else tokens
     base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
-    block_members, stops = _drop_levels(messages, ctx)
+    block_members, stops, _complete = _drop_levels(messages, ctx)
     if not block_members:
         return _unchanged(messages)
     first = block_members[0][0]
@@ -468,8 +468,8 @@ def next_cut(messages: Sequence[Message], ctx: FitContext) -> tuple[DroppedSpan,
     first level when it fits without a drop). The last droppable block still grows with the
     conversation, so a level ending there is never chosen.
     """
-    block_members, stops = _drop_levels(messages, ctx)
-    complete = [k for k in stops if k < len(block_members)]
+    block_members, stops, whole = _drop_levels(messages, ctx)
+    complete = [k for k in stops if k <= whole and k < len(block_members)]
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
     total = sum(ctx.tokens)
     needed = 0
