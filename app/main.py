@@ -34,6 +34,7 @@ from .service.driver import Service
 from .service.knowledge_share import KnowledgeShare
 from .service.learning import Learner
 from .service.ports import ModelResolver, Vocabularies
+from .service.worker_store import WorkerStore
 from .settings import Settings
 from .upstream.client import UpstreamClient
 from .upstream.limits import ConcurrencyLimiter
@@ -81,10 +82,15 @@ def build_learner(
 ) -> Learner:
     """The model knowledge (in memory) and, unless disabled, discovery over ``upstream`` (a client
     of its own, out of the chat traffic's upstream metrics; its calls go to the discovery metric).
-    A shared ``cache`` (the summary cache when it is Redis) shares what is learned between replicas."""
+    A shared ``cache`` (the summary cache when it is Redis) shares what is learned between replicas;
+    without one, the workers of one ``ctxproxy serve --workers N`` share it through files in
+    ``settings.worker_dir`` (quickly: they are on one host)."""
     knowledge = Knowledge()
     shared = cache is not None and getattr(cache, "backend", "memory") != "memory"
     share = KnowledgeShare(cache, knowledge) if shared else None
+    if share is None and settings.worker_dir is not None:
+        store = WorkerStore(settings.worker_dir / "knowledge")
+        share = KnowledgeShare(store, knowledge, publish_delay_s=0.2, refresh_every_s=1.0, timeout_s=0.2)
     if not settings.discovery:
         return Learner(knowledge=knowledge, share=share)
 

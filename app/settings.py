@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     shutdown_grace_s: float = Field(default=30.0, gt=0)
+    worker_dir: Path | None = Field(
+        default=None,
+        description="Set by `ctxproxy serve --workers N` (leave unset): the directory its workers share.",
+    )
 
     @field_validator("upstream_base_url")
     @classmethod

@@ -117,3 +117,44 @@ def test_the_result_is_a_frozen_value() -> None:
     assert isinstance(result, ctxproxy.FitResult)
     with pytest.raises(AttributeError):
         result.fits = False  # type: ignore[misc]
+
+
+def long_request(api: str) -> dict[str, object]:
+    """An over-long conversation in the shape of each wire API the engine fits."""
+    turns = [("question " + "lorem ipsum " * 300, "answer " + "dolor sit " * 300) for _ in range(12)]
+    if api == "chat":
+        messages = [
+            m for q, a in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})
+        ]
+        return {"model": "gpt-4o", "messages": [*messages, {"role": "user", "content": "and now?"}]}
+    if api == "responses":
+        items = [
+            m for q, a in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})
+        ]
+        return {
+            "model": "gpt-4o",
+            "instructions": "be brief",
+            "input": [*items, {"role": "user", "content": "now?"}],
+        }
+    if api == "messages":
+        messages = [
+            m for q, a in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})
+        ]
+        return {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 1024,
+            "messages": [*messages, {"role": "user", "content": "?"}],
+        }
+    raise AssertionError(f"add a sample request for the new api {api!r}")
+
+
+@pytest.mark.parametrize("api", ctxproxy.APIS)
+def test_every_api_is_fitted_in_its_own_shape(api: str) -> None:
+    body = long_request(api)
+    original = copy.deepcopy(body)
+    result = ctxproxy.fit(body, api=api, window_tokens=4096)
+    assert body == original
+    assert result.api == api and result.fits and result.changed
+    assert result.tokens_after <= result.input_budget_tokens < result.tokens_before
+    assert set(result.body) == set(body)  # same keys: only the conversation was replaced
+    assert ctxproxy.count(result.body, api=api) == result.tokens_after

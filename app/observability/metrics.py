@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Protocol, get_args
 
 from ..core.plan import ActionKind
@@ -193,8 +194,19 @@ def retry_outcomes(retries: int, final_status: int | None) -> list[str]:
 class Metrics:
     """The app's metrics; every method is cheap, thread-safe and never raises on bad input."""
 
-    def __init__(self, *, version: str, model_labels: ModelLabels | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        version: str,
+        model_labels: ModelLabels | None = None,
+        multiprocess_dir: Path | None = None,
+    ) -> None:
+        """``multiprocess_dir``: the workers of one server share their metrics through
+        prometheus-client's multiprocess mode; the directory must be the ``PROMETHEUS_MULTIPROC_DIR``
+        that was set before prometheus-client was first imported (``ctxproxy serve`` does both).
+        The scrape then sums every worker; the process collector (per process) is left out."""
         self.model_labels = model_labels or ModelLabels()
+        self.multiprocess_dir = multiprocess_dir
         self._endpoint = _TokenSet()
         self._result = _TokenSet()
         self._cache_sources: list[Callable[[], CacheStatsLike]] = []
@@ -254,16 +266,19 @@ class Metrics:
             ["endpoint", "result"], registry=reg,
         )  # fmt: skip
         self.in_flight = prom.Gauge(
-            "ctxproxy_in_flight_requests", "Proxied (/v1/) requests being served now.", registry=reg
-        )
+            "ctxproxy_in_flight_requests", "Proxied (/v1/) requests being served now.", registry=reg,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         info = prom.Gauge(
-            "ctxproxy_build_info", "Always 1; the version as a label.", ["version"], registry=reg
-        )
+            "ctxproxy_build_info", "Always 1; the version as a label.", ["version"], registry=reg,
+            multiprocess_mode="max",
+        )  # fmt: skip
         info.labels(version=version).set(1)
         for kind in RETRY_OUTCOMES:
             self.retries.labels(outcome=kind)
-        prom.ProcessCollector(registry=reg)
-        reg.register(_SummaryCacheCollector(self))
+        if multiprocess_dir is None:
+            prom.ProcessCollector(registry=reg)
+            reg.register(_SummaryCacheCollector(self))
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, memoized: ``labels()`` takes a lock and validates every call,
@@ -285,7 +300,18 @@ class Metrics:
         from prometheus_client.exposition import choose_encoder
 
         encoder, content_type = choose_encoder(accept)
-        return encoder(self.registry), content_type
+        return encoder(self._scrape_registry()), content_type
+
+    def _scrape_registry(self) -> Any:
+        if self.multiprocess_dir is None:
+            return self.registry
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.multiprocess_dir))
+        registry.register(_SummaryCacheCollector(self))  # this worker's caches (each has its own)
+        return registry
 
     def request_started(self) -> None:
         if self.registry is not None:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..upstream.instrument import Instrumentation
 from .context import current, current_request_id
 from .metrics import Metrics, ModelLabels
+from .shared import SharedBoard
 from .status import RecentRequest, StatusBoard
 
 logger = logging.getLogger("ctxproxy.observability")
@@ -101,11 +103,19 @@ class Observability:
         version: str,
         upstream_base_url: str,
         upstream_routes: Mapping[str, str] | None = None,
+        worker_dir: Path | None = None,
     ) -> None:
+        """``worker_dir``: the directory the workers of one ``ctxproxy serve --workers N`` share
+        (metrics in prometheus-client's multiprocess mode, the status board through files)."""
         self._routes = dict(upstream_routes or {})
-        self.metrics = Metrics(version=version, model_labels=ModelLabels(routes=self._routes))
+        self.metrics = Metrics(
+            version=version,
+            model_labels=ModelLabels(routes=self._routes),
+            multiprocess_dir=worker_dir / "metrics" if worker_dir is not None else None,
+        )
+        shared = SharedBoard(worker_dir / "status") if worker_dir is not None else None
         self.board = StatusBoard(
-            version=version, upstream_base_url=upstream_base_url, upstream_routes=self._routes
+            version=version, upstream_base_url=upstream_base_url, upstream_routes=self._routes, shared=shared
         )
 
     @classmethod
@@ -116,6 +126,7 @@ class Observability:
             version=__version__,
             upstream_base_url=settings.upstream_base_url,
             upstream_routes=settings.upstream_routes,
+            worker_dir=getattr(settings, "worker_dir", None),
         )
 
     def use_registry(self, registry: Any) -> None:

@@ -8,12 +8,15 @@ message, a header value or a key. Upstream URLs are shown without user info and 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit, urlunsplit
+
+from .shared import SharedBoard, merge
 
 RECENT_MAX = 200
 MODEL_NAME_MAX = 80
@@ -93,8 +96,10 @@ class StatusBoard:
         upstream_base_url: str,
         upstream_routes: Mapping[str, str] | None = None,
         recent_max: int = RECENT_MAX,
+        shared: SharedBoard | None = None,
     ) -> None:
         self.version = version
+        self._shared = shared
         self.started_at_s = time.time()
         self._started_mono = time.monotonic()
         self.upstream = {
@@ -125,6 +130,8 @@ class StatusBoard:
             "last_latency_ms": None,
             "last_at_s": None,
         }
+        if shared is not None:
+            shared.changed(self._own)  # so that the other workers count this one from the start
 
     def set_model_table(self, entries: Iterable[SpecRow], default: SpecRow | None) -> None:
         rows = [_spec_row(spec) for spec in entries]
@@ -135,10 +142,14 @@ class StatusBoard:
     def started(self) -> None:
         with self._lock:
             self.in_flight += 1
+        if self._shared is not None:
+            self._shared.changed(self._own)
 
     def finished(self) -> None:
         with self._lock:
             self.in_flight -= 1
+        if self._shared is not None:
+            self._shared.changed(self._own)
 
     def upstream_call(self, waited_s: float, status: int | None) -> None:
         with self._lock:
@@ -149,6 +160,8 @@ class StatusBoard:
             u["last_status"] = status
             u["last_latency_ms"] = round(waited_s * 1000, 2)
             u["last_at_s"] = round(time.time(), 3)
+        if self._shared is not None:
+            self._shared.changed(self._own)
 
     def record(self, entry: RecentRequest, *, actions: Mapping[str, int]) -> None:
         if entry.model is not None and len(entry.model) > MODEL_NAME_MAX:
@@ -170,31 +183,46 @@ class StatusBoard:
                     c["tokens_saved"] += max(0, entry.tokens_before - entry.tokens_after)
                     if entry.tokens_after != entry.tokens_before or actions:
                         c["changed_requests"] += 1
+        if self._shared is not None:
+            self._shared.changed(self._own)
 
     def recent(self) -> list[RecentRequest]:
         with self._lock:
             return list(self._recent)
 
-    def snapshot(self, *, summary_cache: Mapping[str, int] | None = None) -> dict[str, Any]:
-        """Everything ``GET /status.json`` returns; recent requests newest first."""
+    def _own(self) -> dict[str, Any]:
+        """This worker's share of the board (what a :class:`SharedBoard` publishes)."""
         with self._lock:
-            counters = {k: dict(v) if isinstance(v, dict) else v for k, v in self._counters.items()}
-            recent = [r._asdict() for r in reversed(self._recent)]
-            upstream_health = dict(self._upstream)
+            return {
+                "pid": os.getpid(),
+                "started_at_s": round(self.started_at_s, 3),
+                "in_flight": self.in_flight,
+                "counters": {k: dict(v) if isinstance(v, dict) else v for k, v in self._counters.items()},
+                "recent": [r._asdict() for r in reversed(self._recent)],
+                "upstream_health": dict(self._upstream),
+            }
+
+    def snapshot(self, *, summary_cache: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """Everything ``GET /status.json`` returns; recent requests newest first. With a
+        :class:`SharedBoard`, every worker of the server is in it (``workers`` says how many)."""
+        own = self._own()
+        if self._shared is not None:
+            own = merge(own, self._shared.others(), recent_max=self._recent.maxlen or RECENT_MAX)
+        with self._lock:
             models = list(self._models)
             default = self._default_model
-            in_flight = self.in_flight
         return {
             "version": self.version,
             "now_s": round(time.time(), 3),
-            "started_at_s": round(self.started_at_s, 3),
+            "started_at_s": own["started_at_s"],
             "uptime_s": round(time.monotonic() - self._started_mono, 1),
-            "in_flight": in_flight,
-            "upstream": {**self.upstream, "health": upstream_health},
+            "workers": own.get("workers", 1),
+            "in_flight": own["in_flight"],
+            "upstream": {**self.upstream, "health": own["upstream_health"]},
             "models": {"default": default, "entries": models},
-            "counters": counters,
+            "counters": own["counters"],
             "summary_cache": dict(summary_cache or {}),
-            "recent": recent,
+            "recent": own["recent"],
             "recent_max": self._recent.maxlen,
         }
 
