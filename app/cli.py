@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -146,6 +145,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from .settings import worker_environment
+
     settings = _settings()
     # Everything create_app would stop on, checked here where it can be one clean line and exit
     # code 2 (uvicorn would print a traceback and exit 3).
@@ -154,34 +155,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # then re-raises the signal to whatever handler was there before it: with this one, a stop
     # that was asked for ends with exit code 0 instead of death by signal.
     signal.signal(signal.SIGTERM, _stopped)
-    worker_dir = _share_between_workers() if args.workers > 1 else None
+    # Several workers share a fresh directory (metrics, status board, learned knowledge), fresh
+    # because multiprocess metric files of an earlier run would be counted again.
+    worker_dir = Path(tempfile.mkdtemp(prefix="ctxproxy-workers-")) if args.workers > 1 else None
     try:
-        uvicorn.run(
-            f"{__package__}.main:create_app",
-            factory=True,
-            host=args.host or settings.host,
-            port=args.port if args.port is not None else settings.port,
-            workers=args.workers,
-            log_level=settings.log_level.lower(),
-            access_log=False,  # ctxproxy.access logs every request, with its request ID
-            timeout_graceful_shutdown=settings.shutdown_grace_s,
-        )
+        with worker_environment(worker_dir):
+            uvicorn.run(
+                f"{__package__}.main:create_app",
+                factory=True,
+                host=args.host or settings.host,
+                port=args.port if args.port is not None else settings.port,
+                workers=args.workers,
+                log_level=settings.log_level.lower(),
+                access_log=False,  # ctxproxy.access logs every request, with its request ID
+                timeout_graceful_shutdown=settings.shutdown_grace_s,
+            )
     finally:
         if worker_dir is not None:
             shutil.rmtree(worker_dir, ignore_errors=True)
     return 0
-
-
-def _share_between_workers() -> Path:
-    """A fresh directory the workers share, announced through their environment before they start:
-    ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client reads it when first imported, so metrics of
-    every worker land in one place) and ``CTXPROXY_WORKER_DIR`` (the status board and learned
-    knowledge). Fresh, because multiprocess metric files of a previous run would be counted again."""
-    worker_dir = Path(tempfile.mkdtemp(prefix="ctxproxy-workers-"))
-    (worker_dir / "metrics").mkdir()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(worker_dir / "metrics")
-    os.environ["CTXPROXY_WORKER_DIR"] = str(worker_dir)
-    return worker_dir
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

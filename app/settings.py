@@ -7,8 +7,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
@@ -246,3 +249,27 @@ def describe_settings_error(exc: Exception) -> list[str]:
         first = message[:1].lower() + message[1:]
         lines.append(f"CTXPROXY_{name.upper()}{where}: {first}; expected {_expected(name)}")
     return lines
+
+
+@contextmanager
+def worker_environment(worker_dir: Path | None) -> Iterator[None]:
+    """Inside the block, worker processes started by this one find ``worker_dir`` (the directory
+    ``ctxproxy serve --workers N`` made for them) in their environment: ``CTXPROXY_WORKER_DIR``
+    and ``PROMETHEUS_MULTIPROC_DIR`` (its ``metrics/``, created here), which prometheus-client reads
+    when first imported in each worker. The previous values are restored on the way out, so that
+    nothing started later inherits a directory that is gone. ``None``: nothing changes."""
+    if worker_dir is None:
+        yield
+        return
+    (worker_dir / "metrics").mkdir(parents=True, exist_ok=True)
+    values = {"CTXPROXY_WORKER_DIR": str(worker_dir), "PROMETHEUS_MULTIPROC_DIR": str(worker_dir / "metrics")}
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

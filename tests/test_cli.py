@@ -366,3 +366,32 @@ def test_a_real_start_with_bad_routes_exits_2_with_one_line(tmp_path: Path) -> N
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(
         "ctxproxy: error: CTXPROXY_UPSTREAM_ROUTES"
     )
+
+
+def test_serve_with_workers_shares_a_fresh_directory_and_leaves_no_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import uvicorn
+
+    seen: dict[str, str | None] = {}
+
+    def run(*args: object, **kwargs: object) -> None:
+        seen["worker_dir"] = os.environ.get("CTXPROXY_WORKER_DIR")
+        seen["prometheus"] = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        assert seen["prometheus"] is not None and Path(seen["prometheus"]).is_dir()
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    assert cli.main(["serve", "--workers", "2"]) == 0
+    assert seen["worker_dir"] is not None and seen["prometheus"] == f"{seen['worker_dir']}/metrics"
+    assert not Path(seen["worker_dir"]).exists()  # removed when the server stopped
+    assert "CTXPROXY_WORKER_DIR" not in os.environ and "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+
+
+def test_serve_with_one_worker_shares_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: seen.append(os.environ.get("CTXPROXY_WORKER_DIR")))
+    assert cli.main(["serve"]) == 0
+    assert seen == [None]
