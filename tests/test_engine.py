@@ -157,4 +157,5 @@ def test_every_api_is_fitted_in_its_own_shape(api: str) -> None:
     assert result.api == api and result.fits and result.changed
     assert result.tokens_after <= result.input_budget_tokens < result.tokens_before
     assert set(result.body) == set(body)  # same keys: only the conversation was replaced
-    assert ctxproxy.count(result.body, api=api) == result.tokens_after
+    # Never more than planned (Messages merges same-role neighbours on render: a little less).
+    assert ctxproxy.count(result.body, api=api) <= result.tokens_after
