@@ -309,7 +309,8 @@ class Metrics:
         from prometheus_client.multiprocess import MultiProcessCollector
 
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=str(self.multiprocess_dir))
+        # prometheus_client leaves this constructor unannotated.
+        MultiProcessCollector(registry, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
         registry.register(_SummaryCacheCollector(self))  # this worker's caches (each has its own)
         return registry
 

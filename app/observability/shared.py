@@ -103,7 +103,7 @@ def merge(own: Mapping[str, Any], others: Iterable[Mapping[str, Any]], *, recent
     and upstream call counts summed, recent requests newest first across workers, in-flight summed
     over live workers, the earliest start and the latest upstream answer; ``workers`` counts the
     live ones (every worker publishes its board when it starts)."""
-    merged = json.loads(json.dumps(own))
+    merged: dict[str, Any] = json.loads(json.dumps(own))
     workers = 1
     for board in others:
         workers += alive(board.get("pid"))
