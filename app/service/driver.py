@@ -1,11 +1,13 @@
-"""Where the budget engine meets the upstream: resolve, plan, send, classify, maybe retry.
+"""Where the budget engine meets the upstream: the short driver of a request's exchange.
 
-``Service.handle_chat(raw, headers, *, options) -> ChatOutcome`` is the whole chat path:
+``Service.handle(raw, headers, *, options, dialect=CHAT) -> Outcome`` is the whole path of one
+request of any wire API (``handle_chat`` is the chat one):
 
 1. parse the body (bad JSON, a non-object body or a bad ``model`` -> ``InvalidRequest``);
-2. resolve the model (``X-Context-Window`` overrides the window) and build the policy from the
-   settings refined by the request's ``X-Context-*`` options;
-3. plan with ``app.core.fit.plan_request``; a plan that does not fit raises ``CannotFit`` (the
+2. make the request value once (``Service.prepare`` -> ``app.service.request.ProxyRequest``):
+   the model resolved (``X-Context-Window`` overrides the window), the policy refined by the
+   request's ``X-Context-*`` options, the counter, the dialect's neutral conversation;
+3. plan it (``ProxyRequest.plan``); a plan that does not fit raises ``CannotFit`` (the
    ``off`` policy never fails). A large body is planned in a worker thread, and one that
    ``app.core.ceiling`` proves fits is sent first and planned meanwhile (``app.service.fastpath``); the
    exact plan is always ready before the outcome is returned;
@@ -16,6 +18,9 @@
    error's numbers and resent, at most ``MAX_RETRIES`` times; any other answer, and the last
    overflow, goes back to the client as is.
 
+Every decision in 3-5 is ``app.core.exchange.Exchange``'s (pure, tested with scripted events);
+``Service.run`` only does what its commands say.
+
 The caller owns the returned upstream response and must close it. Nothing here knows HTTP
 frameworks; the API layer renders errors and responses.
 """
@@ -24,39 +29,40 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..core.budget import Policy
 from ..core.ceiling import surely_fits
+from ..core.dialect import Dialect
+from ..core.dialects import CHAT
 from ..core.errors import CannotFit, InvalidRequest
-from ..core.fit import SummaryProvider, plan_request
-from ..core.overflow import ContextOverflow, classify_overflow
+from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
+from ..core.overflow import ContextOverflow
 from ..core.plan import Plan
 from ..core.registry import ModelSpec
-from ..core.retry import MAX_RETRIES, retry_cap_tokens
 from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
 from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
 from .learning import Learner
-from .ports import CHAT_PATH, REQUIRED_ENCODINGS, ModelResolver, Vocabularies
+from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
 from .report import request_budget_tokens
-from .request import RequestOptions, dump_body, parse_body
+from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
 
 if TYPE_CHECKING:
     from .summaries import Summaries
 
 
 @dataclass(frozen=True, slots=True)
-class ChatOutcome:
-    """The answer to one chat request: the final plan, the upstream's response, the retries.
+class Outcome:
+    """The answer to one request: the final plan, the upstream's response, the retries.
 
     ``response`` is open (body unread for a streamed success, already read otherwise) and
     must be closed by the caller. ``warnings`` are ``X-Context-Warning`` values
-    (``upstream-truncated``, see ``app.service.learning``).
+    (``upstream-truncated``, see ``app.service.learning``; ``history-upstream``, the plan's).
     """
 
     plan: Plan
@@ -64,6 +70,9 @@ class ChatOutcome:
     retries: int
     stream: bool
     warnings: tuple[str, ...] = ()
+
+
+ChatOutcome = Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +103,7 @@ class PlanCannotFit(CannotFit):
 
 
 class Service:
-    """The proxy's state and chat path; one per app (``app.state.service``), no globals.
+    """The proxy's state and request path; one per app (``app.state.service``), no globals.
 
     Keeps one :class:`MessageCounter` per encoding for the app's life (their caches are per
     instance).
@@ -135,218 +144,225 @@ class Service:
             cut_target=options.cut_target,
         )
 
-    def resolve(self, body: Mapping[str, Any], options: RequestOptions) -> ModelSpec:
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
-        spec = self.registry.resolve(model)
-        return self.learner.effective(spec, header_window_tokens=options.window_tokens)
-
     def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
         """The counter to plan ``spec`` with (per model, calibrated, for the estimate)."""
         return self.learner.counter(spec, self.counter)
 
-    def plan(
-        self,
-        body: Mapping[str, Any],
-        options: RequestOptions,
-        *,
-        cap_tokens: int | None = None,
-        summaries: SummaryProvider | None = None,
-    ) -> Plan:
-        """The plan for ``body`` (no I/O); ``InvalidRequest`` on bad messages. Never raises
-        ``CannotFit``: the dry run reports ``fits=False``. ``summaries`` (with ``policy.summarize``)
-        puts LLM summaries in place of dropped spans."""
-        spec = self.resolve(body, options)
-        caps = [c for c in (options.budget_tokens, cap_tokens) if c is not None]
-        policy = self.policy(options)
-        plan = plan_request(
-            body,
-            spec=spec,
-            policy=replace(policy, summarize=True) if summaries is not None else policy,
-            counter=self.counter_for_spec(spec),
-            cap_tokens=min(caps) if caps else None,
-            summaries=summaries,
-        )
-        return replace(plan, count_kind="calibrated") if self.learner.calibrated(spec) else plan
+    # -- the request value --------------------------------------------------------------------
 
-    async def summarized(
+    def request(
         self,
         body: Mapping[str, Any],
         options: RequestOptions,
-        plan: Plan,
-        headers: Sequence[Header],
         *,
-        cap_tokens: int | None = None,
-    ) -> Plan:
-        """``plan`` with LLM summaries in place of its dropped spans when they are on
-        (``app.service.summaries``)."""
-        if self.summaries is None:
-            return plan
-        return await self.summaries.refine(
-            body,
-            plan,
+        raw: bytes = b"",
+        headers: Sequence[Header] = (),
+        dialect: Dialect = CHAT,
+    ) -> ProxyRequest:
+        """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad ``model`` first,
+        then for what the dialect refuses in the conversation."""
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
+        table_spec = self.registry.resolve(model)
+        spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
+        return ProxyRequest(
+            raw=raw,
+            body=body,
+            dialect=dialect,
+            conversation=dialect.parse(body),
+            spec=spec,
             policy=self.policy(options),
-            summarize=options.summarize,
-            counter=self.counter_for_spec(plan.spec),
-            headers=headers,
-            replan=lambda provider: self.plan(body, options, cap_tokens=cap_tokens, summaries=provider),
+            counter=self.counter_for_spec(spec),
+            base_url=self.upstream.base_url_for(model),
+            options=options,
+            headers=tuple(headers),
+            calibrated=self.learner.calibrated(spec),
         )
+
+    async def prepare(
+        self, raw: bytes, headers: Sequence[Header], *, options: RequestOptions, dialect: Dialect = CHAT
+    ) -> ProxyRequest:
+        """Parse ``raw``, learn about a model seen for the first time (``Learner.discover``), and
+        make the request value."""
+        body = parse_body(raw)
+        model = body.get("model")
+        if isinstance(model, str) and model:
+            await self.learner.discover(model, self.upstream.base_url_for(model))
+        return self.request(body, options, raw=raw, headers=headers, dialect=dialect)
+
+    def plan(self, body: Mapping[str, Any], options: RequestOptions, *, dialect: Dialect = CHAT) -> Plan:
+        """The plan for ``body`` (no I/O, no summaries); ``InvalidRequest`` on a bad body. Never
+        raises ``CannotFit``: the dry run reports ``fits=False``."""
+        return self.request(body, options, dialect=dialect).plan()
+
+    def plan_raw(self, raw: bytes, options: RequestOptions, *, dialect: Dialect = CHAT) -> Plan:
+        return self.plan(parse_body(raw), options, dialect=dialect)
 
     def models_report(self) -> list[dict[str, Any]]:
         """What the proxy knows about every model it has seen or discovered (``app.service.learning``)."""
         return self.learner.report(self.registry.resolve)
 
-    def plan_raw(self, raw: bytes, options: RequestOptions) -> Plan:
-        return self.plan(parse_body(raw), options)
+    # -- the request path ---------------------------------------------------------------------
 
-    def surely_fits(self, body: Mapping[str, Any], options: RequestOptions) -> bool:
-        """True when the exact plan is certain to fit unchanged (``app.core.ceiling``; exact
-        counters only); validates the model and messages like :meth:`plan`."""
-        spec = self.resolve(body, options)
-        if not self.counter_for_spec(spec).exact:
+    async def summarized(self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None) -> Plan:
+        """``plan`` with LLM summaries in place of its dropped spans when they are on
+        (``app.service.summaries``)."""
+        if self.summaries is None:
+            return plan
+        return await self.summaries.refine(request, plan, cap_tokens=cap_tokens)
+
+    @staticmethod
+    def surely_fits(request: ProxyRequest) -> bool:
+        """True when the exact plan is certain to fit unchanged (``app.core.ceiling``: chat bodies
+        and exact counters only)."""
+        if request.dialect is not CHAT or not request.counter.exact or not request.conversation.fittable:
             return False
-        return surely_fits(body, spec=spec, policy=self.policy(options), cap_tokens=options.budget_tokens)
+        return surely_fits(
+            request.body, spec=request.spec, policy=request.policy, cap_tokens=request.options.budget_tokens
+        )
 
-    def counting_size(self, body: Mapping[str, Any], options: RequestOptions, *, size_bytes: int) -> int:
-        """What planning ``body`` may cost, in bytes: all of it, or only the tail of a conversation
-        the counter remembers (a resent history: cheap to plan inline, nothing to gain early)."""
-        messages = body.get("messages")
-        if size_bytes < OFFLOAD_MIN_BYTES or not isinstance(messages, list):
+    @staticmethod
+    def counting_size(request: ProxyRequest) -> int:
+        """What planning the request may cost, in bytes: all of it, or only the tail of a
+        conversation the counter remembers (a resent history: cheap to plan inline)."""
+        size_bytes = len(request.raw)
+        if size_bytes < OFFLOAD_MIN_BYTES:
             return size_bytes
-        tail = self.counter_for_spec(self.resolve(body, options)).unremembered_chars(messages)
+        tail = request.counter.unremembered_chars(request.conversation.messages)
         return size_bytes if tail is None else tail
 
-    async def handle_chat(
-        self, raw: bytes, headers: Sequence[Header], *, options: RequestOptions
-    ) -> ChatOutcome:
-        """Plan and send one chat-completions request; see the module docstring.
+    async def handle(
+        self,
+        raw: bytes,
+        headers: Sequence[Header],
+        *,
+        options: RequestOptions,
+        dialect: Dialect = CHAT,
+    ) -> Outcome:
+        """Plan and send one request of ``dialect``'s API; see the module docstring.
 
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.
         """
-        body = parse_body(raw)
-        model = body.get("model")
-        if isinstance(model, str) and model:
-            await self.learner.discover(model, self.upstream.base_url_for(model))
-        plan: Plan | None = None
+        request = await self.prepare(raw, headers, options=options, dialect=dialect)
+        return await self.run(request)
+
+    async def handle_chat(self, raw: bytes, headers: Sequence[Header], *, options: RequestOptions) -> Outcome:
+        return await self.handle(raw, headers, options=options, dialect=CHAT)
+
+    async def run(self, request: ProxyRequest) -> Outcome:
+        """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
+        exchange = Exchange(dialect=request.dialect, mode=request.policy.mode)
+        size_bytes = self.counting_size(request)
         pending: asyncio.Future[Plan] | None = None
-        size = self.counting_size(body, options, size_bytes=len(raw))
-        if size >= OFFLOAD_MIN_BYTES and self.surely_fits(body, options):
+        command: Command
+        if size_bytes >= OFFLOAD_MIN_BYTES and self.surely_fits(request):
             # Fast path (app.service.fastpath): forward now, finish the exact count meanwhile.
-            pending = start_plan(partial(self.plan, body, options))
+            pending = start_plan(request.plan)
+            command = exchange.start_unplanned()
         else:
-            first = await run_plan(partial(self.plan, body, options), size_bytes=size)
-            plan = await self.summarized(body, options, first, headers)
-            policy = self.policy(options)
-            if not plan.fits and policy.mode != "off":
-                raise self._cannot_fit(plan, policy)
-        stream = body.get("stream") is True
-        base_url = self.upstream.base_url_for(str(body["model"]))
-        retries = 0
+            plan = await run_plan(request.plan, size_bytes=size_bytes)
+            command = exchange.start(await self.summarized(request, plan))
+        response: UpstreamResponse | None = None
+        forwarded = Forwarded.of(request, None)
         while True:
-            content = dump_body(plan.body(body)) if plan is not None and plan.changed else raw
+            if isinstance(command, Fail):
+                raise PlanCannotFit(command.plan, reason=command.reason)
+            if isinstance(command, Deliver):
+                assert response is not None and exchange.plan is not None
+                if command.overflow is not None:
+                    self._learn(request, command.overflow, forwarded)
+                return await self._outcome(request, exchange, forwarded, response)
+            if isinstance(command, Send):
+                if response is not None:
+                    await response.aclose()
+                forwarded = Forwarded.of(request, command.plan)
+                response, command = await self._send(request, exchange, forwarded, pending)
+                pending = None
+                continue
+            assert response is not None and exchange.plan is not None
             try:
-                response = await self.upstream.send(
-                    "POST", CHAT_PATH, content=content, headers=headers, stream=True, base_url=base_url
+                retry = await run_plan(
+                    partial(request.plan, cap_tokens=command.cap_tokens), size_bytes=len(request.raw)
                 )
-            except BaseException:
-                abandon_plan(pending)
-                raise
-            if plan is None:
-                assert pending is not None
-                plan = await finish_plan(pending, response)
-                # Nothing is cut here; this only lets summaries prepare the next cut.
-                plan = await self.summarized(body, options, plan, headers)
-            if response.status_code < 400 or retries >= MAX_RETRIES:
-                return await self._outcome(plan, body, response, retries=retries, stream=stream)
-            try:
-                retry_plan = await self._retry_plan(
-                    response, body, plan, options, headers, size_bytes=len(raw)
-                )
+                retry = await self.summarized(request, retry, cap_tokens=command.cap_tokens)
             except BaseException:  # cancelled (client gone, shutdown) or failed: nobody else closes it
                 await response.aclose()
                 raise
-            if retry_plan is None:
-                return await self._outcome(plan, body, response, retries=retries, stream=stream)
-            await response.aclose()
-            plan, retries = retry_plan, retries + 1
+            finally:
+                # Learned after sizing the retry (which has its own arithmetic); used from the next
+                # request on.
+                self._learn(request, command.overflow, forwarded)
+            command = exchange.replanned(retry)
+
+    async def _send(
+        self,
+        request: ProxyRequest,
+        exchange: Exchange,
+        forwarded: Forwarded,
+        pending: asyncio.Future[Plan] | None,
+    ) -> tuple[UpstreamResponse, Deliver | Replan]:
+        """Send ``forwarded``; finish a fast-path plan; read an error answer the exchange wants."""
+        try:
+            response = await self.upstream.send(
+                "POST",
+                request.dialect.upstream_path,
+                content=forwarded.content,
+                headers=request.headers,
+                stream=True,
+                base_url=request.base_url,
+            )
+        except BaseException:
+            abandon_plan(pending)
+            raise
+        if pending is not None:
+            plan = await finish_plan(pending, response)
+            # Nothing is cut here; this only lets summaries prepare the next cut.
+            exchange.sent(await self.summarized(request, plan))
+        body: bytes | None = None
+        if exchange.reads_answer(response.status_code):
+            try:
+                await response.aread()  # small; the response stays replayable for the client
+            except BaseException:
+                await response.aclose()
+                raise
+            body = response.decoded_body()
+        return response, exchange.answered(response.status_code, body)
+
+    def _learn(self, request: ProxyRequest, overflow: ContextOverflow, forwarded: Forwarded) -> None:
+        self.learner.learn_from_overflow(
+            request.model,
+            overflow,
+            counter=request.counter,
+            forwarded=forwarded.counted,
+        )
 
     async def _outcome(
-        self, plan: Plan, body: Mapping[str, Any], response: UpstreamResponse, *, retries: int, stream: bool
-    ) -> ChatOutcome:
+        self, request: ProxyRequest, exchange: Exchange, forwarded: Forwarded, response: UpstreamResponse
+    ) -> Outcome:
         """The outcome, after the learner has seen the response (usage, silent truncation)."""
+        plan = exchange.plan
+        assert plan is not None
         try:
             observed, warnings = await self.learner.observe(
                 response,
                 model=plan.model,
-                counter=self.counter_for_spec(plan.spec),
-                forwarded=plan.body(body) if plan.changed else body,
-                stream=stream,
+                counter=request.counter,
+                forwarded=forwarded.counted,
+                stream=request.stream,
                 window_tokens=None if plan.spec.guessed else plan.budget.window_tokens,
                 forwarded_tokens=plan.tokens_after,
             )
         except BaseException:
             await response.aclose()
             raise
-        return ChatOutcome(plan=plan, response=observed, retries=retries, stream=stream, warnings=warnings)
-
-    async def _retry_plan(
-        self,
-        response: UpstreamResponse,
-        body: Mapping[str, Any],
-        plan: Plan,
-        options: RequestOptions,
-        headers: Sequence[Header] = (),
-        *,
-        size_bytes: int = 0,
-    ) -> Plan | None:
-        """The smaller plan to resend after a context overflow, or None to return the error.
-
-        Reads the (small) error body; the response stays replayable for the client.
-        """
-        await response.aread()
-        overflow = classify_overflow(response.status_code, response.decoded_body())
-        if overflow is None:
-            return None
-        try:
-            return await self._retry_from(overflow, body, plan, options, headers, size_bytes=size_bytes)
-        finally:
-            # Learned after sizing the retry (which has its own arithmetic), used from the next request on.
-            self.learner.learn_from_overflow(
-                plan.model,
-                overflow,
-                counter=self.counter_for_spec(plan.spec),
-                forwarded=plan.body(body) if plan.changed else body,
-            )
-
-    async def _retry_from(
-        self,
-        overflow: ContextOverflow,
-        body: Mapping[str, Any],
-        plan: Plan,
-        options: RequestOptions,
-        headers: Sequence[Header],
-        *,
-        size_bytes: int,
-    ) -> Plan | None:
-        cap = retry_cap_tokens(overflow=overflow, sent_tokens=plan.tokens_after, budget=plan.budget)
-        if cap is None:
-            return None
-        retry = await run_plan(partial(self.plan, body, options, cap_tokens=cap), size_bytes=size_bytes)
-        retry = await self.summarized(body, options, retry, headers, cap_tokens=cap)
-        # A retry that is not smaller than what the upstream just refused cannot help.
-        if not retry.fits or not retry.changed or retry.tokens_after >= plan.tokens_after:
-            return None
-        return retry
-
-    @staticmethod
-    def _cannot_fit(plan: Plan, policy: Policy) -> PlanCannotFit:
-        reason = (
-            "the context policy is 'reject', so the proxy does not shorten conversations"
-            if policy.mode == "reject"
-            else "shortening the conversation as far as the policy allows does not bring it under"
+        return Outcome(
+            plan=plan,
+            response=observed,
+            retries=exchange.retries,
+            stream=request.stream,
+            warnings=(*plan.warnings, *warnings),
         )
-        return PlanCannotFit(plan, reason=reason)
 
     async def passthrough(
         self,

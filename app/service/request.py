@@ -1,20 +1,35 @@
-"""What a request brings: its ``X-Context-*`` options and its body, parsed once.
+"""What a request brings, worked out once: its options, its body, and the request value.
 
-``parse_body(raw) -> dict`` turns bad JSON or a non-object into ``InvalidRequest``;
-``dump_body(body) -> bytes`` writes a rewritten body back (``app.wire``).
+* ``RequestOptions``: the validated ``X-Context-*`` request headers.
+* ``parse_body(raw) -> dict`` turns bad JSON or a non-object into ``InvalidRequest``;
+  ``dump_body(body) -> bytes`` writes a rewritten body back (``app.wire``).
+* ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
+  request (``Service.prepare``): the raw bytes and parsed body, the dialect and its neutral
+  conversation, the effective model spec, the policy refined by the options, the counter, the
+  upstream base URL and the headers. Planning (``ProxyRequest.plan``), summaries, learning and
+  the observers all take it; nothing resolves the model or builds the policy a second time.
+* ``Forwarded``: what one plan sends (the body as a mapping and its bytes), built once per plan.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
-from ..core.budget import PolicyMode
+from ..core.budget import Policy, PolicyMode
+from ..core.conversation import Conversation
+from ..core.dialect import Dialect
+from ..core.dialects import CHAT
 from ..core.errors import InvalidRequest
+from ..core.fit import SummaryProvider, plan_request
+from ..core.plan import Plan
+from ..core.registry import ModelSpec
+from ..core.tokens import MessageCounter
+from ..upstream.headers import Header
 from ..wire import dump_json
 
 
@@ -55,3 +70,72 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 def dump_body(body: Mapping[str, Any]) -> bytes:
     """Serialize a rewritten body compactly (lone surrogates survive, see ``app.wire``)."""
     return dump_json(body)
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRequest:
+    """One request, resolved once (see the module docstring). ``policy`` is the operator's policy
+    refined by ``options``; ``calibrated``: the counter's estimate is corrected by usage."""
+
+    raw: bytes
+    body: Mapping[str, Any]
+    dialect: Dialect
+    conversation: Conversation
+    spec: ModelSpec
+    policy: Policy
+    counter: MessageCounter
+    base_url: str
+    options: RequestOptions
+    headers: tuple[Header, ...] = ()
+    calibrated: bool = False
+
+    @property
+    def model(self) -> str:
+        return self.conversation.model
+
+    @property
+    def stream(self) -> bool:
+        return self.conversation.stream
+
+    def plan(self, *, cap_tokens: int | None = None, summaries: SummaryProvider | None = None) -> Plan:
+        """The plan of this request (no I/O), capped by ``X-Context-Budget`` and ``cap_tokens``;
+        ``summaries`` puts LLM summaries in place of dropped spans. Never raises ``CannotFit``."""
+        caps = [c for c in (self.options.budget_tokens, cap_tokens) if c is not None]
+        policy = self.policy if summaries is None else replace(self.policy, summarize=True)
+        plan = plan_request(
+            self.body,
+            spec=self.spec,
+            policy=policy,
+            counter=self.counter,
+            cap_tokens=min(caps) if caps else None,
+            summaries=summaries,
+            dialect=self.dialect,
+            conversation=self.conversation,
+        )
+        return replace(plan, count_kind="calibrated") if self.calibrated else plan
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """What one plan sends: ``body``, ``content`` (the bytes on the wire) and ``counted``, the same
+    conversation as a chat body for the chat accounting that learning compares usage with (the
+    body itself for chat; the neutral messages for the other dialects)."""
+
+    plan: Plan | None
+    body: Mapping[str, Any]
+    content: bytes
+    counted: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, request: ProxyRequest, plan: Plan | None) -> Forwarded:
+        """The client's own bytes when ``plan`` changed nothing (or is not made yet), else the
+        plan's body rendered and serialized, once."""
+        if plan is None or not plan.changed:
+            body, content = request.body, request.raw
+        else:
+            body = plan.body(request.body)
+            content = dump_body(body)
+        if request.dialect is CHAT:
+            return cls(plan, body, content, body)
+        messages = request.conversation.messages if plan is None else plan.messages
+        return cls(plan, body, content, {"messages": messages})

@@ -9,9 +9,11 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
 * ``wanted(policy, summarize) -> bool``: summaries apply under policy ``auto`` only, when the
   request's ``X-Context-Summarize`` (``summarize``: True/False/None) or else
   ``settings.summarize`` turns them on. ``truncate``, ``reject`` and ``off`` never call an LLM.
-* ``await refine(body, plan, *, policy, summarize, counter, headers, replan) -> Plan``: ``plan``
-  is the engine's plan without summaries; ``replan(provider)`` plans the same request again with
-  a ``SummaryProvider`` (and ``policy.summarize``). When the plan dropped spans, the rolling
+* ``await refine(request, plan, *, cap_tokens=None) -> Plan``: ``plan`` is the engine's plan of
+  ``request`` (an ``app.service.request.ProxyRequest``: policy, options, counter, headers, the
+  neutral conversation) without summaries, made under ``cap_tokens``; the request value plans
+  itself again with a ``SummaryProvider`` (``request.plan(cap_tokens=..., summaries=...)``), so
+  nothing calls back into the driver. When the plan dropped spans, the rolling
   summary of the dropped blocks is looked up in the cache, else made (or joined, when another
   request is already making it) and awaited for at most ``settings.summary_timeout_s``; the
   re-plan puts it where the span was (``summarized``), or the deterministic note when there is
@@ -44,7 +46,7 @@ from ..compaction.cache import SummaryCache, cache_from_url
 from ..compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError, blocks_from_spans
 from ..core.budget import Policy
 from ..core.fit import SummaryProvider, preview_next_cut
-from ..core.messages import Message, validate_messages
+from ..core.messages import Message
 from ..core.plan import Plan
 from ..core.tokens import MessageCounter
 from ..settings import Settings
@@ -53,6 +55,7 @@ from ..upstream.headers import Header
 from ..wire import dump_json
 from .ports import CHAT_PATH, ModelResolver, Vocabularies
 from .report import request_budget_tokens
+from .request import ProxyRequest
 
 logger = logging.getLogger("ctxproxy.compaction")
 
@@ -194,25 +197,20 @@ class Summaries:
         self._ahead[model] = ahead
         return ahead
 
-    async def refine(
-        self,
-        body: Mapping[str, Any],
-        plan: Plan,
-        *,
-        policy: Policy,
-        summarize: bool | None,
-        counter: MessageCounter,
-        headers: Sequence[Header],
-        replan: Replan,
-    ) -> Plan:
-        if not self.wanted(policy, summarize):
+    async def refine(self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None) -> Plan:
+        policy, counter = request.policy, request.counter
+        if not self.wanted(policy, request.options.summarize):
             return plan
         if not plan.dropped and plan.tokens_after <= self._ahead_threshold(plan):
             return plan  # the common case: nothing cut, nothing to prepare
         model = self.settings.summary_model or plan.model
-        token = _authorization.set(authorization_of(headers))
+
+        def replan(provider: SummaryProvider) -> Plan:
+            return request.plan(cap_tokens=cap_tokens, summaries=provider)
+
+        token = _authorization.set(authorization_of(request.headers))
         try:
-            messages = validate_messages(body.get("messages"))
+            body, messages = request.body, request.conversation.messages
             ahead = self.ahead_for(model)
             ready = True
             if plan.dropped:

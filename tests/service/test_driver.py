@@ -157,3 +157,50 @@ async def test_overflow_under_the_off_policy_is_not_retried() -> None:
     outcome = await service(router).handle_chat(raw, [], options=RequestOptions(mode="off"))
     await outcome.response.aclose()
     assert route.call_count == 1 and outcome.retries == 0
+
+
+class CountingRegistry(OneModelRegistry):
+    def __init__(self) -> None:
+        self.resolved = 0
+
+    def resolve(self, model: str, /) -> Any:
+        self.resolved += 1
+        return super().resolve(model)
+
+
+async def test_a_retried_request_resolves_its_model_once_and_sends_the_rendered_retry() -> None:
+    router = respx.Router(assert_all_called=False)
+    route = router.post(CHAT).mock(
+        side_effect=[
+            httpx.Response(400, json=openai_overflow(limit=600, prompt=700)),
+            httpx.Response(200, json=chat_ok()),
+        ]
+    )
+    http = httpx.AsyncClient(transport=httpx.MockTransport(router.handler))
+    registry = CountingRegistry()
+    svc = Service(
+        settings=make_settings(),
+        registry=registry,
+        vocabularies=WordVocabularies(),
+        upstream=UpstreamClient(http, base_url=UPSTREAM),
+    )
+    raw = json.dumps({"model": "m", "messages": conversation(turns=3, size=100)}).encode()
+    outcome = await svc.handle_chat(raw, [("Authorization", "Bearer k")], options=RequestOptions())
+    await outcome.response.aclose()
+    assert route.call_count == 2 and outcome.retries == 1 and outcome.plan.changed
+    assert registry.resolved == 1
+    assert json.loads(route.calls[1].request.content)["messages"] == list(outcome.plan.messages)
+    assert route.calls[1].request.headers["authorization"] == "Bearer k"
+
+
+def test_the_request_value_is_made_once_with_everything_planning_needs() -> None:
+    svc = service(respx.Router())
+    body = {"model": "m", "messages": conversation(turns=1, size=5), "stream": True}
+    request = svc.request(body, RequestOptions(keep_turns=1, window_tokens=5_000), raw=b"{}")
+    assert request.stream and request.model == "m" and request.policy.keep_turns == 1
+    assert request.spec.window_tokens == 5_000 and request.base_url == UPSTREAM
+    assert request.conversation.messages[0] is body["messages"][0]
+    assert request.plan().budget.window_tokens == 5_000
+    with pytest.raises(InvalidRequest) as caught:
+        svc.request({"model": "", "messages": "x"}, RequestOptions())
+    assert caught.value.param == "model"  # the model is checked before the conversation

@@ -1,0 +1,153 @@
+"""The exchange's decisions, scripted event by event: no HTTP, no planning, only values."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from app.core.budget import Budget, PolicyMode
+from app.core.dialects import CHAT
+from app.core.exchange import Deliver, Exchange, ExchangeStateError, Fail, Replan, Send
+from app.core.plan import Plan
+from app.core.retry import MAX_RETRIES
+from tests.core.fakes import SPEC
+
+BUDGET = Budget(window_tokens=10_000, reserve_tokens=1_000, margin_tokens=100, tool_tokens=0)
+
+
+def plan(tokens: int, *, fits: bool = True, changed: bool = False) -> Plan:
+    return Plan(
+        model="m",
+        spec=SPEC,
+        budget=BUDGET,
+        count_kind="exact",
+        tokens_before=tokens,
+        tokens_after=tokens,
+        changed=changed,
+        fits=fits,
+        messages=(),
+        message_tokens=(),
+        dialect=CHAT,
+    )
+
+
+def overflow_body(limit: int, prompt: int) -> bytes:
+    message = (
+        f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+        f"{prompt} tokens. Please reduce the length of the messages."
+    )
+    error: dict[str, Any] = {
+        "message": message,
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+    }
+    return json.dumps({"error": error}).encode()
+
+
+def exchange(mode: PolicyMode = "auto") -> Exchange:
+    return Exchange(dialect=CHAT, mode=mode)
+
+
+def test_a_success_is_delivered_without_reading_its_body() -> None:
+    ex = exchange()
+    first = plan(500)
+    assert ex.start(first) == Send(first)
+    assert not ex.reads_answer(200)
+    assert ex.answered(200, None) == Deliver()
+    assert ex.retries == 0 and ex.plan is first and ex.state == "done"
+
+
+def test_a_plan_that_does_not_fit_fails_unless_the_policy_is_off() -> None:
+    over = plan(20_000, fits=False)
+    command = exchange().start(over)
+    assert isinstance(command, Fail) and command.plan is over and "does not bring it under" in command.reason
+    rejected = exchange("reject").start(over)
+    assert isinstance(rejected, Fail) and "'reject'" in rejected.reason
+    assert exchange("off").start(over) == Send(over)
+
+
+def test_an_overflow_is_replanned_under_a_smaller_cap_and_resent() -> None:
+    ex = exchange()
+    ex.start(plan(9_000))
+    assert ex.reads_answer(400)
+    command = ex.answered(400, overflow_body(8_000, 9_500))
+    assert isinstance(command, Replan) and command.cap_tokens < 9_000
+    assert command.overflow.limit_tokens == 8_000 and command.overflow.prompt_tokens == 9_500
+    smaller = plan(6_000, changed=True)
+    assert ex.replanned(smaller) == Send(smaller)
+    assert ex.retries == 1 and ex.plan is smaller
+    assert ex.answered(200, None) == Deliver() and ex.retries == 1
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [
+        plan(9_000, changed=True),  # not smaller than what was refused
+        plan(9_500, changed=True),
+        plan(6_000, changed=False),  # changed nothing (policy off, reject)
+        plan(6_000, changed=True, fits=False),
+    ],
+)
+def test_a_retry_that_cannot_help_is_not_sent(retry: Plan) -> None:
+    ex = exchange()
+    ex.start(plan(9_000))
+    assert isinstance(ex.answered(400, overflow_body(8_000, 9_500)), Replan)
+    # The refused answer goes back as is; its overflow was already reported with the Replan.
+    assert ex.replanned(retry) == Deliver() and ex.retries == 0
+
+
+def test_other_errors_are_delivered_and_an_overflow_without_room_carries_its_numbers() -> None:
+    ex = exchange()
+    ex.start(plan(9_000))
+    rate_limit = json.dumps({"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}})
+    assert ex.answered(429, rate_limit.encode()) == Deliver()
+    ex = exchange()
+    ex.start(plan(9_000))
+    assert ex.answered(500, b"<html>oops</html>") == Deliver()
+    ex = exchange()
+    ex.start(plan(9_000))
+    # The window is smaller than the output reserve: no cap can help, but the overflow rides on
+    # the Deliver so the driver still learns the window from it.
+    command = ex.answered(400, overflow_body(800, 9_500))
+    assert isinstance(command, Deliver) and command.overflow is not None
+    assert command.overflow.limit_tokens == 800
+
+
+def test_at_most_max_retries_then_the_last_answer_is_delivered_unread() -> None:
+    ex = exchange()
+    sent = plan(9_000)
+    ex.start(sent)
+    for k in range(MAX_RETRIES):
+        command = ex.answered(400, overflow_body(1_000 * (8 - k), sent.tokens_after + 500))
+        assert isinstance(command, Replan)
+        sent = plan(command.cap_tokens - 10, changed=True)
+        assert ex.replanned(sent) == Send(sent)
+    assert ex.retries == MAX_RETRIES and not ex.reads_answer(400)
+    assert ex.answered(400, None) == Deliver()
+
+
+def test_the_fast_path_sends_first_and_learns_its_plan_before_the_answer() -> None:
+    ex = exchange()
+    assert ex.start_unplanned() == Send(None)
+    with pytest.raises(ExchangeStateError):
+        ex.answered(200, None)  # the plan of what was sent must be known first
+    made = plan(9_000)
+    ex.sent(made)
+    with pytest.raises(ExchangeStateError):
+        ex.sent(made)
+    command = ex.answered(400, overflow_body(8_000, 9_500))
+    assert isinstance(command, Replan) and command.cap_tokens < made.tokens_after
+
+
+def test_events_out_of_order_are_refused() -> None:
+    ex = exchange()
+    with pytest.raises(ExchangeStateError):
+        ex.replanned(plan(1))
+    ex.start(plan(9_000))
+    with pytest.raises(ExchangeStateError):
+        ex.start(plan(9_000))
+    ex.answered(200, None)
+    with pytest.raises(ExchangeStateError):
+        ex.answered(200, None)
