@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,8 +22,10 @@ from fastapi import FastAPI
 from . import __version__
 from .api.auth import ProxyKeyMiddleware
 from .api.errors import install_error_handlers
-from .api.lane import ChatLane
-from .api.routes import router
+from .api.lane import FittedLane
+from .api.routes import build_router, fitted_route, route_path
+from .core.dialect import Dialect
+from .core.dialects import DIALECTS
 from .core.knowledge import Knowledge
 from .core.tokens import TokenCounter
 from .observability import Observability, ObservabilityMiddleware, RequestIdFilter
@@ -228,10 +230,12 @@ def create_app(
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     registry: ModelResolver | None = None,
     vocabularies: Vocabularies | None = None,
+    dialects: Mapping[str, Dialect] | None = None,
 ) -> FastAPI:
-    """The ASGI app. ``upstream_transport``, ``registry`` and ``vocabularies`` are test seams;
-    by default the transport follows ``settings.upstream_transport``, the model table is
-    ``app.model_table.load_registry`` and the vocabularies are ``app.tokenizer``'s."""
+    """The ASGI app. ``upstream_transport``, ``registry``, ``vocabularies`` and ``dialects`` are
+    test seams; by default the transport follows ``settings.upstream_transport``, the model table
+    is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and every
+    dialect of ``app.core.dialects.DIALECTS`` gets its route."""
     settings = settings or Settings()
     configure_logging(settings)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies()
@@ -297,10 +301,13 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
+    apis = dict(DIALECTS if dialects is None else dialects)
     app.state.observability = observability
-    app.include_router(router)
+    app.state.dialects = apis
+    app.include_router(build_router(apis))
     app.include_router(observability_router)
-    app.add_middleware(ChatLane)  # innermost: inside the error handling installed next
+    lane = {route_path(dialect): fitted_route(dialect) for dialect in apis.values()}
+    app.add_middleware(FittedLane, routes=lane)  # innermost: inside the error handling installed next
     install_error_handlers(app)
     if settings.proxy_api_keys():
         app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys())

@@ -22,14 +22,19 @@ OPEN_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz"})
 
 
 def presented_key(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
-    """The key in the request's first ``Authorization: Bearer KEY`` header, if any."""
+    """The key in the request's first ``Authorization: Bearer KEY`` header, else in its first
+    ``x-api-key`` header (Anthropic's clients, e.g. Claude Code, send their key there)."""
+    api_key: bytes | None = None
     for name, value in headers:
-        if name.lower() == b"authorization":
+        lower = name.lower()
+        if lower == b"authorization":
             scheme, _, token = value.strip().partition(b" ")
             if scheme.lower() == b"bearer" and token.strip():
                 return token.strip()
             return None
-    return None
+        if lower == b"x-api-key" and api_key is None:
+            api_key = value.strip() or None
+    return api_key
 
 
 def key_matches(presented: bytes | None, keys: Sequence[bytes]) -> bool:
@@ -41,6 +46,11 @@ def key_matches(presented: bytes | None, keys: Sequence[bytes]) -> bool:
     return matched and presented is not None
 
 
+def _probe(scope: Scope) -> bool:
+    """``HEAD /``: a client's connectivity check (Claude Code's), which answers nothing secret."""
+    return scope.get("method") == "HEAD" and scope.get("path") == "/"
+
+
 class ProxyKeyMiddleware:
     """401 unless the request presents one of ``keys`` (does nothing when ``keys`` is empty)."""
 
@@ -49,7 +59,7 @@ class ProxyKeyMiddleware:
         self.keys = tuple(key.encode("utf-8") for key in keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope.get("path") in OPEN_PATHS:
+        if scope["type"] != "http" or not self.keys or scope.get("path") in OPEN_PATHS or _probe(scope):
             await self.app(scope, receive, send)
             return
         if key_matches(presented_key(scope.get("headers", [])), self.keys):
@@ -58,7 +68,7 @@ class ProxyKeyMiddleware:
         response = error_response(
             401,
             "Missing or incorrect API key for this proxy. Send one of the proxy's keys as "
-            "'Authorization: Bearer <key>'.",
+            "'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
             type="invalid_request_error",
             code="invalid_api_key",
         )

@@ -18,11 +18,16 @@ anything else (a bug)           500     server_error              None (logged w
 ==============================  ======  ========================  ===========================
 
 Errors the *upstream* answers with are not ours: they are passed back unchanged.
+
+On a route of another wire API (``/v1/responses``, ``/v1/messages``) the same errors are put in
+that API's shape by its dialect (``error_info_of(exc)`` -> ``dialect.error_body``); the route
+records its dialect in the scope (``DIALECT_SCOPE_KEY``) before anything can fail.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -32,6 +37,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..core.dialect import Dialect, ErrorInfo, error_info
+from ..core.dialects import CHAT
 from ..core.errors import CannotFit, CtxproxyError, InvalidRequest
 from ..observability.context import current_request
 from ..service.driver import PlanCannotFit
@@ -45,6 +52,8 @@ from ..upstream.errors import (
 from .responses import context_headers, record_plan
 
 logger = logging.getLogger("ctxproxy.errors")
+
+DIALECT_SCOPE_KEY = "ctxproxy.dialect"
 
 
 class BodyTooLarge(CtxproxyError):
@@ -88,9 +97,32 @@ def describe(exc: Exception) -> tuple[int, str, str, str | None, str | None]:
     return 500, "The proxy failed unexpectedly; the error was logged.", "server_error", None, None
 
 
-def render(exc: Exception) -> Response:
-    status, message, type_, param, code = describe(exc)
-    response = error_response(status, message, type=type_, param=param, code=code)
+def error_info_of(exc: Exception) -> ErrorInfo:
+    """Any error we answer with, before a dialect shapes it (a plain request error has the code
+    ``invalid_request_error``; a cannot-fit error keeps its numbers)."""
+    if isinstance(exc, CannotFit | InvalidRequest):
+        return error_info(exc)
+    status, message, _type, param, code = describe(exc)
+    return ErrorInfo(status=status, code=code or "invalid_request_error", message=message, param=param)
+
+
+def dialect_of(scope: Mapping[str, Any]) -> Dialect | None:
+    """The dialect of the route that took the request (None: not a fitted route)."""
+    dialect: Dialect | None = scope.get(DIALECT_SCOPE_KEY)
+    return dialect
+
+
+def render(exc: Exception, dialect: Dialect | None = None) -> Response:
+    """Our error response for ``exc``: OpenAI's shape (chat, and every route of no dialect),
+    else the shape of the request's ``dialect``."""
+    if dialect is None or dialect is CHAT:
+        status, message, type_, param, code = describe(exc)
+        response = error_response(status, message, type=type_, param=param, code=code)
+    else:
+        info = error_info_of(exc)
+        response = Response(
+            orjson.dumps(dialect.error_body(info)), status_code=info.status, media_type="application/json"
+        )
     if isinstance(exc, UpstreamBusy):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
@@ -100,7 +132,7 @@ KNOWN_ERRORS = (InvalidRequest, CannotFit, BodyTooLarge, UpstreamError)
 
 
 async def handle_known(request: Request, exc: Exception) -> Response:
-    response = render(exc)
+    response = render(exc, dialect_of(request.scope))
     if isinstance(exc, PlanCannotFit):
         record_plan(request.scope, exc.plan, retries=0)
         for name, value in context_headers(exc.plan, retries=0):
@@ -172,5 +204,5 @@ class LastResortMiddleware:
         logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
         if started:
             return  # headers already went out: the server closes the connection short
-        response: Any = render(exc)
+        response: Any = render(exc, dialect_of(scope))
         await response(scope, receive, send)

@@ -19,6 +19,7 @@ POLICY = "X-Context-Policy"
 KEEP_TURNS = "X-Context-Keep-Turns"
 SUMMARIZE = "X-Context-Summarize"
 CUT_TARGET = "X-Context-Cut-Target"
+API = "X-Context-Api"  # the dry run's choice of wire API (app.api.routes.plan_dialect)
 SWITCH_VALUES = {"on": True, "off": False}
 
 

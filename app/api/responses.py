@@ -10,8 +10,9 @@ that; so a slow client slows the upstream read instead of growing a buffer in th
 
 When the upstream fails after the headers went out (it closed the connection, or went silent for
 longer than the stream idle timeout), an event stream (``text/event-stream``) ends with one
-``data: {"error": {...}}`` event, OpenAI's mid-stream error shape, and is then closed; any other
-body is cut short (no final chunk), so the client sees a truncated body, never a complete one.
+error event in the request's API's shape (chat: ``data: {"error": {...}}``, OpenAI's mid-stream
+error; the others: ``dialect.stream_error``), and is then closed; any other body is cut short (no
+final chunk), so the client sees a truncated body, never a complete one.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ..core.dialect import Dialect, ErrorInfo
+from ..core.dialects import CHAT
 from ..core.plan import Plan
-from ..service.driver import ChatOutcome
+from ..service.driver import Outcome
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
 from ..upstream.errors import UpstreamError, UpstreamTimeout
@@ -63,6 +66,7 @@ def access_fields(scope: MutableMapping[str, Any]) -> dict[str, Any]:
 
 def record_plan(scope: MutableMapping[str, Any], plan: Plan, *, retries: int) -> None:
     access_fields(scope).update(
+        api=plan.api,
         model=plan.model,
         tokens_before=plan.tokens_before,
         tokens_after=plan.tokens_after,
@@ -80,8 +84,15 @@ class UpstreamStreamResponse(Response):
     A ``Response`` subclass only so that FastAPI returns it as is; it never buffers a body.
     """
 
-    def __init__(self, upstream: UpstreamResponse, *, extra_headers: Iterable[Header] = ()) -> None:
+    def __init__(
+        self,
+        upstream: UpstreamResponse,
+        *,
+        extra_headers: Iterable[Header] = (),
+        dialect: Dialect | None = None,
+    ) -> None:
         self.upstream = upstream
+        self.dialect = dialect
         self.background = None
         extra = list(extra_headers)
         ours = {name.lower() for name, _ in extra}
@@ -143,7 +154,7 @@ class UpstreamStreamResponse(Response):
                 # client sees a truncated body rather than a complete-looking one.
                 return
             # Close an event the upstream left half-sent, so ours is parsed on its own.
-            event = (b"" if tail == b"\n\n" else b"\n\n") + stream_error_event(exc)
+            event = (b"" if tail == b"\n\n" else b"\n\n") + stream_error_event(exc, self.dialect)
             with contextlib.suppress(OSError):  # the client may be gone too
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             return
@@ -177,17 +188,23 @@ async def read_whole(upstream: UpstreamResponse) -> None:
         raise
 
 
-def stream_error_event(exc: UpstreamError) -> bytes:
-    """The SSE event that ends a stream the upstream broke off (the SDKs raise it as an APIError)."""
-    code = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_protocol_error"
+def stream_error_event(exc: UpstreamError, dialect: Dialect | None = None) -> bytes:
+    """The SSE event that ends a stream the upstream broke off (the SDKs raise it as an APIError),
+    in the shape of the request's API."""
+    timeout = isinstance(exc, UpstreamTimeout)
+    code = "upstream_timeout" if timeout else "upstream_protocol_error"
+    if dialect is not None and dialect is not CHAT:
+        return dialect.stream_error(ErrorInfo(status=504 if timeout else 502, code=code, message=exc.message))
     error = {"message": exc.message, "type": "upstream_error", "param": None, "code": code}
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
-def chat_response(outcome: ChatOutcome) -> UpstreamStreamResponse:
+def fitted_response(outcome: Outcome, dialect: Dialect | None = None) -> UpstreamStreamResponse:
+    """The upstream's answer to a fitted request, with our ``X-Context-*`` headers."""
     return UpstreamStreamResponse(
         outcome.response,
         extra_headers=context_headers(outcome.plan, retries=outcome.retries, warnings=outcome.warnings),
+        dialect=dialect,
     )
 
 

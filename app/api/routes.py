@@ -1,7 +1,15 @@
 """The HTTP surface; each route parses, calls the service and renders, nothing more.
 
-* ``POST /v1/chat/completions``: plan and forward (``Service.handle_chat``).
-* ``POST /v1/context/plan``: the dry run; the plan as JSON, the upstream is not called.
+* ``POST /v1/{dialect.upstream_path}`` for every dialect of ``app.core.dialects.DIALECTS``
+  (``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages``): plan and forward
+  (``Service.handle`` with that dialect); our errors in that API's shape. ``build_router`` makes
+  one route per dialect, so a new dialect is served without a line here.
+* The counting endpoints of those APIs (``app.api.counting``).
+* ``POST /v1/context/plan``: the dry run; the plan as JSON, the upstream is not called. The API of
+  the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header (``chat``, ``responses``,
+  ``messages``), else ``messages`` when the request has an ``anthropic-version`` header, else
+  ``responses`` for a body with ``input`` and no ``messages``, else ``chat``.
+* ``HEAD /``: 200 (a client's connectivity check; ``GET /`` is the status page).
 * ``GET /v1/context/models``: every model the proxy knows something about (discovered, learned,
   calibrated), with the source of each figure.
 * ``GET /healthz``: the process is alive. ``GET /readyz``: vocabularies loaded, upstream answers.
@@ -10,25 +18,30 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from ..core.dialect import Dialect
+from ..core.dialects import CHAT
 from ..core.errors import InvalidRequest
-from ..service.driver import ChatOutcome, Service
+from ..service.driver import Outcome, Service
+from ..service.ports import UPSTREAM_KEY_HEADERS
 from ..service.report import plan_report
 from ..upstream.errors import UpstreamError
 from ..upstream.headers import Header
 from ..wire import dump_json
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
-from .errors import BodyTooLarge
-from .headers import parse_context_headers
-from .responses import UpstreamStreamResponse, access_fields, chat_response, read_whole, record_plan
+from .errors import DIALECT_SCOPE_KEY, BodyTooLarge
+from .headers import API, parse_context_headers
+from .responses import UpstreamStreamResponse, access_fields, fitted_response, read_whole, record_plan
 
 router = APIRouter()
+
+FittedRoute = Callable[[Request], Awaitable[UpstreamStreamResponse | NoResponse]]
 
 PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -62,14 +75,20 @@ async def read_body(request: Request, *, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(request: Request) -> UpstreamStreamResponse | NoResponse:
+def route_path(dialect: Dialect) -> str:
+    """The proxy's path for a dialect's API: the upstream's, under ``/v1``."""
+    return f"/v1/{dialect.upstream_path}"
+
+
+async def fitted(request: Request, dialect: Dialect) -> UpstreamStreamResponse | NoResponse:
+    """Plan and forward one request of ``dialect``'s API (the route of every fitted API)."""
+    request.scope[DIALECT_SCOPE_KEY] = dialect  # our errors from here on are in its shape
     service = service_of(request)
     options = parse_context_headers(request.headers)
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
 
-    async def answer() -> ChatOutcome:
-        outcome = await service.handle_chat(raw, raw_headers(request), options=options)
+    async def answer() -> Outcome:
+        outcome = await service.handle(raw, raw_headers(request), options=options, dialect=dialect)
         if not outcome.stream:
             await read_whole(outcome.response)
         return outcome
@@ -81,15 +100,46 @@ async def chat_completions(request: Request) -> UpstreamStreamResponse | NoRespo
         return NoResponse()
     record_plan(request.scope, outcome.plan, retries=outcome.retries)
     access_fields(request.scope)["stream"] = outcome.stream
-    return chat_response(outcome)
+    return fitted_response(outcome, dialect)
 
 
-@router.post("/v1/context/plan")
+async def chat_completions(request: Request) -> UpstreamStreamResponse | NoResponse:
+    return await fitted(request, CHAT)
+
+
+def fitted_route(dialect: Dialect) -> FittedRoute:
+    if dialect is CHAT:
+        return chat_completions
+
+    async def route(request: Request) -> UpstreamStreamResponse | NoResponse:
+        return await fitted(request, dialect)
+
+    route.__name__ = f"{dialect.name}_route"
+    return route
+
+
+def plan_dialect(request: Request, dialects: Mapping[str, Dialect], raw: bytes) -> Dialect:
+    """The API of a dry-run body (see the module docstring)."""
+    named = request.query_params.get("api") or request.headers.get(API)
+    if named is not None:
+        dialect = dialects.get(named.strip().lower())
+        if dialect is None:
+            raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(dialects))}.", param="api")
+        return dialect
+    if "anthropic-version" in request.headers and "messages" in dialects:
+        return dialects["messages"]
+    if "responses" in dialects and b'"input"' in raw and b'"messages"' not in raw:
+        return dialects["responses"]
+    return CHAT
+
+
 async def context_plan(request: Request) -> Response:
     service = service_of(request)
     options = parse_context_headers(request.headers)
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
-    plan = service.plan_raw(raw, options)
+    dialect = plan_dialect(request, request.app.state.dialects, raw)
+    request.scope[DIALECT_SCOPE_KEY] = dialect
+    plan = service.plan_raw(raw, options, dialect=dialect)
     record_plan(request.scope, plan, retries=0)
     return json_response(plan_report(plan))
 
@@ -97,6 +147,11 @@ async def context_plan(request: Request) -> Response:
 @router.get("/v1/context/models")
 async def context_models(request: Request) -> Response:
     return json_response({"object": "list", "data": service_of(request).models_report()})
+
+
+@router.head("/")
+async def head_root() -> Response:
+    return Response(status_code=200)
 
 
 @router.get("/healthz")
@@ -170,7 +225,6 @@ def _model_of(raw: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-@router.api_route("/v1/{path:path}", methods=PASSTHROUGH_METHODS, response_model=None)
 async def passthrough(request: Request, path: str) -> UpstreamStreamResponse:
     """Forward untouched. The body streams through, except that a JSON body is read (within
     ``max_body_bytes``) when per-model routes exist, to route it by its ``model``."""
@@ -191,18 +245,36 @@ async def passthrough(request: Request, path: str) -> UpstreamStreamResponse:
         else:
             content = limited = _LimitedBody(request, limit_bytes=limit_bytes)
     access_fields(request.scope)["model"] = model
+    forwarded_path = _raw_path(request, path)
     try:
         upstream = await service.passthrough(
             request.method,
-            _raw_path(request, path),
+            forwarded_path,
             query=request.url.query,
             headers=raw_headers(request),
             content=content,
             content_length=content_length,
             model=model,
+            key_header=UPSTREAM_KEY_HEADERS.get(forwarded_path.split("/", 1)[0]),
         )
     except UpstreamError:
         if limited is not None and limited.over:
             raise BodyTooLarge(limit_bytes=limit_bytes) from None
         raise
     return UpstreamStreamResponse(upstream)
+
+
+def build_router(dialects: Mapping[str, Dialect]) -> APIRouter:
+    """Every route: the fixed ones, one fitted route per dialect and its counting endpoint, then
+    the pass-through for the rest of ``/v1/``, in that order (the pass-through matches anything)."""
+    from .counting import counting_routes
+
+    api = APIRouter()
+    for dialect in dialects.values():
+        api.add_api_route(route_path(dialect), fitted_route(dialect), methods=["POST"], response_model=None)
+    for path, endpoint in counting_routes(dialects):
+        api.add_api_route(path, endpoint, methods=["POST"], response_model=None)
+    api.add_api_route("/v1/context/plan", context_plan, methods=["POST"])
+    api.include_router(router)
+    api.add_api_route("/v1/{path:path}", passthrough, methods=PASSTHROUGH_METHODS, response_model=None)
+    return api

@@ -1,14 +1,18 @@
-"""Find ``usage.prompt_tokens`` in a chat-completions response as it passes (pure, no I/O).
+"""Find the upstream's count of the prompt in a response as it passes (pure, no I/O).
 
 INTERFACE CONTRACT:
 
-* ``prompt_tokens_from_json(body: bytes) -> int | None``: a non-streaming response body.
-* ``SseUsageScanner()``: ``feed(chunk)`` with the raw bytes of a streamed (SSE) response as they
-  pass, in order; ``prompt_tokens`` is the last ``usage.prompt_tokens`` seen in a ``data:`` event
-  (OpenAI's final usage chunk with ``stream_options.include_usage``; vLLM's continuous usage too).
-  It never changes or keeps the chunks: only the unfinished last line is held, and a line longer
-  than ``MAX_LINE_BYTES`` is skipped (usage chunks are small). Lines without ``"usage"`` and
-  ``"prompt_tokens"`` are not parsed at all.
+* ``prompt_tokens_from_json(body: bytes) -> int | None``: a non-streaming chat response body.
+* ``input_tokens_from_json(body, extract) -> int | None``: any API's non-streaming answer, read
+  by ``extract`` (a dialect's ``input_tokens_used``) when it mentions ``"usage"``.
+* ``SseUsageScanner(extract=None, *, needles=..., max_line_bytes=MAX_LINE_BYTES)``: ``feed(chunk)``
+  with the raw bytes of a streamed (SSE) response as they pass, in order; ``prompt_tokens`` is the
+  last count seen in a ``data:`` event: chat's ``usage.prompt_tokens`` (OpenAI's final usage chunk
+  with ``stream_options.include_usage``; vLLM's continuous usage too) by default, or what
+  ``extract`` finds in each event (Responses ``response.completed``, Anthropic
+  ``message_start``/``message_delta``). It never changes or keeps the chunks: only the unfinished
+  last line is held, and a line longer than ``max_line_bytes`` is skipped. Lines without every one
+  of ``needles`` (default ``"usage"`` and ``"prompt_tokens"``) are not parsed at all.
 
 Never raises on malformed input.
 """
@@ -16,7 +20,11 @@ Never raises on malformed input.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from typing import Any
+
+Extract = Callable[[Mapping[str, Any]], int | None]
+CHAT_NEEDLES: tuple[bytes, ...] = (b'"usage"', b'"prompt_tokens"')
 
 MAX_LINE_BYTES = 64 * 1024
 MAX_JSON_BYTES = 8 * 1024 * 1024
@@ -43,12 +51,31 @@ def prompt_tokens_from_json(body: bytes) -> int | None:
         return None
 
 
+def input_tokens_from_json(body: bytes, extract: Extract) -> int | None:
+    if not body or len(body) > MAX_JSON_BYTES or b'"usage"' not in body:
+        return None
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return extract(payload) if isinstance(payload, dict) else None
+
+
 class SseUsageScanner:
     """Watches an SSE byte stream for usage (see the module contract)."""
 
-    __slots__ = ("_pending", "_skipping", "prompt_tokens")
+    __slots__ = ("_extract", "_max_line_bytes", "_needles", "_pending", "_skipping", "prompt_tokens")
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        extract: Extract | None = None,
+        *,
+        needles: tuple[bytes, ...] = CHAT_NEEDLES,
+        max_line_bytes: int = 0,
+    ) -> None:
+        self._extract = extract
+        self._needles = needles
+        self._max_line_bytes = max_line_bytes or MAX_LINE_BYTES
         self._pending = b""
         self._skipping = False
         self.prompt_tokens: int | None = None
@@ -71,18 +98,21 @@ class SseUsageScanner:
             start = end + 1
         rest = chunk[start:]
         if rest and not self._skipping:
-            if len(self._pending) + len(rest) > MAX_LINE_BYTES:
+            if len(self._pending) + len(rest) > self._max_line_bytes:
                 self._pending, self._skipping = b"", True
             else:
                 self._pending += rest
 
     def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:") or b'"usage"' not in line or b'"prompt_tokens"' not in line:
+        if not line.startswith(b"data:") or any(needle not in line for needle in self._needles):
             return
         try:
             payload = json.loads(line[5:].strip())
         except (ValueError, RecursionError):
             return
-        tokens = _prompt_tokens(payload)
+        if self._extract is None:
+            tokens = _prompt_tokens(payload)
+        else:
+            tokens = self._extract(payload) if isinstance(payload, dict) else None
         if tokens is not None:
             self.prompt_tokens = tokens

@@ -58,8 +58,13 @@ UPSTREAM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
+FITTED_ROUTES = frozenset({"chat", "responses", "messages"})  # one label per fitted wire API
 _ROUTES = {
     "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/responses/input_tokens": "count",
+    "/v1/messages/count_tokens": "count",
     "/v1/context/plan": "plan",
     "/healthz": "health",
     "/readyz": "health",

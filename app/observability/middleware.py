@@ -31,7 +31,7 @@ from .context import (
     new_request_id,
     valid_request_id,
 )
-from .metrics import route_label
+from .metrics import FITTED_ROUTES, route_label
 from .observer import Observability, parse_actions
 from .status import RecentRequest
 
@@ -197,7 +197,7 @@ class ObservabilityMiddleware:
         if outcome == "rejected" and "rejected" not in actions:
             actions["rejected"] = 1
         overhead_s: float | None = None
-        if route in ("chat", "passthrough") and ctx.response_start_s is not None:
+        if (route in FITTED_ROUTES or route == "passthrough") and ctx.response_start_s is not None:
             begin = ctx.body_done_s if ctx.body_done_s is not None else ctx.started_s
             overhead_s = max(0.0, ctx.response_start_s - begin - ctx.upstream_s)
         model = fields.get("model")

@@ -241,7 +241,8 @@ function drawChart(data) {
   const ctx = canvas.getContext("2d");
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.clearRect(0, 0, width, height);
-  const points = data.recent.filter((r) => r.route === "chat" && r.tokens_before !== null).reverse();
+  const fitted = ["chat", "responses", "messages"];
+  const points = data.recent.filter((r) => fitted.includes(r.route) && r.tokens_before !== null).reverse();
   const note = document.getElementById("chart-note");
   const left = 64, right = 12, top = 10, bottom = 28;
   const plotW = width - left - right, plotH = height - top - bottom;

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from .metrics import FITTED_ROUTES
 from .shared import SharedBoard, merge
 
 RECENT_MAX = 200
@@ -175,7 +176,8 @@ class StatusBoard:
             c["emergency_retries"] += entry.retries
             for kind in actions:
                 _bump(c["actions"], kind)
-            if entry.route == "chat" and entry.tokens_before is not None and entry.tokens_after is not None:
+            counted = entry.tokens_before is not None and entry.tokens_after is not None
+            if entry.route in FITTED_ROUTES and counted:
                 c["chat_requests"] += 1
                 c["tokens_before"] += entry.tokens_before
                 if entry.outcome != "rejected":

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
 from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
 from .learning import Learner
-from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
+from .ports import REQUIRED_ENCODINGS, UPSTREAM_KEY_HEADERS, ModelResolver, Vocabularies
 from .report import request_budget_tokens
 from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
 
@@ -199,6 +199,15 @@ class Service:
     def plan_raw(self, raw: bytes, options: RequestOptions, *, dialect: Dialect = CHAT) -> Plan:
         return self.plan(parse_body(raw), options, dialect=dialect)
 
+    def count(self, raw: bytes, options: RequestOptions, *, dialect: Dialect) -> Plan | None:
+        """Our count of a request as its upstream would count its input (``Plan.tokens_before``,
+        ``Plan.count_kind``), for the counting endpoints; None when the conversation is not all
+        here (its history lives upstream). Plans under policy ``off``: counts, changes nothing."""
+        request = self.request(parse_body(raw), replace(options, mode="off"), raw=raw, dialect=dialect)
+        if not request.conversation.fittable:
+            return None
+        return request.plan()
+
     def models_report(self) -> list[dict[str, Any]]:
         """What the proxy knows about every model it has seen or discovered (``app.service.learning``)."""
         return self.learner.report(self.registry.resolve)
@@ -311,6 +320,7 @@ class Service:
                 headers=request.headers,
                 stream=True,
                 base_url=request.base_url,
+                key_header=UPSTREAM_KEY_HEADERS.get(request.dialect.name),
             )
         except BaseException:
             abandon_plan(pending)
@@ -343,6 +353,15 @@ class Service:
         """The outcome, after the learner has seen the response (usage, silent truncation)."""
         plan = exchange.plan
         assert plan is not None
+        if not request.conversation.fittable:
+            # The upstream counts a history we never saw: its usage says nothing about our counts.
+            return Outcome(
+                plan=plan,
+                response=response,
+                retries=exchange.retries,
+                stream=request.stream,
+                warnings=plan.warnings,
+            )
         try:
             observed, warnings = await self.learner.observe(
                 response,
@@ -352,6 +371,7 @@ class Service:
                 stream=request.stream,
                 window_tokens=None if plan.spec.guessed else plan.budget.window_tokens,
                 forwarded_tokens=plan.tokens_after,
+                usage=None if request.dialect is CHAT else request.dialect.input_tokens_used,
             )
         except BaseException:
             await response.aclose()
@@ -374,6 +394,7 @@ class Service:
         content: bytes | AsyncIterable[bytes] | None,
         content_length: int | None = None,
         model: str | None = None,
+        key_header: str | None = None,
     ) -> UpstreamResponse:
         """Forward any other ``/v1/{path}`` request untouched (routed by ``model`` when known)."""
         return await self.upstream.send(
@@ -385,6 +406,7 @@ class Service:
             base_url=self.upstream.base_url_for(model),
             query=query,
             content_length=content_length,
+            key_header=key_header,
         )
 
     async def readiness(self) -> Readiness:

@@ -16,9 +16,10 @@ request (a handful of hooks, so the send loop stays readable):
   cache backend is shared) for what other replicas learned. ``aclose()`` stops both.
 * ``learn_from_overflow(model, overflow, *, counter, forwarded)``: an upstream context error stated
   the window and/or its count of our prompt.
-* ``await observe(response, *, model, counter, forwarded, stream) -> (response, warnings)``: a
-  successful non-streaming response is read (its bytes are replayed unchanged) and its
-  ``usage.prompt_tokens`` compared with our count of ``forwarded``; a silent truncation adds the
+* ``await observe(response, *, model, counter, forwarded, stream, usage=None) -> (response,
+  warnings)``: a successful non-streaming response is read (its bytes are replayed unchanged) and
+  its ``usage.prompt_tokens`` (or what ``usage``, a dialect's ``input_tokens_used``, finds in the
+  answer or its events) compared with our count of ``forwarded``; a silent truncation adds the
   warning ``upstream-truncated`` to *this* response (``window_tokens``: the window the request was
   planned for, None when it was a guess; a usage at or over it is a cut too). A streamed response
   is wrapped so its SSE lines are scanned as they pass (never buffered nor changed); its usage
@@ -46,13 +47,15 @@ from ..core.knowledge import Knowledge, ModelFacts, UsageVerdict
 from ..core.overflow import ContextOverflow
 from ..core.registry import ModelSpec
 from ..core.tokens import MessageCounter
-from ..core.usage import SseUsageScanner, prompt_tokens_from_json
+from ..core.usage import Extract, SseUsageScanner, input_tokens_from_json, prompt_tokens_from_json
 from ..upstream.client import UpstreamResponse
 from ..upstream.headers import Header
 from .discovery import Discovery
 from .knowledge_share import KnowledgeShare
 
 logger = logging.getLogger("ctxproxy.learning")
+
+MAX_API_EVENT_BYTES = 4 * 1024 * 1024
 
 # Each estimate-counted model has its own counter (and cache); bounded so that many model names
 # cannot hold much memory: at most MAX_MODEL_COUNTERS * MODEL_COUNTER_CACHE_CHARS cached characters.
@@ -252,6 +255,7 @@ class Learner:
         stream: bool,
         window_tokens: int | None = None,
         forwarded_tokens: int | None = None,
+        usage: Extract | None = None,
     ) -> tuple[UpstreamResponse, tuple[str, ...]]:
         warnings: list[str] = []
         if self.knowledge.take_warning(model):
@@ -260,7 +264,11 @@ class Learner:
             return response, tuple(warnings)
         if not stream:
             await response.aread()
-            tokens = prompt_tokens_from_json(response.decoded_body())
+            answer = response.decoded_body()
+            if usage is None:
+                tokens = prompt_tokens_from_json(answer)
+            else:
+                tokens = input_tokens_from_json(answer, usage)
             if tokens is not None:
                 verdict = self._usage(
                     model,
@@ -278,7 +286,13 @@ class Learner:
             return response, tuple(warnings)
         if not _identity_encoded(response):
             return response, tuple(warnings)
-        scanner = SseUsageScanner()
+        # Other APIs carry usage in bigger events (Responses' response.completed holds the whole
+        # response): a larger line bound, and only "usage" to look for.
+        scanner = (
+            SseUsageScanner()
+            if usage is None
+            else SseUsageScanner(usage, needles=(b'"usage"',), max_line_bytes=MAX_API_EVENT_BYTES)
+        )
 
         def on_end() -> None:
             if scanner.prompt_tokens is not None:

@@ -231,6 +231,7 @@ class UpstreamClient:
         timeout: httpx.Timeout | None = None,
         content_length: int | None = None,
         limited: bool = True,
+        key_header: str | None = None,
     ) -> UpstreamResponse:
         """Send and return the response with its body unread (``stream=True``) or read.
 
@@ -238,12 +239,15 @@ class UpstreamClient:
         client's, filtered here. A streamed ``content`` goes out chunked unless
         ``content_length`` (the client's declared length) is given. Raises an
         :class:`UpstreamError`, never a library's error (``UpstreamBusy`` when ``limited`` and the
-        concurrency cap stays full).
+        concurrency cap stays full). ``key_header``: where the operator's key goes
+        (``upstream.headers.upstream_request_headers``).
         """
         base = base_url or self.base_url
         instrumentation = self.instrumentation
         rid = instrumentation.request_id() if instrumentation is not None else None
-        forwarded = upstream_request_headers(headers, api_key=self._api_key, request_id=rid)
+        forwarded = upstream_request_headers(
+            headers, api_key=self._api_key, request_id=rid, key_header=key_header
+        )
         if content_length is not None and not isinstance(content, bytes):
             forwarded.append(("Content-Length", str(content_length)))
         endpoint = join_url(base, path)

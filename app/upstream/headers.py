@@ -3,9 +3,11 @@
 Hop-by-hop headers (RFC 9110 §7.6.1, plus ``host`` and ``content-length`` which the next hop
 recomputes) never pass in either direction, nor does any header the ``Connection`` header names.
 Our own ``X-Context-*`` request headers are for the proxy and are never forwarded upstream, nor
-is ``Expect`` (answered here). The client's ``Authorization`` passes as is, unless the operator
-configured an upstream key: then it is replaced (and the client's is dropped), so a client never
-needs the real key.
+is ``Expect`` (answered here). The client's ``Authorization`` (OpenAI) or ``x-api-key``
+(Anthropic) passes as is, unless the operator configured an upstream key: then both are dropped
+and the key is sent in the header the request asks for (``key_header``), else in the one the
+client used (``x-api-key`` when it sent only that, else ``Authorization: Bearer``), so a client
+never needs the real key. ``anthropic-version``/``anthropic-beta`` pass untouched like any other.
 """
 
 from __future__ import annotations
@@ -53,23 +55,42 @@ def _end_to_end(headers: Iterable[Header]) -> list[Header]:
     return [(name, value) for name, value in pairs if name.lower() not in dropped]
 
 
+AUTHORIZATION = "authorization"
+X_API_KEY = "x-api-key"
+KEY_HEADERS: frozenset[str] = frozenset({AUTHORIZATION, X_API_KEY})
+
+
 def upstream_request_headers(
-    headers: Iterable[Header], *, api_key: str | None = None, request_id: str | None = None
+    headers: Iterable[Header],
+    *,
+    api_key: str | None = None,
+    request_id: str | None = None,
+    key_header: str | None = None,
 ) -> list[Header]:
     """The client's request headers as the upstream should see them (order and case kept).
 
-    ``api_key`` replaces every client ``Authorization``; ``request_id`` every client
-    ``X-Request-ID`` (the upstream sees the ID of our logs and of the client's response)."""
-    replaced = {"authorization"} if api_key is not None else set()
+    ``api_key`` replaces every client ``Authorization`` and ``x-api-key``, and is sent as
+    ``key_header`` (``authorization`` or ``x-api-key``; None: as the client sent its own);
+    ``request_id`` replaces every client ``X-Request-ID`` (the upstream sees the ID of our logs
+    and of the client's response)."""
+    replaced = set(KEY_HEADERS) if api_key is not None else set()
     if request_id is not None:
         replaced.add("x-request-id")
     kept: list[Header] = []
+    client_keys: set[str] = set()
     for name, value in _end_to_end(headers):
         lower = name.lower()
+        if lower in KEY_HEADERS:
+            client_keys.add(lower)
         if not (lower.startswith(CONTEXT_PREFIX) or lower in ANSWERED_HERE or lower in replaced):
             kept.append((name, value))
     if api_key is not None:
-        kept.append(("Authorization", f"Bearer {api_key}"))
+        if key_header is None:
+            key_header = X_API_KEY if client_keys == {X_API_KEY} else AUTHORIZATION
+        if key_header == X_API_KEY:
+            kept.append(("x-api-key", api_key))
+        else:
+            kept.append(("Authorization", f"Bearer {api_key}"))
     if request_id is not None:
         kept.append((REQUEST_ID_HEADER, request_id))
     return kept

@@ -76,14 +76,16 @@ def make_settings(**overrides: Any) -> Settings:
 
 @asynccontextmanager
 async def proxy(
-    router: respx.Router, *, registry: Any = None, **settings: Any
+    router: respx.Router, *, registry: Any = None, dialects: Any = None, **settings: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
-    """The app with its lifespan running, and an ASGI client to call it."""
+    """The app with its lifespan running, and an ASGI client to call it (``dialects``: the wire
+    APIs served, default every registered one)."""
     app = create_app(
         make_settings(**settings),
         upstream_transport=httpx.MockTransport(router.handler),
         registry=registry or OneModelRegistry(),
         vocabularies=WordVocabularies(),
+        dialects=dialects,
     )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

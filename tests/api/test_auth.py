@@ -19,7 +19,8 @@ from app.api.auth import key_matches, presented_key
         ([(b"authorization", b"Bearer")], None),
         ([(b"authorization", b"")], None),
         ([], None),
-        ([(b"x-api-key", b"abc")], None),
+        ([(b"x-api-key", b"abc")], b"abc"),  # Anthropic clients send their key there
+        ([(b"x-api-key", b"abc"), (b"authorization", b"Bearer t")], b"t"),
     ],
 )
 def test_presented_key(headers: list[tuple[bytes, bytes]], expected: bytes | None) -> None:

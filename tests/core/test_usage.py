@@ -78,3 +78,20 @@ def test_any_split_of_the_stream_gives_the_same_count(cuts: list[int]) -> None:
 def test_garbage_never_raises(data: bytes) -> None:
     SseUsageScanner().feed(data)
     prompt_tokens_from_json(data)
+
+
+def test_another_apis_usage_is_read_by_its_extractor_from_json_and_events() -> None:
+    from app.core.dialects.responses import RESPONSES
+    from app.core.usage import input_tokens_from_json
+
+    completed = (
+        b'{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":321,"output_tokens":2}}}'
+    )
+    assert input_tokens_from_json(completed, RESPONSES.input_tokens_used) == 321
+    assert input_tokens_from_json(b'{"id":"r"}', RESPONSES.input_tokens_used) is None
+    scanner = SseUsageScanner(RESPONSES.input_tokens_used, needles=(b'"usage"',), max_line_bytes=1 << 20)
+    created = b'event: response.created\ndata: {"type":"response.created","response":{"usage":null}}\n\n'
+    scanner.feed(created + b"event: response.completed\ndata: " + completed[:40])
+    assert scanner.prompt_tokens is None
+    scanner.feed(completed[40:] + b"\n\n")
+    assert scanner.prompt_tokens == 321

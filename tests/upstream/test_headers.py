@@ -52,3 +52,19 @@ def test_response_headers_drop_hop_by_hop_and_keep_the_rest_in_order() -> None:
         ("Set-Cookie", "a=1"),
         ("Set-Cookie", "b=2"),
     ]
+
+
+def test_the_key_replaces_an_anthropic_x_api_key_and_goes_where_the_client_put_its_own() -> None:
+    anthropic = [("x-api-key", "client"), ("anthropic-version", "2023-06-01"), ("anthropic-beta", "b1")]
+    forwarded = upstream_request_headers(anthropic, api_key="sk-op")
+    assert forwarded == [
+        ("anthropic-version", "2023-06-01"),
+        ("anthropic-beta", "b1"),
+        ("x-api-key", "sk-op"),
+    ]
+    openai = upstream_request_headers([("Authorization", "Bearer c"), ("X-Api-Key", "c")], api_key="sk-op")
+    assert openai == [("Authorization", "Bearer sk-op")]
+    asked = upstream_request_headers([("Authorization", "Bearer c")], api_key="sk-op", key_header="x-api-key")
+    assert asked == [("x-api-key", "sk-op")]
+    # Without an operator key both pass as the client sent them.
+    assert upstream_request_headers(anthropic) == anthropic
