@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from starlette.requests import Request
-from starlette.routing import get_route_path
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import KNOWN_ERRORS, handle_known
@@ -25,22 +25,32 @@ from .routes import FittedRoute, chat_completions
 CHAT_ROUTE = "/v1/chat/completions"
 
 
+def route_path(scope: Scope) -> str:
+    """The path the router matches: ``path`` under the app's ``root_path`` (Starlette's rule)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+        return path[len(root) :]
+    return path
+
+
 class FittedLane:
     """``routes``: route path -> route function (default: the chat route only)."""
 
     def __init__(self, app: ASGIApp, *, routes: Mapping[str, FittedRoute] | None = None) -> None:
         self.app = app
-        default = {CHAT_ROUTE: chat_completions}
+        default: dict[str, FittedRoute] = {CHAT_ROUTE: chat_completions}
         self.routes: dict[str, FittedRoute] = default if routes is None else dict(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = None
         if scope["type"] == "http" and scope["method"] == "POST":
-            route = self.routes.get(get_route_path(scope))
+            route = self.routes.get(route_path(scope))
         if route is None:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
+        response: Response
         try:
             response = await route(request)
         except KNOWN_ERRORS as exc:

@@ -176,8 +176,11 @@ class StatusBoard:
             c["emergency_retries"] += entry.retries
             for kind in actions:
                 _bump(c["actions"], kind)
-            counted = entry.tokens_before is not None and entry.tokens_after is not None
-            if entry.route in FITTED_ROUTES and counted:
+            if (
+                entry.route in FITTED_ROUTES
+                and entry.tokens_before is not None
+                and entry.tokens_after is not None
+            ):
                 c["chat_requests"] += 1
                 c["tokens_before"] += entry.tokens_before
                 if entry.outcome != "rejected":
