@@ -16,6 +16,10 @@ does what each command says and feeds back what happened:
   error that is not a context overflow (``dialect.overflow``) or an overflow whose numbers give no
   smaller cap (``core.retry.retry_cap_tokens``) -> ``Deliver``; else ``Replan(cap_tokens)``.
   A classified overflow rides on the command (``overflow``) so the driver learns from it once.
+* ``answered_stream(head) -> Deliver | Replan``: a 200 event stream whose opening events
+  (``head``, see ``core.preamble``) were read before passing it on: an overflow reported in them
+  (Responses' ``response.failed``) is handled like an overflow status; anything else is delivered
+  (the head replayed first).
 * ``replanned(plan) -> Send | Deliver``: the plan made under that cap is sent only when it fits,
   changed something and is smaller than what the upstream just refused (else it cannot help, and
   the refused answer is delivered as is).
@@ -121,6 +125,24 @@ class Exchange:
         self.state = "answered"
         if not self.reads_answer(status):
             return self._deliver()
+        return self._classify(status, body)
+
+    def peeks(self) -> bool:
+        """Whether a streamed success is worth peeking at: a retry is still allowed."""
+        return self.retries < self.max_retries
+
+    def answered_stream(self, head: bytes) -> Deliver | Replan:
+        self._expect("sending")
+        if self.plan is None:
+            raise ExchangeStateError("an answer before the plan of what was sent")
+        self.state = "answered"
+        if not self.peeks():
+            return self._deliver()
+        # The stream's own status is 200; the failure it reports is a refused request.
+        return self._classify(400, head)
+
+    def _classify(self, status: int, body: bytes | None) -> Deliver | Replan:
+        assert self.plan is not None
         overflow = self.dialect.overflow(status, body)
         if overflow is None:
             return self._deliver()

@@ -41,6 +41,7 @@ from ..core.errors import CannotFit, InvalidRequest
 from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
 from ..core.overflow import ContextOverflow
 from ..core.plan import Plan
+from ..core.preamble import PREAMBLE_EVENTS
 from ..core.registry import ModelSpec
 from ..core.tokens import MessageCounter
 from ..settings import Settings
@@ -48,6 +49,7 @@ from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
 from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
 from .learning import Learner
+from .peek import is_event_stream, read_preamble
 from .ports import REQUIRED_ENCODINGS, UPSTREAM_KEY_HEADERS, ModelResolver, Vocabularies
 from .report import request_budget_tokens
 from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
@@ -337,9 +339,29 @@ class Service:
                 await response.aclose()
                 raise
             body = response.decoded_body()
+        elif self._peeks(request, exchange, response):
+            # An API that may report the overflow inside a 200 stream (app.core.preamble).
+            try:
+                response, head = await read_preamble(response, PREAMBLE_EVENTS[request.dialect.name])
+            except BaseException:
+                await response.aclose()
+                raise
+            return response, exchange.answered_stream(head)
         return response, exchange.answered(response.status_code, body)
 
+    @staticmethod
+    def _peeks(request: ProxyRequest, exchange: Exchange, response: UpstreamResponse) -> bool:
+        return (
+            request.stream
+            and response.status_code == 200
+            and request.dialect.name in PREAMBLE_EVENTS
+            and exchange.peeks()
+            and is_event_stream(response)
+        )
+
     def _learn(self, request: ProxyRequest, overflow: ContextOverflow, forwarded: Forwarded) -> None:
+        if not request.conversation.fittable:
+            return  # the upstream counted a history we never saw: its numbers are not about ours
         self.learner.learn_from_overflow(
             request.model,
             overflow,

@@ -18,6 +18,8 @@ import respx
 from app.core.dialects import CHAT, DIALECTS
 from app.core.dialects.chat import ChatDialect
 from tests.api import UPSTREAM, chat_ok, proxy, words
+from tests.fake_responses_upstream import FakeResponsesUpstream
+from tests.fake_upstream import FakeModel
 
 RESPONSES_URL = f"{UPSTREAM}/responses"
 MESSAGES_URL = f"{UPSTREAM}/messages"
@@ -173,18 +175,20 @@ def failing_stream(first: bytes) -> AsyncIterator[bytes]:
 
 
 async def test_a_responses_stream_that_breaks_ends_with_a_responses_error_event() -> None:
-    first = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1"}}\n\n'
+    first = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1"}}\n\n'
+        b'event: response.output_item.added\ndata: {"type":"response.output_item.added","item":{}}\n\n'
+    )
     router = respx.Router(assert_all_called=False)
     router.post(RESPONSES_URL).mock(
         side_effect=lambda request: httpx.Response(
             200, headers={"content-type": "text/event-stream"}, content=failing_stream(first)
         )
     )
+    body = {"model": "gpt-test", "input": "hi", "stream": True}
     async with (
         proxy(router) as (client, _),
-        client.stream(
-            "POST", "/v1/responses", json={"model": "gpt-test", "input": "hi", "stream": True}
-        ) as response,
+        client.stream("POST", "/v1/responses", json=body) as response,
     ):
         received = b"".join([chunk async for chunk in response.aiter_raw()])
     assert received.startswith(first)
@@ -192,6 +196,22 @@ async def test_a_responses_stream_that_breaks_ends_with_a_responses_error_event(
     assert tail.startswith(b"event: error\ndata: ") and tail.endswith(b"\n\n")
     event = json.loads(tail.split(b"data: ", 1)[1])
     assert event["type"] == "error" and event["code"] == "upstream_protocol_error"
+
+
+async def test_a_stream_that_breaks_in_its_preamble_is_a_502_in_the_responses_shape() -> None:
+    created = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1"}}\n\n'
+    router = respx.Router(assert_all_called=False)
+    router.post(RESPONSES_URL).mock(
+        side_effect=lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=failing_stream(created)
+        )
+    )
+    async with proxy(router) as (client, _):
+        response = await client.post(
+            "/v1/responses", json={"model": "gpt-test", "input": "hi", "stream": True}
+        )
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_protocol_error"
 
 
 async def test_the_responses_counting_endpoint_answers_our_exact_count() -> None:
@@ -265,3 +285,45 @@ async def test_without_its_dialect_an_api_is_passed_through_and_head_root_answer
     assert passed.status_code == 200 and "x-context-actions" not in passed.headers
     assert route.call_count == 1
     assert head.status_code == 200
+
+
+async def test_an_overflow_reported_inside_a_200_stream_is_retried_before_the_client_sees_it() -> None:
+    fake = FakeResponsesUpstream([FakeModel("gpt-test", window_tokens=500)])
+    fake.overflow_in_stream = True
+    router = respx.Router(assert_all_called=False)
+    router.post(RESPONSES_URL).mock(side_effect=fake.handler)
+    body = {"model": "gpt-test", "input": long_input(turns=3, size=100), "stream": True}
+    async with (
+        proxy(router) as (client, _),
+        client.stream("POST", "/v1/responses", json=body) as response,
+    ):
+        received = b"".join([chunk async for chunk in response.aiter_raw()])
+        headers = response.headers
+    assert [r.status for r in fake.requests] == [200, 200]
+    assert headers["x-context-retries"] == "1"
+    assert b"response.completed" in received and b"response.failed" not in received
+    assert received.startswith(b"event: response.created\n")
+    first, retry = (json.loads(r.body) for r in fake.requests)
+    assert len(retry["input"]) < len(first["input"])
+
+
+async def test_a_stream_that_fails_for_another_reason_is_passed_on_as_it_came() -> None:
+    failed = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"id":"r"}}\n\n'
+        b'event: response.failed\ndata: {"type":"response.failed","response":{"id":"r","status":"failed",'
+        b'"error":{"code":"server_error","message":"boom"}}}\n\n'
+    )
+    router = respx.Router(assert_all_called=False)
+    route = router.post(RESPONSES_URL).mock(
+        side_effect=lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=failed
+        )
+    )
+    async with (
+        proxy(router) as (client, _),
+        client.stream(
+            "POST", "/v1/responses", json={"model": "gpt-test", "input": "hi", "stream": True}
+        ) as response,
+    ):
+        received = b"".join([chunk async for chunk in response.aiter_raw()])
+    assert route.call_count == 1 and received == failed

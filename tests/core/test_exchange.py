@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.core.budget import Budget, PolicyMode
-from app.core.dialects import CHAT
+from app.core.dialects import CHAT, DIALECTS
 from app.core.exchange import Deliver, Exchange, ExchangeStateError, Fail, Replan, Send
 from app.core.plan import Plan
 from app.core.retry import MAX_RETRIES
@@ -151,3 +151,24 @@ def test_events_out_of_order_are_refused() -> None:
     ex.answered(200, None)
     with pytest.raises(ExchangeStateError):
         ex.answered(200, None)
+
+
+def test_an_overflow_inside_a_200_stream_is_replanned_and_other_streams_are_delivered() -> None:
+    failed = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"id":"r"}}\n\n'
+        b'event: response.failed\ndata: {"type":"response.failed","response":{"status":"failed",'
+        b'"error":{"code":"context_length_exceeded","message":"Your input exceeds the context window of '
+        b'this model. Please adjust your input and try again."}}}\n\n'
+    )
+    ex = Exchange(dialect=DIALECTS["responses"], mode="auto")
+    ex.start(plan(9_000))
+    assert ex.peeks()
+    command = ex.answered_stream(failed)
+    assert isinstance(command, Replan) and command.cap_tokens < 9_000
+    ok = Exchange(dialect=DIALECTS["responses"], mode="auto")
+    ok.start(plan(9_000))
+    created = b'event: response.created\ndata: {"type":"response.created"}\n\n'
+    assert (
+        ok.answered_stream(created + b'event: response.output_text.delta\ndata: {"delta":"x"}\n\n')
+        == Deliver()
+    )

@@ -1,0 +1,73 @@
+"""Read the opening events of a streamed answer before the client sees any of it, then replay them.
+
+``await read_preamble(response, kinds) -> (response, head)``: reads ``response``'s raw chunks until
+``app.core.preamble.preamble_done(head, kinds)`` (or the stream ends) and returns a response that
+yields ``head`` first and then the rest of the same stream, byte for byte: nothing is parsed out of
+or added to what the client gets. Used for APIs that report an overflow inside a 200 stream
+(``app.core.preamble``); the caller closes ``response`` if this raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from ..core.preamble import preamble_done
+from ..upstream.client import UpstreamResponse
+from ..upstream.headers import Header
+
+
+def is_event_stream(response: UpstreamResponse) -> bool:
+    return any(
+        name.lower() == "content-type" and value.split(";")[0].strip().lower() == "text/event-stream"
+        for name, value in response.headers
+    )
+
+
+class ReplayedResponse(UpstreamResponse):
+    """``inner`` whose first bytes were read already: ``aiter_raw`` yields them, then the rest."""
+
+    def __init__(self, inner: UpstreamResponse, head: bytes, rest: AsyncIterator[bytes]) -> None:
+        # Not calling super().__init__: every member is delegated to ``inner``.
+        self._inner = inner
+        self._head = head
+        self._rest = rest
+        self.base_url = inner.base_url
+
+    @property
+    def status_code(self) -> int:
+        return self._inner.status_code
+
+    @property
+    def headers(self) -> list[Header]:
+        return self._inner.headers
+
+    @property
+    def body(self) -> bytes | None:
+        return self._inner.body
+
+    async def aread(self) -> bytes:
+        return self._head + b"".join([chunk async for chunk in self._rest])
+
+    def decoded_body(self) -> bytes:
+        return self._inner.decoded_body()
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        if self._head:
+            yield self._head
+        async for chunk in self._rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def read_preamble(response: UpstreamResponse, kinds: frozenset[str]) -> tuple[UpstreamResponse, bytes]:
+    rest = aiter(response.aiter_raw())
+    head = b""
+    while not preamble_done(head, kinds):
+        try:
+            chunk = await anext(rest)
+        except StopAsyncIteration:
+            break
+        head += chunk
+    return ReplayedResponse(response, head, rest), head
