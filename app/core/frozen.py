@@ -8,9 +8,19 @@ INTERFACE CONTRACT (``tokens.py`` relies on these):
   values nested deeper than Python recurses (the caller counts those without caching).
 * ``is_plain(value) -> bool``: True for values ``==`` compares exactly (strings, null, lists and
   string-keyed dicts of those); a number or a boolean is not plain.
+* ``is_plain_message(message) -> bool``: ``is_plain``, except that the dialects' reserved keys
+  (``conversation.RESERVED_KEYS``) may hold the values a dialect writes there: an origin (lists
+  of ints), ``True`` for opaque, an int price on the message or on a content part. The first two
+  never change a count, so ``==`` with a look-alike (``1`` for ``True``) is still exact for
+  counting; a price does, so a remembered list that holds prices checks them by type
+  (``prices_exact``) where ``==`` matched.
+* ``has_price(message)`` / ``prices_exact(message)``: the message holds a price (message level or a
+  content part) / every such price is an ``int`` (not ``True``, not ``1.0``).
 * ``anchor_of(messages)``: the key a conversation is remembered under (its first two messages,
   frozen), or None; ``messages`` must hold at least two.
-* ``common_prefix(messages, remembered) -> int``: how many leading messages equal the remembered.
+* ``common_prefix(messages, remembered, priced=()) -> int``: how many leading messages equal the
+  remembered; ``priced`` (ascending indices of remembered messages with prices) are also checked
+  with ``prices_exact``.
 
 Pure functions; they never mutate what they are given.
 """
@@ -20,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .conversation import OPAQUE_KEY, ORIGIN_KEY, PRICE_KEY
 from .messages import Message
 
 # Values nested deeper than this are not plain (never remembered): the walk stays far from Python's
@@ -36,14 +47,23 @@ def anchor_of(messages: Sequence[Message]) -> Any:
     return first[0], second[0]
 
 
-def common_prefix(messages: Sequence[Message], remembered: tuple[Any, ...]) -> int:
-    """How many leading messages equal the remembered ones (one C-level compare when all do)."""
+def common_prefix(
+    messages: Sequence[Message], remembered: tuple[Any, ...], priced: Sequence[int] = ()
+) -> int:
+    """How many leading messages equal the remembered ones (one C-level compare when all do);
+    the remembered messages at ``priced`` count as equal only when their prices are exact ints."""
     n = min(len(messages), len(remembered))
     if tuple(messages[:n]) == remembered[:n]:
-        return n
-    i = 0
-    while i < n and messages[i] == remembered[i]:
-        i += 1
+        i = n
+    else:
+        i = 0
+        while i < n and messages[i] == remembered[i]:
+            i += 1
+    for index in priced:
+        if index >= i:
+            break
+        if not prices_exact(messages[index]):
+            return index
     return i
 
 
@@ -59,6 +79,68 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     if kind is list:
         return all(is_plain(v, depth + 1) for v in value)
     return False
+
+
+def is_plain_message(message: Any) -> bool:
+    """``is_plain``, with the dialects' reserved values allowed where they are written (see the
+    module docstring)."""
+    if type(message) is not dict:
+        return False
+    for key, value in message.items():
+        if type(key) is not str:
+            return False
+        if key == ORIGIN_KEY:
+            if not (type(value) is list and all(_int_path(path) for path in value)):
+                return False
+        elif key == OPAQUE_KEY:
+            if value is not True:
+                return False
+        elif key == PRICE_KEY:
+            if type(value) is not int:
+                return False
+        elif key == "content" and type(value) is list:
+            for part in value:
+                if type(part) is dict and PRICE_KEY in part:
+                    if type(part[PRICE_KEY]) is not int:
+                        return False
+                    if not all(
+                        type(k) is str and (k == PRICE_KEY or is_plain(v, 3)) for k, v in part.items()
+                    ):
+                        return False
+                elif not is_plain(part, 2):
+                    return False
+        elif not is_plain(value, 1):
+            return False
+    return True
+
+
+def _int_path(path: Any) -> bool:
+    return type(path) is list and all(type(i) is int for i in path)
+
+
+def has_price(message: Any) -> bool:
+    """True when ``message`` holds a price the accounting reads (message level or a content part)."""
+    if type(message) is not dict:
+        return False
+    if PRICE_KEY in message:
+        return True
+    content = message.get("content")
+    return type(content) is list and any(type(part) is dict and PRICE_KEY in part for part in content)
+
+
+def prices_exact(message: Any) -> bool:
+    """True when every price the accounting reads in ``message`` is an ``int`` (``==`` takes
+    ``True`` and ``1.0`` for ``1``; the accounting does not)."""
+    if type(message) is not dict:
+        return False
+    if PRICE_KEY in message and type(message[PRICE_KEY]) is not int:
+        return False
+    content = message.get("content")
+    if type(content) is list:
+        for part in content:
+            if type(part) is dict and PRICE_KEY in part and type(part[PRICE_KEY]) is not int:
+                return False
+    return True
 
 
 def freeze(item: Any) -> tuple[Any, int] | None:

@@ -54,7 +54,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .accounting import ChatAccounting
 from .errors import InvalidRequest
-from .frozen import anchor_of, common_prefix, freeze, is_plain
+from .frozen import anchor_of, common_prefix, freeze, has_price, is_plain_message
 from .messages import Message
 
 REPLY_PRIMING_TOKENS = 3
@@ -111,11 +111,13 @@ _MAX_CONVERSATIONS = 64
 
 
 class _Conversation(NamedTuple):
-    """A plain message list as counted: per message ``(fixed, raw text tokens)`` and characters."""
+    """A plain message list as counted: per message ``(fixed, raw text tokens)`` and characters,
+    and the (ascending) indices of the messages that hold a dialect's price."""
 
     messages: tuple[Any, ...]
     tallies: tuple[tuple[int, int], ...]
     chars: tuple[int, ...]
+    priced: tuple[int, ...] = ()
 
 
 class MessageCounter:
@@ -208,30 +210,35 @@ class MessageCounter:
         best: _Conversation | None = None
         shared = 0
         for conversation in candidates:
-            length = common_prefix(messages, conversation.messages)
+            length = common_prefix(messages, conversation.messages, conversation.priced)
             if length > shared:
                 best, shared = conversation, length
         tallies: list[tuple[int, int]] = []
         chars: list[int] = []
+        priced: list[int] = []
         if best is not None:
             tallies.extend(best.tallies[:shared])
             chars.extend(best.chars[:shared])
+            priced.extend(i for i in best.priced if i < shared)
             with self._lock:
                 self._hits += shared
         plain = True
-        for message in messages[shared:]:
+        for index in range(shared, len(messages)):
+            message = messages[index]
             if not isinstance(message, Mapping):
                 raise InvalidRequest("Each message must be an object.", param="messages")
             fixed, text, size = self._cached_full(message, self._tally_message, prefix="m")
             tallies.append((fixed, text))
-            if plain and size is not None and is_plain(message):
+            if plain and size is not None and is_plain_message(message):
                 chars.append(size)
+                if has_price(message):
+                    priced.append(index)
             else:
                 plain = False
         # Replace the remembered list only when this one continues it whole; a list that departs
         # from it (the plan's own cut of it, an edited history) is remembered beside it.
         continued = best if best is not None and shared == len(best.messages) else None
-        self._remember(anchor, continued, messages, tallies, chars)
+        self._remember(anchor, continued, messages, tallies, chars, priced)
         return tallies
 
     def unremembered_chars(self, messages: Sequence[Message]) -> int | None:
@@ -244,7 +251,7 @@ class MessageCounter:
             return None
         with self._lock:
             candidates = self._conversations.get(anchor, ())
-        shared = max((common_prefix(messages, c.messages) for c in candidates), default=0)
+        shared = max((common_prefix(messages, c.messages, c.priced) for c in candidates), default=0)
         if shared == 0:
             return None
         tail = 0
@@ -340,6 +347,7 @@ class MessageCounter:
         messages: Sequence[Message],
         tallies: Sequence[tuple[int, int]],
         chars: Sequence[int],
+        priced: Sequence[int] = (),
     ) -> None:
         """Keep ``messages`` (its plain prefix) as the latest state of its conversation."""
         size = len(chars)  # the plain prefix: every message in it has its characters
@@ -347,7 +355,7 @@ class MessageCounter:
         limit = self.cache_max_chars // 2
         if size < _PREFIX_MIN_MESSAGES or total > limit:
             return
-        kept = _Conversation(tuple(messages[:size]), tuple(tallies[:size]), tuple(chars))
+        kept = _Conversation(tuple(messages[:size]), tuple(tallies[:size]), tuple(chars), tuple(priced))
         with self._lock:
             previous = self._conversations.pop(anchor, ())
             others = [c for c in previous if c is not replaced]
