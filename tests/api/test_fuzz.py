@@ -55,6 +55,8 @@ def fake_upstream(request: httpx.Request) -> httpx.Response:
     """200 JSON or SSE; a context overflow for large chat bodies; 404 for unknown paths."""
     if request.url.path.endswith("/responses"):
         return responses_upstream(request)
+    if "/messages" in request.url.path:
+        return messages_upstream(request)
     if not request.url.path.endswith("/chat/completions"):
         return httpx.Response(200, json={"object": "list", "data": []})
     body = request.content
@@ -90,6 +92,39 @@ def responses_upstream(request: httpx.Request) -> httpx.Response:
     return httpx.Response(
         200, json={"object": "response", "status": "completed", "output": [], "usage": None}
     )
+
+
+def messages_upstream(request: httpx.Request) -> httpx.Response:
+    """The Anthropic Messages API's answers: Anthropic's overflow for large bodies, else a message
+    or its events; a count for ``count_tokens``."""
+    if request.url.path.endswith("/count_tokens"):
+        return httpx.Response(200, json={"input_tokens": 5})
+    if len(request.content) > 3000:
+        message = "prompt is too long: 900 tokens > 300 maximum"
+        return httpx.Response(
+            400, json={"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        )
+    try:
+        stream = json.loads(request.content).get("stream") is True
+    except (ValueError, AttributeError):
+        stream = False
+    usage = {"input_tokens": 5, "cache_read_input_tokens": 0, "output_tokens": 1}
+    message_json = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": "hi"}],
+        "usage": usage,
+    }
+    if stream:
+        start = json.dumps({"type": "message_start", "message": {**message_json, "content": []}})
+        sse = (
+            f"event: message_start\ndata: {start}\n\n"
+            'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+            '"usage":{"output_tokens":1}}\n\n'
+            'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+        ).encode()
+        return httpx.Response(200, content=sse, headers={"Content-Type": "text/event-stream"})
+    return httpx.Response(200, json=message_json)
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +323,7 @@ def test_raw_bytes_never_5xx(
         [
             "/v1/chat/completions",
             "/v1/responses",
+            "/v1/messages",
             "/v1/context/plan",
             "/v1/models",
             "/v1/embeddings",
@@ -387,3 +423,81 @@ def test_responses_bodies_never_5xx(
             path, content=raw, headers=latin1({**AUTH, "Content-Type": "application/json", **headers})
         )
     )
+
+
+anthropic_block = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": text}, optional={"cache_control": json_any}),
+    st.fixed_dictionaries(
+        {"type": st.just("image")},
+        optional={
+            "source": st.fixed_dictionaries(
+                {"type": st.sampled_from(["base64", "url", "file", "x"])},
+                optional={
+                    "media_type": st.sampled_from(["image/png", "image/jpeg"]) | json_any,
+                    "data": text | json_any,
+                },
+            )
+            | json_any
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_use")},
+        optional={"id": call_ids, "name": st.text(max_size=8) | json_any, "input": json_any},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_result")},
+        optional={"tool_use_id": call_ids, "content": text | st.lists(json_any, max_size=2) | json_any},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["thinking", "redacted_thinking", "document", "search_result", "zzz"])},
+        optional={
+            "thinking": text | json_any,
+            "signature": text,
+            "data": text | json_any,
+            "source": json_any,
+        },
+    ),
+    json_any,
+)
+anthropic_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "tool", "", "USER"]) | json_any},
+    optional={"content": text | st.lists(anthropic_block, max_size=4) | json_any},
+)
+anthropic_body = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["claude-sonnet-4-5", "claude-haiku-4-5", "gpt-4o-mini", ""]) | json_any,
+        "max_tokens": st.integers(min_value=-10, max_value=10**12) | json_any,
+        "messages": st.lists(anthropic_message, max_size=8) | json_any,
+        "system": text | st.lists(anthropic_block, max_size=2) | json_any,
+        "stream": st.booleans() | json_any,
+        "tools": st.lists(
+            st.fixed_dictionaries({"name": st.text(max_size=8)}, optional={"input_schema": json_any})
+            | json_any,
+            max_size=3,
+        )
+        | json_any,
+        "thinking": json_any,
+        "context_management": json_any,
+    },
+)
+anthropic_headers = st.dictionaries(
+    st.sampled_from(["anthropic-version", "anthropic-beta", "x-api-key"]),
+    st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=40),
+    max_size=3,
+)
+
+
+@FUZZ
+@given(
+    body=anthropic_body,
+    headers=context_headers,
+    anthropic=anthropic_headers,
+    path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]),
+)
+def test_messages_bodies_never_5xx(
+    client: TestClient, body: dict[str, Any], headers: dict[str, str], anthropic: dict[str, str], path: str
+) -> None:
+    raw = json.dumps(body).encode("utf-8", "surrogatepass")
+    sent = {**AUTH, "Content-Type": "application/json", **anthropic, **headers}
+    check(client.post(path, content=raw, headers=latin1(sent)))
