@@ -366,12 +366,19 @@ class FakeAnthropic:
     def _message(self, model: FakeClaude, body: Mapping[str, Any], tokens: int) -> dict[str, Any]:
         messages = body["messages"]
         start = loop_start(messages)
-        results = sum(
-            1
-            for m in messages[start:]
-            if m.get("role") == "user"
-            for b in _blocks(m)
-            if b.get("type") == "tool_result"
+        # The calls it made in this loop: the highest step it asked for (a proxy may have dropped
+        # the loop's oldest calls, never its newest).
+        results = max(
+            (
+                int(b["input"]["step"])
+                for m in messages[start:]
+                if m.get("role") == "assistant"
+                for b in _blocks(m)
+                if b.get("type") == "tool_use"
+                and isinstance(b.get("input"), Mapping)
+                and type(b["input"].get("step")) is int
+            ),
+            default=0,
         )
         content: list[dict[str, Any]] = []
         thinking = body.get("thinking")

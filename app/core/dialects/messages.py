@@ -5,6 +5,8 @@
 
 Parsing (``parse``) maps the body onto neutral messages (``app.core.conversation``):
 
+* ``max_tokens`` (required by ``/v1/messages``, absent from a ``count_tokens`` body) is the output
+  reserve when given;
 * top-level ``system`` (a string or text blocks) -> one pinned ``system`` message, origin
   ``[[-1]]`` (string) or ``[[-1, k], ...]`` (blocks); a ``role: "system"`` message inside
   ``messages`` (the mid-conversation-system beta) -> a ``system`` message where it sits (pinned, so
@@ -248,8 +250,9 @@ def validate_body(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _invalid("Field required (a model name)", "model")
     max_tokens = body.get("max_tokens")
-    if type(max_tokens) is not int or max_tokens < 1:
-        raise _invalid("Field required (an integer of at least 1)", "max_tokens")
+    # Required by /v1/messages (the upstream says so), absent from a count_tokens body.
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise _invalid("Input should be an integer of at least 1", "max_tokens")
     system = body.get("system")
     if system is not None:
         _check_blocks(system, "system")
@@ -391,7 +394,7 @@ class MessagesDialect:
         return Conversation(
             model=body["model"],
             messages=tuple(out),
-            requested_output_tokens=body["max_tokens"],
+            requested_output_tokens=body.get("max_tokens"),
             stream=body.get("stream") is True,
         )
 

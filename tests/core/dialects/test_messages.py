@@ -201,7 +201,8 @@ def test_image_tokens_follow_width_times_height_over_750_after_the_resize(
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        ({"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        ({"model": "m", "max_tokens": "9", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": "m", "max_tokens": 5, "messages": "x"}, "messages"),
         ({"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
