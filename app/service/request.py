@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from ..core.budget import Policy, PolicyMode
-from ..core.conversation import Conversation
+from ..core.conversation import PRICE_KEY, Conversation
 from ..core.dialect import Dialect
 from ..core.dialects import CHAT
 from ..core.errors import InvalidRequest
@@ -119,7 +119,8 @@ class ProxyRequest:
 class Forwarded:
     """What one plan sends: ``body``, ``content`` (the bytes on the wire) and ``counted``, the same
     conversation as a chat body for the chat accounting that learning compares usage with (the
-    body itself for chat; the neutral messages for the other dialects)."""
+    body itself for chat; the neutral messages for the other dialects, plus their tool
+    definitions' tokens as one priced message)."""
 
     plan: Plan | None
     body: Mapping[str, Any]
@@ -138,4 +139,14 @@ class Forwarded:
         if request.dialect is CHAT:
             return cls(plan, body, content, body)
         messages = request.conversation.messages if plan is None else plan.messages
+        # The upstream's usage counts the tool definitions too: they join the comparison as a
+        # priced message (fixed tokens, by the dialect's own rule), or a body with many tools
+        # (Claude Code's: ~11K tokens) would teach a correction of about 2 from its first answer.
+        tools = (
+            request.dialect.tool_tokens(request.body, request.counter)
+            if plan is None
+            else plan.budget.tool_tokens
+        )
+        if tools > 0:
+            messages = (*messages, {"role": "system", "content": None, PRICE_KEY: tools})
         return cls(plan, body, content, {"messages": messages})

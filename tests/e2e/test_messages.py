@@ -234,3 +234,28 @@ def test_bad_input_is_a_4xx_in_anthropics_error_shape(stack: AnthropicStack, pay
     body = answer.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert body["error"]["message"]
+
+
+def test_calibration_from_usage_counts_the_tool_definitions(stack: AnthropicStack) -> None:
+    """The upstream's usage includes the tools: after one answer the proxy's calibrated count of a
+    tool-heavy request stays close to the upstream's own (not doubled by a wrong correction)."""
+    tools = [
+        {
+            "name": f"tool_{k}",
+            "description": "Does one thing of the project well. " + words(40, f"d{k}_"),
+            "input_schema": {
+                "type": "object",
+                "properties": {"path": {"type": "string", "description": "a path"}},
+            },
+        }
+        for k in range(8)
+    ]
+    messages = [{"role": "user", "content": "hello " + words(100, "m")}]
+    with stack.client() as client:
+        for _ in range(3):
+            raw = client.messages.with_raw_response.create(
+                model=MODEL, max_tokens=50, tools=tools, messages=messages
+            )
+    ours = int(raw.headers["x-context-tokens-before"])
+    theirs = stack.fake.count(stack.fake.message_requests()[-1].json())
+    assert 0.8 * theirs <= ours <= 1.3 * theirs, (ours, theirs)
