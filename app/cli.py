@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget", type=_positive_int, help="cap on input tokens (like X-Context-Budget)")
     plan.add_argument("--reserve", type=_non_negative_int, help="output reserve when the body sets none")
     plan.add_argument("--models-file", type=Path, help="operator model table (TOML)")
-    plan.add_argument("--no-messages", action="store_true", help="leave the forwarded messages out")
+    plan.add_argument("--no-messages", action="store_true", help="with --json: leave the messages out")
+    plan.add_argument(
+        "--json", action="store_true", help="print the whole plan as JSON (POST /v1/context/plan)"
+    )
 
     models = commands.add_parser("models", help="print the model table")
     models.add_argument(
@@ -250,10 +253,44 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where = f" ({exc.param})" if exc.param else ""
         raise CliError(f"invalid request{where}: {exc.message}") from exc
     report = plan_report(plan)
+    if not args.json:
+        print(format_plan(report))
+        return 0 if plan.fits else 1
     if args.no_messages:
         del report["messages"]
     print(json.dumps(report, indent=2, ensure_ascii=False))
     return 0 if plan.fits else 1
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    """A plan (``plan_report``) for people: the model, the budget, before -> after, what was done."""
+    spec, budget = report["spec"], report["budget"]
+    before, after = report["tokens_before"], report["tokens_after"]
+    if not report["fits"]:
+        verdict = "does NOT fit: the proxy would answer 400 context_length_exceeded"
+    elif report["changed"]:
+        verdict = (
+            f"fits after fitting: {before - after:,} tokens cut ({(before - after) / max(before, 1):.0%})"
+        )
+    else:
+        verdict = "fits as it is: forwarded byte for byte"
+    lines = [
+        f"model    {report['model']} -> {spec['name']} ({spec['source']}): window {spec['window_tokens']:,}, "
+        f"{spec['encoding']} ({report['count']} count)",
+        f"budget   {budget['input_budget_tokens']:,} input tokens (reserve {budget['reserve_tokens']:,} for "
+        f"the answer, margin {budget['margin_tokens']:,}"
+        + (f", cap {budget['cap_tokens']:,}" if budget["cap_tokens"] else "")
+        + ")",
+        f"tokens   {before:,} -> {after if report['fits'] else before:,}",
+        f"result   {verdict}",
+    ]
+    for action in report["actions"]:
+        freed = f", {action['tokens_freed']:,} tokens freed" if action["tokens_freed"] else ""
+        detail = f" ({action['detail']})" if action["detail"] else ""
+        lines.append(f"action   {action['kind']} x{action['count']}{freed}{detail}")
+    lines += [f"warning  {warning}" for warning in report["warnings"]]
+    lines.append("(--json for the whole plan, with the messages to forward)")
+    return "\n".join(lines)
 
 
 def figure_sources(spec: ModelSpec) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_models_bad_operator_file(
 
 def test_plan_of_a_request_that_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     body = chat(2)
-    assert cli.main(["plan", str(write_json(tmp_path / "req.json", body))]) == 0
+    assert cli.main(["plan", str(write_json(tmp_path / "req.json", body)), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     expected = MessageCounter(counter_for("o200k_base")).count_request(body)
     assert report["model"] == "gpt-4o"
@@ -100,7 +101,9 @@ def test_plan_of_a_request_that_fits(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_plan_over_a_small_window_under_reject(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_json(tmp_path / "req.json", chat(12, words=80))
-    code = cli.main(["plan", str(path), "--model-window", "1024", "--policy", "reject", "--no-messages"])
+    code = cli.main(
+        ["plan", str(path), "--model-window", "1024", "--policy", "reject", "--no-messages", "--json"]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 1
     assert report["fits"] is False
@@ -116,7 +119,7 @@ def test_plan_fits_a_long_conversation_by_truncating(
     body = chat(12, words=80)
     path = write_json(tmp_path / "req.json", body)
     code = cli.main(
-        ["plan", str(path), "--model-window", "2048", "--policy", "truncate", "--keep-turns", "1"]
+        ["plan", str(path), "--model-window", "2048", "--policy", "truncate", "--keep-turns", "1", "--json"]
     )
     report = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -130,7 +133,9 @@ def test_plan_fits_a_long_conversation_by_truncating(
 
 def test_plan_budget_and_reserve_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_json(tmp_path / "req.json", chat(1))
-    assert cli.main(["plan", str(path), "--budget", "5000", "--reserve", "700", "--no-messages"]) == 0
+    assert (
+        cli.main(["plan", str(path), "--budget", "5000", "--reserve", "700", "--no-messages", "--json"]) == 0
+    )
     budget = json.loads(capsys.readouterr().out)["budget"]
     assert budget["cap_tokens"] == 5000
     assert budget["reserve_tokens"] == 700
@@ -139,7 +144,7 @@ def test_plan_budget_and_reserve_flags(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_plan_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(chat(1))))
-    assert cli.main(["plan", "-", "--no-messages"]) == 0
+    assert cli.main(["plan", "-", "--no-messages", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] is True
 
 
@@ -395,3 +400,28 @@ def test_serve_with_one_worker_shares_nothing(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: seen.append(os.environ.get("CTXPROXY_WORKER_DIR")))
     assert cli.main(["serve"]) == 0
     assert seen == [None]
+
+
+def test_plan_prints_a_summary_for_people(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_json(tmp_path / "req.json", chat(12, words=80))
+    assert cli.main(["plan", str(path), "--model-window", "2048", "--policy", "truncate"]) == 0
+    out = capsys.readouterr().out
+    with pytest.raises(ValueError):
+        json.loads(out)
+    lines = out.splitlines()
+    assert lines[0].startswith("model    gpt-4o -> gpt-4o (cli): window 2,048, o200k_base (exact count)")
+    assert re.match(r"tokens   [\d,]+ -> [\d,]+$", lines[2])
+    assert lines[3].startswith("result   fits after fitting: ")
+    actions = [line for line in lines if line.startswith("action   ")]
+    assert actions and any("tokens freed" in line for line in actions)
+    freed = [line.split(", ")[1] for line in actions if "tokens freed" in line]
+    assert len(freed) == len(set(freed))  # one saving is reported once
+
+
+def test_plan_summary_of_a_request_that_cannot_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_json(tmp_path / "req.json", chat(12, words=80))
+    assert cli.main(["plan", str(path), "--model-window", "1024", "--policy", "reject"]) == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "context_length_exceeded" in out

@@ -61,7 +61,10 @@ class BodyTooLarge(CtxproxyError):
 
     def __init__(self, *, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
-        super().__init__(f"The request body is larger than this proxy accepts ({limit_bytes} bytes).")
+        super().__init__(
+            f"The request body is larger than this proxy accepts ({limit_bytes} bytes; the operator "
+            "can raise CTXPROXY_MAX_BODY_BYTES)."
+        )
 
 
 def error_payload(message: str, *, type: str, param: str | None = None, code: str | None = None) -> bytes:
@@ -132,6 +135,9 @@ KNOWN_ERRORS = (InvalidRequest, CannotFit, BodyTooLarge, UpstreamError)
 
 
 async def handle_known(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, UpstreamUnreachable):
+        # The access line says 502; the operator needs the reason (DNS, refused, TLS) at WARNING.
+        logger.warning("%s %s: %s", request.method, request.url.path, exc.message)
     response = render(exc, dialect_of(request.scope))
     if isinstance(exc, PlanCannotFit):
         record_plan(request.scope, exc.plan, retries=0)
@@ -140,11 +146,26 @@ async def handle_known(request: Request, exc: Exception) -> Response:
     return response
 
 
+# First path segments of the APIs the proxy serves under /v1: a client that sends them without the
+# prefix has a base URL missing its /v1.
+_API_SEGMENTS = frozenset(
+    {"chat", "completions", "responses", "messages", "models", "embeddings", "context", "audio", "images",
+     "moderations", "files", "batches", "uploads", "vector_stores", "assistants", "threads"}
+)  # fmt: skip
+
+
+def _missing_v1_hint(path: str) -> str:
+    first = path.lstrip("/").split("/", 1)[0]
+    if path.startswith("/v1/") or first not in _API_SEGMENTS:
+        return ""
+    return f" Did you mean /v1{path}? The client's base URL must end with /v1 (http://HOST:PORT/v1)."
+
+
 async def _handle_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = exc.detail if isinstance(exc.detail, str) else "Request failed."
     if exc.status_code == 404:
-        message = f"Unknown path: {request.method} {request.url.path}."
+        message = f"Unknown path: {request.method} {request.url.path}." + _missing_v1_hint(request.url.path)
     response = error_response(exc.status_code, message, type="invalid_request_error")
     for name, value in (exc.headers or {}).items():
         response.headers[name] = value

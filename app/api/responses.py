@@ -101,6 +101,7 @@ class UpstreamStreamResponse(Response):
             for name, value in client_response_headers(upstream.headers)
             if name.lower() not in ours and not (extra and name.lower().startswith(CONTEXT_PREFIX))
         ]
+        self._delivered = False
         self.status_code = upstream.status_code
         self.raw_headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in passed + extra
@@ -122,7 +123,10 @@ class UpstreamStreamResponse(Response):
 
                 group.start_soon(stream_then_stop)
                 await self._wait_for_disconnect(receive)
-                access_fields(scope)["client_disconnected"] = True
+                # A client that read the stream to its end and then hung up did not leave early:
+                # its disconnect can arrive before the relay task notices that it is done.
+                if not self._delivered:
+                    access_fields(scope)["client_disconnected"] = True
                 group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -160,6 +164,7 @@ class UpstreamStreamResponse(Response):
             return
         except OSError:
             return  # the server reports the client gone on send (ASGI 2.4): nothing to deliver
+        self._delivered = True  # every byte the upstream sent is with the client
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _is_event_stream(self) -> bool:

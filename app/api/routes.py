@@ -32,7 +32,7 @@ from ..service.driver import Outcome, Service
 from ..service.ports import UPSTREAM_KEY_HEADERS
 from ..service.report import plan_report
 from ..upstream.errors import UpstreamError
-from ..upstream.headers import Header
+from ..upstream.headers import Header, labelled_json
 from ..wire import dump_json
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
 from .errors import DIALECT_SCOPE_KEY, BodyTooLarge
@@ -88,7 +88,10 @@ async def fitted(request: Request, dialect: Dialect) -> UpstreamStreamResponse |
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
 
     async def answer() -> Outcome:
-        outcome = await service.handle(raw, raw_headers(request), options=options, dialect=dialect)
+        # handle parses the body as JSON (a 400 if it is not), whatever its label.
+        outcome = await service.handle(
+            raw, labelled_json(raw_headers(request)), options=options, dialect=dialect
+        )
         if not outcome.stream:
             await read_whole(outcome.response)
         return outcome

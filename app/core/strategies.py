@@ -373,7 +373,8 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     ``auto`` with ``summarize``), a non-empty summary replaces the note if it still fits.
 
     The summary provider gets the *client's* messages of every dropped span, in order. Actions:
-    ``dropped_turns`` (user messages dropped), ``dropped_messages``, and ``summarized`` or
+    ``dropped_turns`` (user messages dropped; absent when none was), ``dropped_messages`` (with the
+    tokens freed), and ``summarized`` or
     ``summary_failed`` (count = dropped messages). ``StrategyResult.dropped`` holds one span per
     contiguous run (a pinned message or the newest user message inside the region splits it; the
     single note sits where the first dropped message was); its ``block_stops`` are the level ends,
@@ -452,8 +453,10 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         if i not in drop_set:
             out.append(message)
     turns = sum(1 for i in dropped if messages[i].get("role") == "user")
+    # One drop, two counts: the tokens are freed once (on dropped_messages), and no turn was
+    # dropped when only replies of a kept user message went (the pinned task's agent turn).
     actions[:0] = [
-        Action("dropped_turns", turns, freed - note_tokens),
+        *([Action("dropped_turns", turns)] if turns else []),
         Action("dropped_messages", len(dropped), freed - note_tokens),
     ]
     return StrategyResult(tuple(out), tuple(actions), _spans(dropped, block_ends, base_tokens))

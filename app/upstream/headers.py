@@ -96,6 +96,31 @@ def upstream_request_headers(
     return kept
 
 
+def labelled_json(headers: Iterable[Header]) -> list[Header]:
+    """The request headers of a body the proxy parsed as JSON, labelled as JSON for the upstream: a
+    client that sent it as ``text/plain``, form-urlencoded or with no ``Content-Type`` gets it
+    forwarded as ``application/json`` (what it is); a JSON label (``application/json;
+    charset=utf-8``, ``...+json``) is kept as the client wrote it."""
+    pairs = list(headers)
+    labels = [value for name, value in pairs if name.lower() == "content-type"]
+    if len(labels) == 1 and _is_json_type(labels[0]):
+        return pairs
+    return [(name, value) for name, value in pairs if name.lower() != "content-type"] + [
+        ("Content-Type", "application/json")
+    ]
+
+
+def _is_json_type(value: str) -> bool:
+    media = value.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+# Response headers the server in front of the client (uvicorn) sets itself on every response: the
+# upstream's copies would reach the client twice (comma-joined by clients that merge headers), and
+# the upstream's ``Server`` would name the software behind the proxy.
+SET_BY_OUR_SERVER: frozenset[str] = frozenset({"date", "server"})
+
+
 def client_response_headers(headers: Iterable[Header]) -> list[Header]:
     """The upstream's response headers as the client should see them (order and case kept)."""
-    return _end_to_end(headers)
+    return [(name, value) for name, value in _end_to_end(headers) if name.lower() not in SET_BY_OUR_SERVER]

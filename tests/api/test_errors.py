@@ -204,3 +204,40 @@ async def test_last_resort_renders_a_500_before_the_start_and_nothing_after(obse
     assert [m["type"] for m in before][:1] == ["http.response.start"] and before[0]["status"] == 500
     after = await _last_resort_run(fail_after_start=True, observed=observed)
     assert [m.get("status") for m in after] == [200]
+
+
+async def test_the_413_names_the_setting() -> None:
+    async with proxy(respx.Router(assert_all_called=False), max_body_bytes=100) as (client, _):
+        big = {"model": "gpt-test", "messages": [{"role": "user", "content": "x" * 200}]}
+        response = await client.post("/v1/chat/completions", json=big)
+    assert_openai_error(response, 413)
+    assert "CTXPROXY_MAX_BODY_BYTES" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/chat/completions"), ("GET", "/models")])
+async def test_a_path_missing_v1_gets_a_hint(method: str, path: str) -> None:
+    async with proxy(respx.Router(assert_all_called=False)) as (client, _):
+        response = await client.request(method, path, json=GOOD if method == "POST" else None)
+    assert_openai_error(response, 404)
+    message = response.json()["error"]["message"]
+    assert f"Did you mean /v1{path}?" in message and "base URL must end with /v1" in message
+
+
+async def test_an_unrelated_unknown_path_gets_no_hint() -> None:
+    async with proxy(respx.Router(assert_all_called=False)) as (client, _):
+        response = await client.get("/favicon.ico")
+    assert response.json()["error"]["message"] == "Unknown path: GET /favicon.ico."
+
+
+async def test_an_unreachable_upstream_is_logged_at_warning_with_the_reason(caplog: Any) -> None:
+    router = respx.Router(assert_all_called=False)
+    router.post(CHAT).mock(side_effect=httpx.ConnectError("Name or service not known"))
+    with caplog.at_level("WARNING", logger="ctxproxy.errors"):
+        async with proxy(router) as (client, _):
+            response = await client.post("/v1/chat/completions", json=GOOD)
+    assert response.status_code == 502
+    (record,) = [r for r in caplog.records if r.name == "ctxproxy.errors"]
+    assert record.levelname == "WARNING"
+    assert (
+        "Name or service not known" in record.getMessage() and "/v1/chat/completions" in record.getMessage()
+    )

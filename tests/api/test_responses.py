@@ -91,3 +91,46 @@ async def test_streams_are_still_relayed_chunk_by_chunk() -> None:
         response = await client.post("/v1/chat/completions", json={**BODY, "stream": True})
     assert response.content == b"".join(events)
     assert "content-length" not in response.headers
+
+
+async def run_stream(*, hang_up_after_end: bool) -> dict[str, Any]:
+    """Relay a 3-event stream to a client that hangs up after the last byte or after the first."""
+    from app.api.responses import access_fields
+
+    events = [b'data: {"a":1}\n\n', b'data: {"a":2}\n\n', b"data: [DONE]\n\n"]
+    headers = {"content-type": "text/event-stream"}
+    upstream = UpstreamResponse.of_httpx(
+        httpx.Response(200, headers=headers, stream=Chunks(events)), base_url=UPSTREAM
+    )
+    bodies: list[bytes] = []
+    hung_up = anyio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] != "http.response.body":
+            return
+        bodies.append(message["body"])
+        if not hang_up_after_end:
+            hung_up.set()
+            await anyio.sleep_forever()  # the client stops reading
+        if not message.get("more_body"):
+            hung_up.set()
+
+    async def receive() -> dict[str, Any]:
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    scope: dict[str, Any] = {"type": "http"}
+    with anyio.fail_after(5):
+        await UpstreamStreamResponse(upstream)(scope, receive, send)
+    return {"fields": access_fields(scope), "bodies": bodies}
+
+
+async def test_a_stream_read_to_its_end_is_not_a_client_disconnect() -> None:
+    done = await run_stream(hang_up_after_end=True)
+    assert b"".join(done["bodies"]).endswith(b"data: [DONE]\n\n")
+    assert "client_disconnected" not in done["fields"]
+
+
+async def test_a_client_that_leaves_mid_stream_is_a_disconnect() -> None:
+    done = await run_stream(hang_up_after_end=False)
+    assert done["fields"]["client_disconnected"] is True

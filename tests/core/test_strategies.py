@@ -239,7 +239,11 @@ def test_drop_leaves_one_note_with_counts_and_alternating_role(counter: FakeMess
     assert sum(counter.count_messages(result.messages)) + 3 <= 900
     kinds = {a.kind: a.count for a in result.actions}
     assert kinds["dropped_messages"] == count
-    assert kinds["dropped_turns"] == sum(1 for m in messages[span.start : span.stop] if m["role"] == "user")
+    assert kinds.get("dropped_turns", 0) == sum(
+        1 for m in messages[span.start : span.stop] if m["role"] == "user"
+    )
+    (turns,) = [a for a in result.actions if a.kind == "dropped_turns"]
+    assert turns.tokens_freed == 0  # the drop's saving is on dropped_messages, once
 
 
 def test_drop_note_is_a_user_message_after_a_non_user(counter: FakeMessageCounter) -> None:
@@ -362,7 +366,10 @@ def test_drop_reaches_into_a_single_long_agent_turn(counter: FakeMessageCounter)
     (span,) = result.dropped
     assert span.start == 2 and all(messages[stop].get("tool_calls") for stop in span.block_stops)
     kinds = {a.kind: a.count for a in result.actions}
-    assert kinds["dropped_turns"] == 0 and kinds["dropped_messages"] == span.stop - span.start
+    # Replies of the pinned task went, no turn: the header must not say dropped_turns=0.
+    assert "dropped_turns" not in kinds and kinds["dropped_messages"] == span.stop - span.start
+    freed = [a.tokens_freed for a in result.actions if a.tokens_freed]
+    assert len(freed) == len(set(freed))  # no saving reported under two actions
 
 
 def test_the_newest_user_message_is_never_dropped_outside_the_tail(counter: FakeMessageCounter) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -132,3 +134,43 @@ def test_health_and_readiness(e2e: Stack) -> None:
     ready = httpx.get(f"{e2e.proxy_url}/readyz")
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready"
+
+
+@pytest.mark.parametrize("label", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_json_with_another_label_is_forwarded_as_json(e2e: Stack, label: str | None) -> None:
+    body = json.dumps({"model": "fake-openai", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {"Authorization": "Bearer test"} | ({"Content-Type": label} if label else {})
+    with httpx.Client() as http:
+        request = http.build_request(
+            "POST", f"{e2e.proxy_url}/v1/chat/completions", content=body, headers=headers
+        )
+        if label is None and "Content-Type" in request.headers:
+            del request.headers["Content-Type"]
+        assert request.headers.get("Content-Type") == label
+        response = http.send(request)
+    assert response.status_code == 200, response.text
+    (forwarded,) = e2e.fake.chat_requests()
+    assert forwarded.headers["content-type"] == "application/json"
+    assert forwarded.body == body  # the bytes themselves untouched
+
+
+@pytest.mark.parametrize("label", ["text/plain", None])
+def test_a_body_that_is_not_json_is_a_400_whatever_its_label(e2e: Stack, label: str | None) -> None:
+    headers = {"Authorization": "Bearer test"} | ({"Content-Type": label} if label else {})
+    response = httpx.post(
+        f"{e2e.proxy_url}/v1/chat/completions", content=b"model=x&messages=y", headers=headers
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert e2e.fake.chat_requests() == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_date_and_server_come_once(e2e: Stack, stream: bool) -> None:
+    body = {"model": "fake-openai", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    response = httpx.post(
+        f"{e2e.proxy_url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer t"}
+    )
+    assert response.status_code == 200
+    assert len(response.headers.get_list("date")) == 1
+    assert len(response.headers.get_list("server")) == 1

@@ -68,3 +68,23 @@ def test_the_key_replaces_an_anthropic_x_api_key_and_goes_where_the_client_put_i
     assert asked == [("x-api-key", "sk-op")]
     # Without an operator key both pass as the client sent them.
     assert upstream_request_headers(anthropic) == anthropic
+
+
+def test_the_upstreams_date_and_server_are_left_to_our_server() -> None:
+    headers = [("Date", "Mon, 01 Jan 2024 00:00:00 GMT"), ("server", "uvicorn"), ("X-Request-ID", "req_1")]
+    assert client_response_headers(headers) == [("X-Request-ID", "req_1")]
+
+
+def test_a_json_body_is_labelled_json_for_the_upstream() -> None:
+    from app.upstream.headers import labelled_json
+
+    plain = [("Accept", "*/*"), ("content-type", "text/plain"), ("X-A", "1")]
+    assert labelled_json(plain) == [("Accept", "*/*"), ("X-A", "1"), ("Content-Type", "application/json")]
+    form = [("Content-Type", "application/x-www-form-urlencoded")]
+    assert labelled_json(form) == [("Content-Type", "application/json")]
+    assert labelled_json([("Accept", "*/*")]) == [("Accept", "*/*"), ("Content-Type", "application/json")]
+    kept = [("Content-Type", "application/json; charset=utf-8")]
+    assert labelled_json(kept) == kept
+    assert labelled_json([("content-type", "application/vnd.api+json")]) == [
+        ("content-type", "application/vnd.api+json")
+    ]
