@@ -3,7 +3,8 @@
 The script polls ``status.json`` (relative, so the page also works behind a path prefix) every
 two seconds and renders with ``textContent`` only (model names come from clients). The chart is
 drawn on a ``<canvas>`` by the script itself: input tokens before vs after fitting for each recent
-chat request. ``CONTENT_SECURITY_POLICY`` allows nothing but the inline code and same-origin polling.
+chat request, on a log axis. ``CONTENT_SECURITY_POLICY`` allows nothing but the inline code and
+same-origin polling.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ h2 { font-size:15px; margin:0 0 10px; }
 .card .k { color:var(--muted); font-size:12px; }
 .kv { color:var(--muted); font-size:12px; margin-top:8px; }
 table { border-collapse:collapse; width:100%; font-size:13px; }
-th, td { text-align:left; padding:4px 6px; border-bottom:1px solid var(--line); white-space:nowrap; }
-th { color:var(--muted); font-weight:600; position:sticky; top:0; background:var(--card); }
-td.clip { max-width:150px; overflow:hidden; text-overflow:ellipsis; }
-td.actions { white-space:normal; overflow-wrap:break-word; min-width:180px; max-width:300px; }
+th, td { text-align:left; padding:4px 5px; border-bottom:1px solid var(--line); white-space:nowrap; }
+th { color:var(--muted); font-weight:600; position:sticky; top:0; background:var(--card);
+     white-space:normal; vertical-align:bottom; }
+td.clip { max-width:130px; overflow:hidden; text-overflow:ellipsis; }
+td.actions { white-space:normal; overflow-wrap:anywhere; min-width:120px; max-width:220px; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .scroll { max-height:420px; overflow:auto; }
 .bad { color:var(--bad); font-weight:600; }
@@ -179,7 +181,9 @@ function renderRecent(data) {
     const bad = r.outcome !== "ok";
     body.appendChild(row([
       [t], [r.request_id, "clip"], [r.route], [r.model || "–", "clip"], [r.status, "num"],
-      [r.outcome, bad ? "bad" : "good"], [num(r.tokens_before), "num"], [num(r.tokens_after), "num"],
+      [r.outcome, bad ? "bad" : "good"], [num(r.tokens_before), "num"],
+      // A rejected request forwarded nothing: no "after".
+      [r.outcome === "rejected" ? "–" : num(r.tokens_after), "num"],
       [(r.actions || "–").replaceAll(",", ", "), "actions"], [r.retries, "num"], [ms(r.latency_ms), "num"],
       [ms(r.upstream_ms), "num"], [ms(r.overhead_ms), "num"],
     ]));
@@ -246,18 +250,25 @@ function drawChart(data) {
   const note = document.getElementById("chart-note");
   const left = 64, right = 12, top = 10, bottom = 28;
   const plotW = width - left - right, plotH = height - top - bottom;
-  const max = Math.max(1, ...points.map((p) => Math.max(p.tokens_before, p.tokens_after || 0)));
+  const max = Math.max(10, ...points.map((p) => Math.max(p.tokens_before, p.tokens_after || 0)));
+  // A log axis: one 100k-token request must not flatten the 2k ones next to it.
+  const top10 = Math.ceil(Math.log10(max));
+  const scale = (v) => (v <= 1 ? 0 : plotH * Math.log10(v) / top10);
   const style = getComputedStyle(document.documentElement);
   ctx.font = "11px system-ui, sans-serif";
   ctx.fillStyle = "#5b6475";
   ctx.strokeStyle = "#dde2ea";
   ctx.lineWidth = 1;
-  for (let i = 0; i <= 4; i++) {
-    const y = top + plotH - plotH * i / 4;
+  const ticks = [];
+  for (let e = 0; e <= top10; e++) {
+    const y = top + plotH - scale(10 ** e);
     ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(width - right, y); ctx.stroke();
     ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    ctx.fillText(fmt.format(Math.round(max * i / 4)), left - 6, y);
+    ticks.push(fmt.format(10 ** e));
+    ctx.fillText(ticks[ticks.length - 1], left - 6, y);
   }
+  canvas.dataset.scale = "log";
+  canvas.dataset.ticks = ticks.join(" ");
   if (!points.length) {
     ctx.textAlign = "center";
     ctx.fillText("no chat request yet", left + plotW / 2, top + plotH / 2);
@@ -268,9 +279,9 @@ function drawChart(data) {
   const bar = Math.max(1, Math.min(18, slot * 0.4));
   points.forEach((p, i) => {
     const x = left + slot * i + slot / 2;
-    const hb = plotH * p.tokens_before / max;
+    const hb = scale(p.tokens_before);
     const after = p.outcome === "rejected" ? 0 : (p.tokens_after || 0);
-    const ha = plotH * after / max;
+    const ha = scale(after);
     ctx.fillStyle = style.getPropertyValue("--before").trim() || "#f0a35e";
     ctx.fillRect(x - bar, top + plotH - hb, bar, hb);
     ctx.fillStyle = style.getPropertyValue("--after").trim() || "#2f6fdb";
@@ -282,7 +293,8 @@ function drawChart(data) {
   ctx.textAlign = "right";
   ctx.fillText("newest", width - right, top + plotH + 8);
   const cut = points.filter((p) => p.tokens_after !== null && p.tokens_after < p.tokens_before).length;
-  note.textContent = points.length + " chat requests shown, " + cut + " of them cut to fit.";
+  note.textContent = points.length + " chat requests shown, " + cut + " of them cut to fit " +
+    "(tokens on a log scale).";
 }
 
 async function refresh() {

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
@@ -113,6 +114,51 @@ def test_the_status_page_shows_a_request_just_made_with_no_console_error(
         assert PLANTED not in page.content()
         page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
         page.wait_for_timeout(2_500)  # one more poll cycle: still no error
+    finally:
+        page.close()
+    assert problems == []
+
+
+def test_the_table_fits_at_1400_px_the_axis_is_logarithmic_and_a_rejection_has_no_after(
+    e2e: Stack, browser: Browser, counter: MessageCounter
+) -> None:
+    rejected_id = f"page-rejected-{uuid.uuid4().hex[:8]}"
+    long = conversation(counter, at_least_tokens=2 * WINDOW_TOKENS)
+    with e2e.client() as client, pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="fake-openai",
+            messages=long,
+            extra_headers={"X-Request-ID": rejected_id, "X-Context-Policy": "reject"},
+        )
+    chat(e2e, [{"role": "user", "content": "tiny"}], f"page-tiny-{uuid.uuid4().hex[:8]}")
+    # The widest row a client can make: a 128-character request ID, a long model name, many actions.
+    with e2e.client() as client, pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model="org-with-a-long-name/a-very-long-model-name-" + "x" * 60,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Request-ID": "w" * 128},
+        )
+    chat(e2e, conversation(counter, at_least_tokens=3 * WINDOW_TOKENS), f"page-cut-{uuid.uuid4().hex[:8]}")
+
+    page, problems = open_page(browser, f"{e2e.proxy_url}/")
+    try:
+        page.wait_for_selector("body[data-loaded=true]", timeout=15_000)
+        row = page.locator("#recent tbody tr", has_text=rejected_id)
+        row.wait_for(timeout=15_000)
+        cells = row.locator("td").all_inner_texts()
+        assert cells[5] == "rejected" and cells[6] != "–"
+        assert cells[7] == "–"  # nothing was forwarded: no "tokens after"
+        widths = page.evaluate(
+            """() => {
+                const box = document.querySelector("#recent").parentElement;
+                return [box.scrollWidth, box.clientWidth];
+            }"""
+        )
+        assert widths[0] <= widths[1], f"the table scrolls sideways at 1400 px: {widths}"
+        chart = page.locator("#chart")
+        assert chart.get_attribute("data-scale") == "log"
+        ticks = (chart.get_attribute("data-ticks") or "").split()
+        assert ticks[:4] == ["1", "10", "100", "1,000"]
     finally:
         page.close()
     assert problems == []
