@@ -310,6 +310,7 @@ def create_app(
     app.add_middleware(FittedLane, routes=lane)  # innermost: inside the error handling installed next
     install_error_handlers(app)
     if settings.proxy_api_keys():
-        app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys())
+        routes = {route_path(dialect): dialect for dialect in apis.values()}
+        app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys(), routes=routes)
     app.add_middleware(ObservabilityMiddleware, observability=observability, access_log=True)
     return app

@@ -41,7 +41,7 @@ from ..core.dialect import Dialect, ErrorInfo, error_info
 from ..core.dialects import CHAT
 from ..core.errors import CannotFit, CtxproxyError, InvalidRequest
 from ..observability.context import current_request
-from ..service.driver import PlanCannotFit
+from ..service.outcome import PlanCannotFit
 from ..upstream.errors import (
     UpstreamBusy,
     UpstreamError,

@@ -30,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 from ..core.dialect import Dialect, ErrorInfo
 from ..core.dialects import CHAT
 from ..core.plan import Plan
-from ..service.driver import Outcome
+from ..service.outcome import Outcome
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
 from ..upstream.errors import UpstreamError, UpstreamTimeout

@@ -28,7 +28,8 @@ from starlette.responses import Response
 from ..core.dialect import Dialect
 from ..core.dialects import CHAT
 from ..core.errors import InvalidRequest
-from ..service.driver import Outcome, Service
+from ..service.driver import Service
+from ..service.outcome import Outcome
 from ..service.ports import UPSTREAM_KEY_HEADERS
 from ..service.report import plan_report
 from ..upstream.errors import UpstreamError

@@ -21,6 +21,11 @@ INTERFACE CONTRACT (the service relies on it):
   with such an exact ``c`` would return ``fits=True, changed=False`` (any policy mode). It
   validates the messages as ``plan_request`` does (raises ``InvalidRequest``). False means "count
   to know", not "does not fit". Not valid for the estimate (``exact is False``).
+* ``conversation_surely_fits(body, conversation, *, dialect, spec, policy, cap_tokens=None)``: the
+  same promise for any dialect's parsed conversation (``plan_request(..., dialect=dialect,
+  conversation=conversation)``): its neutral messages through the ceiling counter, its tools by the
+  dialect's own rule run on the ceiling counter (a dialect counts through the counter's methods,
+  so its rule keeps the bound).
 
 Cost: one walk over the messages; an ASCII string's length is free, other strings are encoded.
 """
@@ -32,11 +37,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .budget import Policy, budget_for
+from .conversation import Conversation
+from .dialect import Dialect
 from .messages import validate_messages
 from .registry import ModelSpec
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
-__all__ = ["RequestCeiling", "Utf8ByteCounter", "surely_fits", "token_ceiling"]
+__all__ = ["RequestCeiling", "Utf8ByteCounter", "conversation_surely_fits", "surely_fits", "token_ceiling"]
 
 
 class Utf8ByteCounter:
@@ -103,6 +110,32 @@ def surely_fits(
     room = budget.input_budget_tokens - REPLY_PRIMING_TOKENS
     count = _CEILING.count_message
     for message in messages:  # stop at the first message that goes over: "not sure" is enough
+        room -= count(message)
+        if room < 0:
+            return False
+    return True
+
+
+def conversation_surely_fits(
+    body: Mapping[str, Any],
+    conversation: Conversation,
+    *,
+    dialect: Dialect,
+    spec: ModelSpec,
+    policy: Policy,
+    cap_tokens: int | None = None,
+) -> bool:
+    """True when the exact plan of a parsed conversation is certain to fit unchanged (see the
+    module docstring)."""
+    if policy.mode == "off" or not conversation.fittable:  # forwarded unchanged whatever it counts
+        return True
+    tool_tokens = dialect.tool_tokens(body, _CEILING)
+    requested = conversation.requested_output_tokens
+    caps: Mapping[str, Any] = {"max_tokens": requested} if requested is not None else {}
+    budget = budget_for(spec, caps, policy, tool_tokens=tool_tokens, exact=True, cap_tokens=cap_tokens)
+    room = budget.input_budget_tokens - REPLY_PRIMING_TOKENS
+    count = _CEILING.count_message
+    for message in conversation.messages:
         room -= count(message)
         if room < 0:
             return False

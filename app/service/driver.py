@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..core.budget import Policy
-from ..core.ceiling import surely_fits
+from ..core.ceiling import conversation_surely_fits, surely_fits
 from ..core.dialect import Dialect
 from ..core.dialects import CHAT
-from ..core.errors import CannotFit, InvalidRequest
+from ..core.errors import InvalidRequest
 from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
 from ..core.overflow import ContextOverflow
 from ..core.plan import Plan
@@ -49,59 +49,13 @@ from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
 from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
 from .learning import Learner
+from .outcome import Outcome, PlanCannotFit, Readiness
 from .peek import is_event_stream, read_preamble
 from .ports import REQUIRED_ENCODINGS, UPSTREAM_KEY_HEADERS, ModelResolver, Vocabularies
-from .report import request_budget_tokens
 from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
 
 if TYPE_CHECKING:
     from .summaries import Summaries
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The answer to one request: the final plan, the upstream's response, the retries.
-
-    ``response`` is open (body unread for a streamed success, already read otherwise) and
-    must be closed by the caller. ``warnings`` are ``X-Context-Warning`` values
-    (``upstream-truncated``, see ``app.service.learning``; ``history-upstream``, the plan's).
-    """
-
-    plan: Plan
-    response: UpstreamResponse
-    retries: int
-    stream: bool
-    warnings: tuple[str, ...] = ()
-
-
-ChatOutcome = Outcome
-
-
-@dataclass(frozen=True, slots=True)
-class Readiness:
-    """``ready`` when every required vocabulary is loaded and every upstream gave an HTTP answer."""
-
-    vocabularies: tuple[str, ...]
-    vocabularies_ready: bool
-    upstreams: Mapping[str, int | None]
-
-    @property
-    def ready(self) -> bool:
-        return self.vocabularies_ready and all(status is not None for status in self.upstreams.values())
-
-
-class PlanCannotFit(CannotFit):
-    """``CannotFit`` raised by the service, carrying the plan (the API adds its X-Context-* headers)."""
-
-    def __init__(self, plan: Plan, *, reason: str) -> None:
-        self.plan = plan
-        super().__init__(
-            tokens=plan.tokens_after,
-            budget_tokens=request_budget_tokens(plan.budget),
-            window_tokens=plan.budget.window_tokens,
-            reserve_tokens=plan.budget.reserve_tokens,
-            reason=reason,
-        )
 
 
 class Service:
@@ -225,12 +179,20 @@ class Service:
 
     @staticmethod
     def surely_fits(request: ProxyRequest) -> bool:
-        """True when the exact plan is certain to fit unchanged (``app.core.ceiling``: chat bodies
-        and exact counters only)."""
-        if request.dialect is not CHAT or not request.counter.exact or not request.conversation.fittable:
+        """True when the exact plan is certain to fit unchanged (``app.core.ceiling``; exact
+        counters only)."""
+        if not request.counter.exact or not request.conversation.fittable:
             return False
-        return surely_fits(
-            request.body, spec=request.spec, policy=request.policy, cap_tokens=request.options.budget_tokens
+        cap_tokens = request.options.budget_tokens
+        if request.dialect is CHAT:
+            return surely_fits(request.body, spec=request.spec, policy=request.policy, cap_tokens=cap_tokens)
+        return conversation_surely_fits(
+            request.body,
+            request.conversation,
+            dialect=request.dialect,
+            spec=request.spec,
+            policy=request.policy,
+            cap_tokens=cap_tokens,
         )
 
     @staticmethod

@@ -12,9 +12,14 @@ from ..core.tokens import TokenCounter
 
 CHAT_PATH = "chat/completions"
 REQUIRED_ENCODINGS: tuple[str, ...] = ("o200k_base", "cl100k_base")
-# Where the operator's upstream key goes, per dialect name (default: ``Authorization: Bearer``).
-# Anthropic's API wants ``x-api-key``, whatever header the client used for its own key.
-UPSTREAM_KEY_HEADERS: dict[str, str] = {"messages": "x-api-key"}
+# Where the operator's upstream key goes, per dialect name (any other path: where the client put
+# its own). OpenAI's APIs want ``Authorization: Bearer``, Anthropic's ``x-api-key``, whatever
+# header the client used for its own key.
+UPSTREAM_KEY_HEADERS: dict[str, str] = {
+    "chat": "authorization",
+    "responses": "authorization",
+    "messages": "x-api-key",
+}
 
 
 class ModelResolver(Protocol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.budget import Budget
+from ..core.conversation import strip_reserved
 from ..core.plan import Plan
 
 
@@ -22,7 +23,9 @@ def request_budget_tokens(budget: Budget) -> int:
 
 
 def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
-    """The plan as JSON-ready data (the dry run's answer, and ``ctxproxy plan``'s output)."""
+    """The plan as JSON-ready data (the dry run's answer, and ``ctxproxy plan``'s output). ``messages``
+    are the neutral messages the engine fitted (chat-shaped; the other APIs' items mapped, see
+    ``app.core.conversation``), without the engine's reserved keys."""
     spec, budget = plan.spec, plan.budget
     return {
         "api": plan.api,
@@ -66,5 +69,5 @@ def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
             for d in plan.dropped
         ],
         "message_tokens": list(plan.message_tokens),
-        "messages": list(plan.messages),
+        "messages": [strip_reserved(message) for message in plan.messages],
     }

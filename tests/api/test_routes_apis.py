@@ -327,3 +327,21 @@ async def test_a_stream_that_fails_for_another_reason_is_passed_on_as_it_came() 
     ):
         received = b"".join([chunk async for chunk in response.aiter_raw()])
     assert route.call_count == 1 and received == failed
+
+
+async def test_proxy_keys_accept_x_api_key_and_refuse_in_the_routes_shape() -> None:
+    router = respx.Router(assert_all_called=False)
+    route = router.post(RESPONSES_URL).mock(return_value=httpx.Response(200, json=response_ok()))
+    body = {"model": "gpt-test", "input": "hi"}
+    settings: dict[str, Any] = {"api_keys": "proxy-key", "upstream_api_key": "sk-operator"}
+    async with proxy(router, **settings) as (client, _):
+        refused = await client.post("/v1/responses", json=body, headers={"x-api-key": "wrong"})
+        chat = await client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        accepted = await client.post("/v1/responses", json=body, headers={"x-api-key": "proxy-key"})
+        probe = await client.head("/")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert chat.status_code == 401 and chat.json()["error"]["type"] == "invalid_request_error"
+    assert accepted.status_code == 200 and route.call_count == 1
+    assert route.calls[0].request.headers["authorization"] == "Bearer sk-operator"
+    assert "x-api-key" not in route.calls[0].request.headers
+    assert probe.status_code == 200

@@ -138,3 +138,83 @@ def test_utf8_counter_counts_bytes_and_cuts_on_characters() -> None:
     assert counter.count_text("\ud800") == 3
     assert counter.head_tail("é中😀", head_tokens=4, tail_tokens=4) == ("é", "😀")
     assert counter.head_tail("abc", head_tokens=0, tail_tokens=0) == ("", "")
+
+
+@st.composite
+def responses_items(draw: st.DrawFn) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for k in range(draw(st.integers(1, 4))):
+        items.append(
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": draw(TEXTS)}]}
+        )
+        if draw(st.booleans()):
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{k}",
+                    "summary": [],
+                    "encrypted_content": "gAAAA" + "x" * 300,
+                }
+            )
+        if draw(st.booleans()):
+            items.append(
+                {"type": "function_call", "call_id": f"c{k}", "name": draw(TEXTS), "arguments": draw(TEXTS)}
+            )
+            items.append({"type": "function_call_output", "call_id": f"c{k}", "output": draw(TEXTS)})
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": draw(TEXTS)}],
+            }
+        )
+    return items
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    items=responses_items(),
+    window=st.integers(300, 3000),
+    mode=st.sampled_from(["auto", "truncate", "reject", "off"]),
+    cap=st.none() | st.integers(1, 2000),
+    encoding=st.sampled_from(sorted(EXACT)),
+)
+def test_a_responses_conversation_surely_fits_only_when_its_exact_plan_fits_unchanged(
+    items: list[dict[str, Any]], window: int, mode: Any, cap: int | None, encoding: str
+) -> None:
+    from app.core.ceiling import conversation_surely_fits
+    from app.core.dialects import RESPONSES
+
+    spec = ModelSpec("m", window, 256, encoding, source="operator")
+    policy = Policy(mode=mode, reserve_tokens=100, keep_turns=1)
+    tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]
+    body = {"model": "m", "input": items, "tools": tools, "instructions": "be brief"}
+    conversation = RESPONSES.parse(body)
+    if conversation_surely_fits(
+        body, conversation, dialect=RESPONSES, spec=spec, policy=policy, cap_tokens=cap
+    ):
+        plan = plan_request(
+            body, spec=spec, policy=policy, counter=EXACT[encoding], cap_tokens=cap, dialect=RESPONSES
+        )
+        assert plan.fits and not plan.changed
+
+
+def test_a_responses_conversation_surely_fits_below_the_budget_and_not_above() -> None:
+    from app.core.ceiling import conversation_surely_fits
+    from app.core.dialects import RESPONSES
+
+    spec = ModelSpec("m", 10_000, 1000, "o200k_base", source="operator")
+    policy = Policy(reserve_tokens=1000)
+    small = {"model": "m", "input": "x" * 8000}
+    big = {"model": "m", "input": "x" * 9000}
+    fits = conversation_surely_fits(
+        small, RESPONSES.parse(small), dialect=RESPONSES, spec=spec, policy=policy
+    )
+    assert fits
+    capped = RESPONSES.parse(small)
+    assert not conversation_surely_fits(
+        small, capped, dialect=RESPONSES, spec=spec, policy=policy, cap_tokens=8000
+    )
+    assert not conversation_surely_fits(
+        big, RESPONSES.parse(big), dialect=RESPONSES, spec=spec, policy=policy
+    )
