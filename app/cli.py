@@ -77,8 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=_positive_int, default=8, help="conversation turns (default 8)")
     demo.add_argument("--window", type=_positive_int, default=4096, help="the demo upstream's window")
 
-    plan = commands.add_parser("plan", help="print the plan of a chat-completions request (offline)")
-    plan.add_argument("file", type=Path, help="a chat-completions request body (JSON); '-' for stdin")
+    plan = commands.add_parser("plan", help="print the plan of a request (offline)")
+    plan.add_argument("file", type=Path, help="a request body (JSON) of the --api; '-' for stdin")
+    plan.add_argument(
+        "--api",
+        choices=("chat", "responses", "messages"),
+        default="chat",
+        help="the wire API of the body: chat completions (default), responses or messages",
+    )
     plan.add_argument("--model-window", type=_positive_int, help="the model's context window in tokens")
     plan.add_argument("--policy", choices=POLICY_MODES, help="fit policy (default: CTXPROXY_POLICY_MODE)")
     plan.add_argument("--keep-turns", type=_non_negative_int, help="newest turns protected from dropping")
@@ -222,6 +228,7 @@ def _read_body(path: Path) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from .core.dialects import DIALECTS
     from .core.errors import InvalidRequest
     from .core.fit import plan_request
     from .core.tokens import MessageCounter
@@ -241,6 +248,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         .fit_policy()
         .refined(mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve)
     )
+    dialect = DIALECTS.get(args.api)
+    if dialect is None:
+        raise CliError(f"this build does not fit the {args.api!r} API")
     try:
         plan = plan_request(
             body,
@@ -248,6 +258,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             policy=policy,
             counter=MessageCounter(counter_for(spec.encoding)),
             cap_tokens=args.budget,
+            dialect=dialect,
         )
     except InvalidRequest as exc:
         where = f" ({exc.param})" if exc.param else ""

@@ -425,3 +425,18 @@ def test_plan_summary_of_a_request_that_cannot_fit(
     assert cli.main(["plan", str(path), "--model-window", "1024", "--policy", "reject"]) == 1
     out = capsys.readouterr().out
     assert "does NOT fit" in out and "context_length_exceeded" in out
+
+
+def test_plan_of_a_responses_body_with_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = {
+        "model": "gpt-4o",
+        "instructions": "be brief",
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
+    }
+    path = str(write_json(tmp_path / "req.json", body))
+    assert cli.main(["plan", path, "--api", "responses", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["api"] == "responses" and report["fits"] is True and report["count"] == "exact"
+    assert report["tokens_before"] > 0 and all("ctxproxy_origin" not in m for m in report["messages"])
+    # The same body read as chat has no messages: a clear error, not a traceback.
+    assert cli.main(["plan", path]) != 0
