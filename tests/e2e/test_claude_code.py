@@ -11,9 +11,10 @@ its 32K ``max_tokens`` and about three files, so the session overflows.
 
 Direct, the upstream refuses requests and Claude Code's own compaction cannot save the session.
 Through the proxy the session completes, no request the upstream receives is over its window, and
-every fact is in the final answer. Thinking is off (``MAX_THINKING_TOKENS=0``): with thinking on,
-the whole session is one tool loop bound to its signed thinking, which the proxy may only shorten
-by whole calls from its oldest end, and the notes of the dropped calls would go with them.
+every fact is in the final answer. The baseline runs with thinking off (``MAX_THINKING_TOKENS=0``),
+so the proxy may prune old file contents; with thinking on (Claude Code's default) the whole
+session is one tool loop bound to its signed thinking, which the proxy may only shorten by whole
+calls from its oldest end: the fake checks every signature and binding on every request.
 
 Needs the CLI: ``bash .ci/install-claude-code`` (``.ci/run`` does it); skipped otherwise.
 """
@@ -106,7 +107,9 @@ class Reader:
         return [{"type": "text", "text": f"{note}Reading part {reads}."}, call]
 
 
-def run_claude(base_url: str, project: Path, home: Path, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+def run_claude(
+    base_url: str, project: Path, home: Path, *, timeout_s: float = TIMEOUT_S, thinking: bool = False
+) -> dict[str, Any]:
     """One headless session; a session cut off by ``timeout_s`` is an error result."""
     binary = claude_binary()
     assert binary is not None
@@ -117,8 +120,9 @@ def run_claude(base_url: str, project: Path, home: Path, *, timeout_s: float = T
         "ANTHROPIC_API_KEY": "sk-e2e",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
-        "MAX_THINKING_TOKENS": "0",
     }
+    if not thinking:
+        env["MAX_THINKING_TOKENS"] = "0"
     prompt = f"Read part0.txt to part{FILES - 1}.txt one by one and tell me the secret of every part."
     try:
         done = subprocess.run(
@@ -202,3 +206,21 @@ def test_claude_code_fails_direct_and_completes_through_the_proxy(
         b for m in final if isinstance(m["content"], list) for b in m["content"] if b["type"] == "tool_result"
     ]
     assert results, "the final request still carries the session's tool results (pruned or whole)"
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_claude_code_with_signed_thinking_completes_through_the_proxy(
+    session: tuple[FakeAnthropic, str, str, Path], tmp_path: Path
+) -> None:
+    fake, _upstream_url, proxy_url, project = session
+    proxied = run_claude(proxy_url, project, tmp_path / "home-thinking", thinking=True)
+    assert proxied["returncode"] == 0 and proxied["is_error"] is False, proxied.get("result")
+    bodies = [r.json() for r in fake.message_requests()]
+    assert all(r.status == 200 for r in fake.requests)  # every signature and binding held
+    assert over_window(fake) == []
+    assert all(b["thinking"]["type"] != "disabled" for b in bodies)
+    assistants = [m for b in bodies for m in b["messages"] if m["role"] == "assistant"]
+    assert assistants and all(m["content"][0]["type"] == "thinking" for m in assistants)
+    assert max(len(b["messages"]) for b in bodies) > len(bodies[-1]["messages"])  # the loop was cut
+    facts = {f"FACT-part{k}-{k * 1111 + 7}" for k in range(FILES)}
+    assert facts <= set(FACT_RE.findall(str(proxied["result"])))
