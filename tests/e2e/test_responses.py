@@ -1,0 +1,270 @@
+"""``POST /v1/responses`` end to end: a real ctxproxy in front of the strict fake Responses upstream,
+the official ``openai`` SDK's ``client.responses.create`` as the client (streaming and not)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from app.main import create_app
+from app.settings import Settings
+from tests.fake_responses_upstream import FakeResponsesUpstream
+from tests.fake_upstream import FakeModel, serve_app
+
+MODEL = FakeModel("resp-e2e", 4096, max_output_tokens=512)
+MAX_BODY_BYTES = 2 * 1024 * 1024
+TOOLS = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    }
+]
+
+
+@dataclass
+class Stack:
+    fake: FakeResponsesUpstream
+    upstream_url: str
+    proxy_url: str
+    sent: list[bytes] = field(default_factory=list)
+
+    def client(self, *, direct: bool = False) -> openai.OpenAI:
+        """An SDK client at the proxy (or straight at the fake) that records the bytes it sends."""
+
+        def record(request: httpx.Request) -> None:
+            self.sent.append(request.read())
+
+        base = self.upstream_url if direct else self.proxy_url
+        http = httpx.Client(event_hooks={"request": [record]}, timeout=30)
+        return openai.OpenAI(base_url=f"{base}/v1", api_key="test", max_retries=0, http_client=http)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    fake = FakeResponsesUpstream([MODEL])
+    models_file: Path = tmp_path_factory.mktemp("responses") / "models.toml"
+    models_file.write_text(
+        f'[models."{MODEL.name}"]\nwindow = {MODEL.window_tokens}\nmax_output = {MODEL.max_output_tokens}\n'
+        f'encoding = "{MODEL.encoding}"\n',
+        encoding="utf-8",
+    )
+    with fake.serve() as upstream_url:
+        settings = Settings(
+            upstream_base_url=f"{upstream_url}/v1",
+            upstream_api_key=None,
+            models_file=models_file,
+            max_body_bytes=MAX_BODY_BYTES,
+            log_level="WARNING",
+        )
+        with serve_app(create_app(settings)) as proxy_url:
+            yield Stack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
+
+
+@pytest.fixture
+def e2e(stack: Stack) -> Iterator[Stack]:
+    stack.fake.clear()
+    stack.fake.responder = None
+    stack.fake.overflow_in_stream = False
+    stack.sent.clear()
+    yield stack
+
+
+@pytest.fixture
+def client(e2e: Stack) -> Iterator[openai.OpenAI]:
+    with e2e.client() as c:
+        yield c
+
+
+def as_input(item: Any) -> dict[str, Any]:
+    """An output item of a response, as the next request's input item (what clients send back)."""
+    return item.model_dump(exclude_none=True)
+
+
+def test_a_plain_request_is_forwarded_byte_for_byte(e2e: Stack, client: openai.OpenAI) -> None:
+    response = client.responses.create(model=MODEL.name, input="Say hello.", instructions="Be brief.")
+    assert response.output_text.startswith("fake reply to 1 input items")
+    (received,) = e2e.fake.responses()
+    assert received.body == e2e.sent[0]
+    assert response.usage is not None and response.usage.input_tokens == received.prompt_tokens
+
+
+def test_a_streamed_response_arrives_as_the_upstreams_events(e2e: Stack, client: openai.OpenAI) -> None:
+    e2e.fake.responder = lambda body: [{"text": "streamed words arrive in order"}]
+    events = list(client.responses.create(model=MODEL.name, input="Stream please.", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == "streamed words arrive in order"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_tool_call_loop_with_reasoning_items(e2e: Stack, client: openai.OpenAI) -> None:
+    def responder(body: Any) -> list[dict[str, Any]]:
+        done = sum(1 for i in body["input"] if i.get("type") == "function_call_output")
+        if done < 3:
+            return [
+                {"reasoning": f"step {done}"},
+                {"call": "exec_command", "arguments": json.dumps({"cmd": f"ls {done}"})},
+            ]
+        return [{"reasoning": "finish"}, {"text": "all done"}]
+
+    e2e.fake.responder = responder
+    history: list[dict[str, Any]] = [{"role": "user", "content": "List three directories."}]
+    for _ in range(5):
+        response = client.responses.create(
+            model=MODEL.name,
+            input=history,
+            tools=TOOLS,
+            store=False,
+            include=["reasoning.encrypted_content"],
+        )
+        history += [as_input(item) for item in response.output]
+        calls = [item for item in response.output if item.type == "function_call"]
+        if not calls:
+            break
+        history += [
+            {"type": "function_call_output", "call_id": c.call_id, "output": f"dir{c.call_id}"} for c in calls
+        ]
+    assert response.output_text == "all done"
+    assert [r.status for r in e2e.fake.responses()] == [200, 200, 200, 200]
+    assert [r.body for r in e2e.fake.responses()] == e2e.sent  # each fitted request went as sent
+
+
+def long_session(fake: FakeResponsesUpstream, *, calls: int, output_words: int) -> list[dict[str, Any]]:
+    """An agent session whose tool outputs overflow the window: reasoning sealed by the fake."""
+    items: list[dict[str, Any]] = [
+        {"role": "developer", "content": "You are a coding agent."},
+        {"role": "user", "content": "Read every file and summarise them."},
+    ]
+    for k in range(calls):
+        summary = [{"type": "summary_text", "text": f"read file {k}"}]
+        items.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{k}",
+                "summary": summary,
+                "encrypted_content": fake.seal(f"rs_{k}", summary),
+            }
+        )
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{k}",
+                "call_id": f"call_{k}",
+                "name": "exec_command",
+                "arguments": json.dumps({"cmd": f"cat file{k}.txt"}),
+            }
+        )
+        text = " ".join(f"line{k}-{i}" for i in range(output_words))
+        items.append({"type": "function_call_output", "call_id": f"call_{k}", "output": text})
+    return items
+
+
+def test_a_session_that_overflows_directly_succeeds_through_the_proxy(
+    e2e: Stack, client: openai.OpenAI
+) -> None:
+    items = long_session(e2e.fake, calls=8, output_words=300)
+    with e2e.client(direct=True) as direct, pytest.raises(openai.BadRequestError) as refused:
+        direct.responses.create(model=MODEL.name, input=items, tools=TOOLS)
+    assert refused.value.code == "context_length_exceeded"
+
+    e2e.fake.clear()
+    response = client.responses.create(model=MODEL.name, input=items, tools=TOOLS)
+    assert response.status == "completed"
+    (received,) = e2e.fake.responses()
+    assert received.status == 200 and received.prompt_tokens is not None
+    assert received.prompt_tokens <= MODEL.window_tokens
+    forwarded = received.json()["input"]
+    sent = {json.dumps(i, sort_keys=True) for i in items}
+    for item in forwarded:
+        if item.get("type") in ("reasoning", "function_call"):
+            assert json.dumps(item, sort_keys=True) in sent  # never edited
+    assert forwarded[-1]["call_id"] == "call_7"  # the newest output is kept
+
+
+def test_a_stream_that_overflows_directly_succeeds_through_the_proxy(
+    e2e: Stack, client: openai.OpenAI
+) -> None:
+    items = long_session(e2e.fake, calls=8, output_words=300)
+    events = list(client.responses.create(model=MODEL.name, input=items, tools=TOOLS, stream=True))
+    assert events[-1].type == "response.completed"
+
+
+def test_previous_response_id_is_passed_through(e2e: Stack, client: openai.OpenAI) -> None:
+    first = client.responses.create(model=MODEL.name, input="Remember the number 7.")
+    second = client.responses.create(model=MODEL.name, input="Which number?", previous_response_id=first.id)
+    assert second.status == "completed"
+    bodies = [r.body for r in e2e.fake.responses()]
+    assert bodies == e2e.sent  # forwarded unchanged: the proxy cannot see the stored history
+    raw = httpx.post(
+        f"{e2e.proxy_url}/v1/responses",
+        json={"model": MODEL.name, "input": "Again?", "previous_response_id": first.id},
+        timeout=30,
+    )
+    assert raw.status_code == 200
+    assert "history-upstream" in raw.headers.get("x-context-warning", "")
+
+
+def test_an_overflow_of_a_history_kept_upstream_reaches_the_client_in_the_responses_shape(
+    e2e: Stack, client: openai.OpenAI
+) -> None:
+    first = client.responses.create(model=MODEL.name, input="word " * 2500)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL.name, input="word " * 2500, previous_response_id=first.id)
+    assert refused.value.code == "context_length_exceeded"
+    assert set(refused.value.body) >= {"message", "type", "param", "code"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        (b"{not json", None),
+        (json.dumps({"model": MODEL.name, "input": 42}).encode(), "input"),
+        (json.dumps({"model": MODEL.name, "input": [{"content": "no type, no role"}]}).encode(), "input[0]"),
+        (
+            json.dumps(
+                {
+                    "model": MODEL.name,
+                    "input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}],
+                }
+            ).encode(),
+            "input[0]",
+        ),
+    ],
+)
+def test_bad_input_is_a_4xx_in_the_responses_shape_from_the_proxy(
+    e2e: Stack, content: bytes, param: str | None
+) -> None:
+    answer = httpx.post(
+        f"{e2e.proxy_url}/v1/responses",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert e2e.fake.responses() == []  # refused by the proxy itself
+
+
+def test_a_body_over_the_limit_is_a_413_in_the_responses_shape(e2e: Stack) -> None:
+    content = json.dumps({"model": MODEL.name, "input": "x" * (MAX_BODY_BYTES + 10)}).encode()
+    answer = httpx.post(
+        f"{e2e.proxy_url}/v1/responses",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "request_too_large"
+    assert e2e.fake.responses() == []
