@@ -4,6 +4,7 @@ the official ``openai`` SDK's ``client.responses.create`` as the client (streami
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,7 @@ def e2e(stack: Stack) -> Iterator[Stack]:
     stack.fake.clear()
     stack.fake.responder = None
     stack.fake.overflow_in_stream = False
+    stack.fake.drip_timeouts.clear()
     stack.sent.clear()
     yield stack
 
@@ -105,6 +107,20 @@ def test_a_streamed_response_arrives_as_the_upstreams_events(e2e: Stack, client:
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == "streamed words arrive in order"
     assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_stream_events_are_not_buffered(e2e: Stack, client: openai.OpenAI) -> None:
+    """Each event reaches the client before the fake sends the next one (it waits for the ack)."""
+    e2e.fake.responder = lambda body: [{"text": "one two three four five six seven eight nine ten"}]
+    acks = [threading.Event() for _ in range(32)]
+    e2e.fake.drip_acks = acks
+    try:
+        for event in client.responses.create(model=MODEL.name, input="Drip.", stream=True):
+            acks[event.sequence_number].set()
+    finally:
+        e2e.fake.drip_acks = None
+    assert event.type == "response.completed"
+    assert e2e.fake.drip_timeouts == []
 
 
 def test_a_tool_call_loop_with_reasoning_items(e2e: Stack, client: openai.OpenAI) -> None:
