@@ -41,8 +41,14 @@ pytestmark = pytest.mark.skipif(
 
 
 def script(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Read ``file0.txt`` ... one per step (with a reasoning item), then say so."""
-    done = sum(1 for item in body.get("input", []) if item.get("type") == "function_call_output")
+    """Read ``file0.txt`` ... one per step (each with a reasoning item), then say so. The next file
+    follows the newest call in the input (what a model sees even when older steps were cut)."""
+    calls = [item for item in body.get("input", []) if item.get("type") == "function_call"]
+    done = (
+        int(json.loads(calls[-1]["arguments"])["cmd"].removeprefix("cat file").removesuffix(".txt")) + 1
+        if calls
+        else 0
+    )
     if done < FILES:
         return [
             {"reasoning": f"I should read file{done}.txt next."},
@@ -129,8 +135,15 @@ def test_codex_completes_the_session_through_the_proxy(codex: Codex) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert DONE in result.stdout
     received = codex.fake.responses()
-    assert len(received) == FILES + 1 and all(r.status == 200 for r in received)
+    kinds = [json.loads(r.headers.get("x-codex-turn-metadata", "{}")).get("request_kind") for r in received]
+    assert len(received) == FILES + 1 and all(r.status == 200 for r in received), (
+        kinds,
+        [r.status for r in received],
+        [r.prompt_tokens for r in received],
+        [[i.get("type") for i in r.json()["input"]][-3:] for r in received],
+    )
     assert all(r.prompt_tokens is not None and r.prompt_tokens <= MODEL.window_tokens for r in received)
+    assert any("[ctxproxy:" in r.body.decode() for r in received)  # the proxy did fit the session
     first = received[0]
     assert first.headers.get("originator") == "codex_exec"
     assert first.json()["store"] is False and first.json()["include"] == ["reasoning.encrypted_content"]
