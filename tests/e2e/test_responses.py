@@ -14,12 +14,15 @@ import httpx
 import openai
 import pytest
 
+from app.core.preamble import PREAMBLE_EVENTS
 from app.main import create_app
 from app.settings import Settings
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel, serve_app
 
 MODEL = FakeModel("resp-e2e", 4096, max_output_tokens=512)
+# Counts 1.5x what the proxy counts (a tokenizer the proxy does not have): only a retry gets through.
+RATIO = FakeModel("resp-ratio", 4096, max_output_tokens=512, counter_ratio=1.5)
 MAX_BODY_BYTES = 2 * 1024 * 1024
 TOOLS = [
     {
@@ -51,11 +54,14 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    fake = FakeResponsesUpstream([MODEL])
+    fake = FakeResponsesUpstream([MODEL, RATIO])
     models_file: Path = tmp_path_factory.mktemp("responses") / "models.toml"
     models_file.write_text(
-        f'[models."{MODEL.name}"]\nwindow = {MODEL.window_tokens}\nmax_output = {MODEL.max_output_tokens}\n'
-        f'encoding = "{MODEL.encoding}"\n',
+        "".join(
+            f'[models."{m.name}"]\nwindow = {m.window_tokens}\nmax_output = {m.max_output_tokens}\n'
+            f'encoding = "{m.encoding}"\n'
+            for m in (MODEL, RATIO)
+        ),
         encoding="utf-8",
     )
     with fake.serve() as upstream_url:
@@ -110,9 +116,16 @@ def test_a_streamed_response_arrives_as_the_upstreams_events(e2e: Stack, client:
 
 
 def test_stream_events_are_not_buffered(e2e: Stack, client: openai.OpenAI) -> None:
-    """Each event reaches the client before the fake sends the next one (it waits for the ack)."""
+    """Each event reaches the client before the fake sends the next one (it waits for the ack).
+
+    The preamble (``response.created``, ``response.in_progress``) is the exception: the proxy holds
+    it until the first event after it, to retry an overflow reported inside the stream
+    (``app/core/preamble.py``), so the fake sends those two without waiting."""
     e2e.fake.responder = lambda body: [{"text": "one two three four five six seven eight nine ten"}]
     acks = [threading.Event() for _ in range(32)]
+    preamble = len(PREAMBLE_EVENTS["responses"] & {"response.created", "response.in_progress"})
+    for k in range(preamble):
+        acks[k].set()
     e2e.fake.drip_acks = acks
     try:
         for event in client.responses.create(model=MODEL.name, input="Drip.", stream=True):
@@ -213,6 +226,24 @@ def test_a_stream_that_overflows_directly_succeeds_through_the_proxy(
     items = long_session(e2e.fake, calls=8, output_words=300)
     events = list(client.responses.create(model=MODEL.name, input=items, tools=TOOLS, stream=True))
     assert events[-1].type == "response.completed"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_overflow_is_retried_smaller(e2e: Stack, client: openai.OpenAI, stream: bool) -> None:
+    """The upstream counts more than the proxy: its context_length_exceeded (a 400, or a
+    ``response.failed`` event inside a 200 stream) makes the proxy retry with a smaller body."""
+    e2e.fake.overflow_in_stream = stream
+    items = long_session(e2e.fake, calls=6, output_words=300)
+    if stream:
+        events = list(client.responses.create(model=RATIO.name, input=items, tools=TOOLS, stream=True))
+        assert events[-1].type == "response.completed"
+    else:
+        assert client.responses.create(model=RATIO.name, input=items, tools=TOOLS).status == "completed"
+    statuses = [r.status for r in e2e.fake.responses()]
+    assert len(statuses) >= 2 and statuses[-1] == 200
+    refused = e2e.fake.responses()[0]
+    assert (refused.status == 200) if stream else (refused.status == 400)  # the failed event or the 400
+    assert len(e2e.fake.responses()[-1].body) < len(refused.body)
 
 
 def test_previous_response_id_is_passed_through(e2e: Stack, client: openai.OpenAI) -> None:
