@@ -132,8 +132,13 @@ async def run_interleaved(
     stream: bool = False,
     warmup: int = 2,
     cpu_of: CpuReader | None = None,
+    cpu_per_request: bool = False,
 ) -> tuple[dict[str, Samples], bool]:
     """``iterations`` rounds of one request per target; returns samples and whether time ran out.
+
+    ``cpu_per_request``: read the server's CPU around every request instead of around the run, so
+    targets served by one process (a proxy's routes) each get their own CPU time (work a server
+    does after its answer lands in the next request's reading).
 
     ``body_for(i)`` is called once per iteration (``i`` < 0 for warm-up rounds) and the same bytes
     go to every target (or each target its path's bytes). ``cpu_of`` reads a target's server CPU
@@ -156,7 +161,15 @@ async def run_interleaved(
         body = body_for(i)
         k = i % len(targets)
         for t in [*targets[k:], *targets[:k]]:
-            await request_once(session, t, body_for_target(body, t), results[t.name], stream=stream)
+            if cpu_per_request and cpu_of is not None:
+                before = cpu_of(t)
+                await request_once(session, t, body_for_target(body, t), results[t.name], stream=stream)
+                after = cpu_of(t)
+                if before is not None and after is not None:
+                    own = results[t.name]
+                    own.server_cpu_s = (own.server_cpu_s or 0.0) + after - before
+            else:
+                await request_once(session, t, body_for_target(body, t), results[t.name], stream=stream)
     wall = time.perf_counter() - started
     client_cpu = _client_cpu_s() - client_before
     await asyncio.sleep(0.2)  # let work a server finishes after its answer land in its CPU time
@@ -164,6 +177,8 @@ async def run_interleaved(
         s = results[t.name]
         s.wall_s = wall
         s.client_cpu_s = client_cpu
+        if cpu_per_request:
+            continue
         before = cpu_before[t.name]
         after = cpu_of(t) if cpu_of else None
         s.server_cpu_s = None if before is None or after is None else after - before

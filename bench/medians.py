@@ -41,6 +41,10 @@ def _route_added(scenario: str, route: str) -> Callable[[Results], float]:
     return lambda r: routes.added(r["routes"][scenario]["stats"], route, "p50_ms")
 
 
+def _route_cpu(scenario: str, route: str) -> Callable[[Results], float]:
+    return lambda r: float(r["routes"][scenario]["stats"][f"proxy {route}"]["cpu_ms_per_req"])
+
+
 def _route_rps(route: str) -> Callable[[Results], float]:
     return lambda r: float(r["routes"]["throughput"]["stats"][f"proxy {route}"]["rps"])
 
@@ -81,6 +85,11 @@ FIGURES: list[Figure] = [
     ("(g) small-request p95 during a 1M-token count (ms)", _stat("g_stall", "proxy", "p95_ms")),
     *(
         (f"(r) {scenario} added p50, {route.path}", _route_added(scenario, route.name))
+        for scenario in ("small", "session")
+        for route in routes.ROUTES
+    ),
+    *(
+        (f"(r) {scenario} proxy CPU ms/req, {route.path}", _route_cpu(scenario, route.name))
         for scenario in ("small", "session")
         for route in routes.ROUTES
     ),

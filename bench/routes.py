@@ -319,18 +319,22 @@ def markdown(block: Mapping[str, Any]) -> list[str]:
             "",
             f"### (r) {title}: the same request on every route",
             "",
-            "| route | direct p50 ms | proxy p50 ms | added p50 / p95 ms | added p50 / chat's |",
-            "|---|---|---|---|---|",
+            "| route | direct p50 ms | proxy p50 ms | added p50 / p95 ms | added p50 / chat's |"
+            " proxy CPU ms/req | CPU / chat's |",
+            "|---|---|---|---|---|---|---|",
         ]
         chat = added(stats, "chat", "p50_ms")
+        chat_cpu = stats.get("proxy chat", {}).get("cpu_ms_per_req")
         for route in ROUTES:
             if f"proxy {route.name}" not in stats:
                 continue
             a50, a95 = added(stats, route.name, "p50_ms"), added(stats, route.name, "p95_ms")
+            cpu = stats[f"proxy {route.name}"].get("cpu_ms_per_req")
+            cpu_ratio = _ratio(cpu, chat_cpu) if cpu is not None and chat_cpu is not None else math.nan
             lines.append(
                 f"| {route.path} | {_f(stats[f'direct {route.name}']['p50_ms'])} |"
                 f" {_f(stats[f'proxy {route.name}']['p50_ms'])} | {_f(a50)} / {_f(a95)} |"
-                f" {_f(_ratio(a50, chat))}x |"
+                f" {_f(_ratio(a50, chat))}x | {_f(cpu, 3)} | {_f(cpu_ratio)}x |"
             )
     tp = block.get("throughput", {}).get("stats", {})
     if tp:

@@ -62,7 +62,7 @@ class Plan:
     scenario_time_limit_s: float
     r_small_iterations: int = 150
     r_session_tokens: int = 100_000
-    r_session_iterations: int = 30
+    r_session_iterations: int = 60
     r_requests: int = 1000
 
 
