@@ -244,6 +244,8 @@ async def measure(
         iterations=small_iterations,
         time_limit_s=time_limit_s,
         warmup=10,
+        cpu_of=cpu_of,
+        cpu_per_request=True,
     )
     if cut:
         notes.append("(r) small: stopped at its time limit")
@@ -259,6 +261,8 @@ async def measure(
         iterations=session_iterations,
         time_limit_s=time_limit_s,
         warmup=2,
+        cpu_of=cpu_of,
+        cpu_per_request=True,
     )
     if cut:
         notes.append("(r) session: stopped at its time limit")

@@ -90,7 +90,7 @@ def test_scenario_r_runs_against_the_fake_upstream_and_reports(tmp_path: Path) -
                     concurrency=4,
                     rounds=2,
                     time_limit_s=20,
-                    cpu_of=lambda target: None,
+                    cpu_of=lambda target: upstream.cpu_s(),
                     notes=notes,
                 )
                 streamed, _ = await load.run_interleaved(
@@ -110,6 +110,8 @@ def test_scenario_r_runs_against_the_fake_upstream_and_reports(tmp_path: Path) -
         assert {n: s.errors for n, s in measured[key].items()} == {n: 0 for n in measured[key]}
         assert all(len(s.latency_s) >= 2 for s in measured[key].values())
     assert sum(len(s.latency_s) for s in measured["throughput"].values()) == 3 * 12
+    # CPU read around every request: each target (here all served by one process) gets its own.
+    assert all((s.server_cpu_s or 0) > 0 for s in measured["small"].values())
     assert measured["fitted"] == {"chat": False, "responses": False, "messages": False}
     assert any("passed through, not fitted" in n for n in measured["notes"])
     ends = {name: s.last_body.rstrip().rsplit(b"\n", 1)[-1] for name, s in streamed.items()}
