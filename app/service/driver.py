@@ -291,8 +291,13 @@ class Service:
             raise
         if pending is not None:
             plan = await finish_plan(pending, response)
-            # Nothing is cut here; this only lets summaries prepare the next cut.
-            exchange.sent(await self.summarized(request, plan))
+            try:
+                # Nothing is cut here; this only lets summaries prepare the next cut.
+                plan = await self.summarized(request, plan)
+            except BaseException:  # cancelled: nobody else closes it
+                await response.aclose()
+                raise
+            exchange.sent(plan)
         body: bytes | None = None
         if exchange.reads_answer(response.status_code):
             try:
