@@ -37,7 +37,7 @@ from .service.knowledge_share import KnowledgeShare
 from .service.learning import Learner
 from .service.ports import ModelResolver, Vocabularies
 from .service.worker_store import WorkerStore
-from .settings import Settings
+from .settings import Settings, load_settings
 from .upstream.client import UpstreamClient
 from .upstream.limits import ConcurrencyLimiter
 from .upstream.senders import HttpxSender, Sender
@@ -236,7 +236,7 @@ def create_app(
     test seams; by default the transport follows ``settings.upstream_transport``, the model table
     is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and every
     dialect of ``app.core.dialects.DIALECTS`` gets its route."""
-    settings = settings or Settings()
+    settings = settings or load_settings()  # bad values: InvalidSettings, one line per setting
     configure_logging(settings)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies()
     observability = Observability.from_settings(settings)

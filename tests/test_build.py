@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import zipfile
@@ -81,3 +82,44 @@ def test_python_dash_m_ctxproxy_runs_from_a_dev_install(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "usage: ctxproxy" in done.stdout
+
+
+def test_the_installed_wheel_runs_as_ctxproxy_alone(wheel: zipfile.ZipFile, tmp_path: Path) -> None:
+    """The wheel unpacked on its own (no checkout, no dev alias: ``-S`` skips every ``.pth``):
+    ``python -m ctxproxy`` runs, the engine counts with the shipped vocabulary and model table."""
+    import site
+    import sysconfig
+
+    target = tmp_path / "site"
+    wheel.extractall(target)
+    dependencies = sysconfig.get_paths()["purelib"]
+    env = {"PYTHONPATH": os.pathsep.join([str(target), dependencies, *site.getsitepackages()])}
+    probe = (
+        "import importlib.util, ctxproxy; "
+        "print(ctxproxy.__file__); "
+        "spec = importlib.util.find_spec('app.main'); "
+        "print(spec.origin if spec else None); "
+        "print(ctxproxy.count({'model': 'gpt-4o', 'messages': [{'role': 'user', 'content': 'hello'}]}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    where, app_spec, count = done.stdout.splitlines()
+    assert where.startswith(str(target)), done.stdout
+    assert app_spec == "None" and count == "8", done.stdout  # no app.main anywhere
+    models = subprocess.run(
+        [sys.executable, "-S", "-m", "ctxproxy", "models"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert models.returncode == 0, models.stderr
+    assert "gpt-4o" in models.stdout

@@ -174,3 +174,16 @@ async def test_the_aiohttp_senders_keep_no_upstream_cookies() -> None:
         assert isinstance(session.cookie_jar, aiohttp.DummyCookieJar)
     finally:
         await session.close()
+
+
+def test_create_app_names_a_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``uvicorn ctxproxy.main:create_app --factory`` ends its traceback with one readable line."""
+    from app.settings import InvalidSettings
+
+    monkeypatch.setenv("CTXPROXY_KEEP_TURNS", "-1")
+    with pytest.raises(InvalidSettings) as caught:
+        create_app()
+    assert (
+        str(caught.value)
+        == "CTXPROXY_KEEP_TURNS: input should be greater than or equal to 0; expected an integer >= 0"
+    )
