@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 from ..core.budget import Policy
 from ..core.ceiling import conversation_surely_fits, surely_fits
 from ..core.dialect import Dialect
-from ..core.dialects import CHAT
+from ..core.dialects import CHAT, MESSAGES
+from ..core.dialects.messages import window_from_beta
 from ..core.errors import InvalidRequest
 from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
 from ..core.overflow import ContextOverflow
@@ -121,6 +122,11 @@ class Service:
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
         table_spec = self.registry.resolve(model)
+        if dialect is MESSAGES:
+            # Anthropic's long-context beta header opens the 1M window of the models that have it.
+            wider = window_from_beta(table_spec, _joined(headers, "anthropic-beta"))
+            if wider is not None:
+                table_spec = replace(table_spec, window_tokens=wider)
         spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
         return ProxyRequest(
             raw=raw,
@@ -408,3 +414,9 @@ class Service:
             vocabularies_ready=all(name in loaded for name in self.required_encodings),
             upstreams=dict(zip(bases, statuses, strict=True)),
         )
+
+
+def _joined(headers: Sequence[Header], name: str) -> str | None:
+    """Every value of the header ``name`` (any case), joined by commas; None when absent."""
+    values = [value for key, value in headers if key.lower() == name]
+    return ",".join(values) if values else None

@@ -10,7 +10,9 @@ import pytest
 import respx
 
 from app.core.budget import Budget
+from app.core.dialects import MESSAGES
 from app.core.errors import CannotFit, InvalidRequest
+from app.core.registry import ModelRegistry
 from app.service.driver import Service
 from app.service.report import plan_report, request_budget_tokens
 from app.service.request import RequestOptions, dump_body, parse_body
@@ -204,3 +206,25 @@ def test_the_request_value_is_made_once_with_everything_planning_needs() -> None
     with pytest.raises(InvalidRequest) as caught:
         svc.request({"model": "", "messages": "x"}, RequestOptions())
     assert caught.value.param == "model"  # the model is checked before the conversation
+
+
+def test_the_anthropic_long_context_beta_opens_the_1m_window_on_the_messages_route() -> None:
+    table = '[models]\n"claude-sonnet-4-5" = { window = 200_000, max_output = 64_000 }\n'
+    svc = Service(
+        settings=make_settings(),
+        registry=ModelRegistry.from_toml(table, source="test"),
+        vocabularies=WordVocabularies(),
+        upstream=UpstreamClient(
+            httpx.AsyncClient(transport=httpx.MockTransport(respx.Router().handler)), base_url=UPSTREAM
+        ),
+    )
+    body = {
+        "model": "claude-sonnet-4-5-20250929",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    beta = [("Anthropic-Beta", "claude-code-20250219,context-1m-2025-08-07")]
+    assert svc.request(body, RequestOptions(), headers=beta, dialect=MESSAGES).spec.window_tokens == 1_000_000
+    assert svc.request(body, RequestOptions(), dialect=MESSAGES).spec.window_tokens == 200_000
+    chat_body = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}
+    assert svc.request(chat_body, RequestOptions(), headers=beta).spec.window_tokens == 200_000
