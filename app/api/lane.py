@@ -56,6 +56,3 @@ class FittedLane:
         except KNOWN_ERRORS as exc:
             response = await handle_known(request, exc)
         await response(scope, receive, send)
-
-
-ChatLane = FittedLane

@@ -6,7 +6,7 @@ slices (an 80 ms count inline stalls every other request for 80 ms). So:
 
 * ``run_plan(fn, *, size_bytes)``: plan inline for a small body (a thread hop would cost more
   than the count), in a worker thread (``asyncio.to_thread``) from ``OFFLOAD_MIN_BYTES`` up.
-* The fast path (``Service.handle_chat``): when ``app.core.ceiling.surely_fits`` says a large
+* The fast path (``Service.run``): when ``app.core.ceiling.surely_fits`` says a large
   body cannot be over its budget, its original bytes go upstream at once and the exact plan is
   computed meanwhile (``start_plan``); ``finish_plan`` awaits it when the upstream has answered,
   before any response header is sent, so the ``X-Context-Tokens-*`` headers are always exact.

@@ -29,9 +29,6 @@ class Outcome:
     warnings: tuple[str, ...] = ()
 
 
-ChatOutcome = Outcome
-
-
 @dataclass(frozen=True, slots=True)
 class Readiness:
     """``ready`` when every required vocabulary is loaded and every upstream gave an HTTP answer."""

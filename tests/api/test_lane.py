@@ -1,4 +1,5 @@
-"""ChatLane: POST /v1/chat/completions is served by the route function without FastAPI's router."""
+"""FittedLane: POST /v1/chat/completions (and every fitted route) is served by the route function
+without FastAPI's router."""
 
 from __future__ import annotations
 
