@@ -16,7 +16,8 @@ protected tail, the stable blocks) are in ``context.py``; cutting one message mi
 ``cutting.py``.
 
 Scaling of the prune thresholds for small windows (documented rule): the tool tokens protected
-from pruning are ``min(policy.prune_protect_tool_tokens, input_budget // 3)`` and the minimum a
+from pruning are ``min(policy.prune_protect_tool_tokens, input_budget // 3)``, and no more than
+``cut_target * input_budget`` less the protected tail's tokens (room for headroom); the minimum a
 prune must free is ``min(policy.prune_minimum_tokens, input_budget // 6)``; at a 128K window they
 are the policy's 40K/20K, at an 8K window about 2.2K/1.1K.
 
@@ -132,9 +133,13 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
     if ctx.fits(total):
         return _unchanged(messages)
     input_budget = ctx.budget.input_budget_tokens
-    protect = min(ctx.policy.prune_protect_tool_tokens, input_budget // 3)
     minimum = min(ctx.policy.prune_minimum_tokens, input_budget // 6)
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else tokens
+    # The protected tail and these newest tool tokens stay whole: together they must leave room
+    # for the headroom (an agent's tail alone may hold half the budget), or prune could never bring
+    # a request under the cut target and the cut would move on every other turn.
+    headroom_room = int(ctx.policy.cut_target * input_budget) - sum(base_tokens[ctx.protected_from :])
+    protect = min(ctx.policy.prune_protect_tool_tokens, input_budget // 3, max(0, headroom_room))
     base_messages = ctx.input_messages if ctx.input_messages is not None else messages
     raw = ctx.protected_from
     seen = 0
@@ -153,6 +158,7 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
     levels = level_starts(blocks, base_tokens, step_tokens=step_tokens_for(ctx.budget, ctx.policy))
     boundary = max((start for start in levels if start <= raw), default=0)
     region_start = blocks[0][0] if blocks else boundary
+    boundary = max(levels, default=boundary)  # beyond the protected tool tokens before any drop
     changes: dict[int, Message] = {}
     new_tokens: dict[int, int] = {}
     image_counts: dict[int, int] = {}
@@ -187,13 +193,16 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
             changes[i] = candidate
             new_tokens[i] = count
             image_counts[i] = images
-    # The smallest level that fits (and frees more than the minimum), else the newest allowed: a
-    # boundary that moves only when the budget is reached again, by a level.
+    # The smallest level that fits (and frees more than the minimum), else the newest: a boundary
+    # that moves only when the budget is reached again, by a level. Levels past the protected tool
+    # tokens come before any drop (a dropped result is lost; a pruned one can be fetched again).
+    chosen = boundary
     for start in (s for s in levels if region_start < s <= boundary):
         freed_here = sum(tokens[i] - new_tokens[i] for i in changes if i < start)
         if freed_here > minimum and ctx.fits(total - freed_here):
-            changes = {i: m for i, m in changes.items() if i < start}
+            chosen = start
             break
+    changes = {i: m for i, m in changes.items() if i < chosen}
     freed = sum(tokens[i] - new_tokens[i] for i in changes)
     if not changes or freed <= minimum:
         return _unchanged(messages)

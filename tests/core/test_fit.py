@@ -398,19 +398,20 @@ def test_keep_turns_alone_still_protects_a_turn_within_the_share(counter: FakeMe
 def test_preview_next_cut_in_a_growing_agent_session(counter: FakeMessageCounter) -> None:
     cap = 3000
     fitting = None
-    for units in range(2, 200):
-        messages = agent_session(units, 100)
-        if plan(messages, cap, counter).changed:
+    # results too small to gain from a placeholder (so the cut is a drop), and a region outside
+    # the tail (half the budget) that holds a whole level: a step of 0.2 of the budget here
+    policy = {"cut_target": 0.8}
+    for units in range(2, 400):
+        messages = agent_session(units, 4)
+        if plan(messages, cap, counter, **policy).changed:
             break
         fitting = messages
     assert fitting is not None
-    # the region outside the tail (half the budget) must hold a whole level: a step of 0.2 here
-    policy = {"prune_minimum_tokens": 10**9, "cut_target": 0.8}
     preview = preview_next_cut(
         body(fitting), spec=SPEC, policy=Policy(**policy), counter=counter, cap_tokens=cap
     )
     assert preview and preview[0].start == 2  # after the pinned system prompt and task
-    result = plan(agent_session(units + 1, 100), cap, counter, **policy)
+    result = plan(agent_session(units, 4), cap, counter, **policy)
     assert result.dropped == preview
 
 

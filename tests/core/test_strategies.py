@@ -337,7 +337,8 @@ def test_middle_out_leaves_the_newest_user_message_to_the_last_resort(counter: F
 
 def test_prune_reaches_into_a_single_long_agent_turn(counter: FakeMessageCounter) -> None:
     messages = agent_session(60, 100)
-    ctx = ctx_for(messages, 3000, counter, prune_minimum_tokens=1)  # protect min(40K, 1000) more
+    # protect min(40K, 1500) more; at 4500 pruning the older results is enough to fit
+    ctx = ctx_for(messages, 4500, counter, prune_minimum_tokens=1, cut_target=1.0)
     result = prune_old_results(messages, ctx)
     (action,) = result.actions
     assert action.kind == "pruned" and action.count > 10
@@ -350,6 +351,20 @@ def test_prune_reaches_into_a_single_long_agent_turn(counter: FakeMessageCounter
         ctx.tokens[i] for i in range(pruned[-1] + 1, ctx.protected_from) if messages[i]["role"] == "tool"
     )
     assert kept_before_tail >= 1000  # the protected tool tokens before the tail stay
+
+
+def test_prune_reaches_past_the_protected_tool_tokens_before_any_drop(counter: FakeMessageCounter) -> None:
+    messages = agent_session(60, 100)
+    ctx = ctx_for(messages, 3000, counter, prune_minimum_tokens=1, cut_target=1.0)
+    result = prune_old_results(messages, ctx)
+    # pruning only what lies before the newest 1000 tool tokens would not fit: prune goes on (a
+    # pruned result can be fetched again, a dropped one is gone) but never into the tail
+    pruned = [i for i, m in enumerate(result.messages) if m is not messages[i]]
+    kept_before_tail = sum(
+        ctx.tokens[i] for i in range(pruned[-1] + 1, ctx.protected_from) if messages[i]["role"] == "tool"
+    )
+    assert kept_before_tail < 1000
+    assert list(result.messages[ctx.protected_from :]) == messages[ctx.protected_from :]
 
 
 def test_drop_reaches_into_a_single_long_agent_turn(counter: FakeMessageCounter) -> None:
