@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from ..core.dialect import Dialect, ErrorInfo
 from ..core.dialects import CHAT
 from ..core.plan import Plan
+from ..core.reuse import PrefixReuse
 from ..service.outcome import Outcome
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
@@ -41,9 +42,13 @@ logger = logging.getLogger("ctxproxy.stream")
 ACCESS_SCOPE_KEY = "ctxproxy.access"
 
 
-def context_headers(plan: Plan, *, retries: int, warnings: Iterable[str] = ()) -> list[Header]:
+def context_headers(
+    plan: Plan, *, retries: int, warnings: Iterable[str] = (), prefix_reuse: PrefixReuse | None = None
+) -> list[Header]:
     """Our response headers for a chat request (``X-Context-Count`` is ``exact``, ``estimate`` or
-    ``calibrated``; ``X-Context-Warning`` only when there is a warning, e.g. ``upstream-truncated``)."""
+    ``calibrated``; ``X-Context-Warning`` only when there is a warning, e.g. ``upstream-truncated``;
+    ``X-Context-Prefix-Reuse``, when known, the share of the forwarded message tokens that the
+    previous forwarded request of the conversation already sent as its prefix, 3 decimals)."""
     headers = [
         ("X-Context-Window", str(plan.budget.window_tokens)),
         ("X-Context-Budget", str(request_budget_tokens(plan.budget))),
@@ -55,6 +60,8 @@ def context_headers(plan: Plan, *, retries: int, warnings: Iterable[str] = ()) -
     ]
     if warnings:
         headers.append(("X-Context-Warning", ",".join(dict.fromkeys(warnings))))
+    if prefix_reuse is not None:
+        headers.append(("X-Context-Prefix-Reuse", f"{prefix_reuse.share:.3f}"))
     return headers
 
 
@@ -64,7 +71,11 @@ def access_fields(scope: MutableMapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def record_plan(scope: MutableMapping[str, Any], plan: Plan, *, retries: int) -> None:
+def record_plan(
+    scope: MutableMapping[str, Any], plan: Plan, *, retries: int, prefix_reuse: PrefixReuse | None = None
+) -> None:
+    if prefix_reuse is not None:
+        access_fields(scope)["prefix_reused_tokens"] = prefix_reuse.reused_tokens
     access_fields(scope).update(
         api=plan.api,
         model=plan.model,
@@ -208,7 +219,12 @@ def fitted_response(outcome: Outcome, dialect: Dialect | None = None) -> Upstrea
     """The upstream's answer to a fitted request, with our ``X-Context-*`` headers."""
     return UpstreamStreamResponse(
         outcome.response,
-        extra_headers=context_headers(outcome.plan, retries=outcome.retries, warnings=outcome.warnings),
+        extra_headers=context_headers(
+            outcome.plan,
+            retries=outcome.retries,
+            warnings=outcome.warnings,
+            prefix_reuse=outcome.prefix_reuse,
+        ),
         dialect=dialect,
     )
 

@@ -102,7 +102,7 @@ async def fitted(request: Request, dialect: Dialect) -> UpstreamStreamResponse |
     except ClientLeft:
         access_fields(request.scope)["client_disconnected"] = True
         return NoResponse()
-    record_plan(request.scope, outcome.plan, retries=outcome.retries)
+    record_plan(request.scope, outcome.plan, retries=outcome.retries, prefix_reuse=outcome.prefix_reuse)
     access_fields(request.scope)["stream"] = outcome.stream
     return fitted_response(outcome, dialect)
 

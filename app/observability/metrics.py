@@ -249,6 +249,13 @@ class Metrics:
             "ctxproxy_tokens_saved", "Input tokens the proxy cut from chat requests (before - after).",
             ["model"], registry=reg,
         )  # fmt: skip
+        self.prefix_reused = prom.Counter(
+            "ctxproxy_prefix_reused_tokens",
+            "Forwarded message tokens the previous forwarded request of the same conversation already "
+            "sent as its prefix (an upstream prompt cache could reuse them); divide by the sum of "
+            "ctxproxy_tokens_after for the share.",
+            ["model"], registry=reg,
+        )  # fmt: skip
         self.actions = prom.Counter(
             "ctxproxy_actions", "Chat requests in which the proxy took an action, by action kind.",
             ["action", "model"], registry=reg,
@@ -340,6 +347,7 @@ class Metrics:
         actions: Mapping[str, int] | None = None,
         retries: int = 0,
         final_upstream_status: int | None = None,
+        prefix_reused_tokens: int | None = None,
     ) -> None:
         """One finished request; ``model`` is already a bounded label. Token figures and actions are
         given for chat requests that were planned."""
@@ -357,6 +365,8 @@ class Metrics:
             self._child(self.fits, model, result).inc()
             if outcome != "rejected" and tokens_before > tokens_after:
                 self._child(self.tokens_saved, model).inc(tokens_before - tokens_after)
+            if prefix_reused_tokens is not None:
+                self._child(self.prefix_reused, model).inc(max(0, prefix_reused_tokens))
         for kind in actions or {}:
             self._child(self.actions, kind if kind in ACTION_KINDS else OTHER, model).inc()
         for result in retry_outcomes(retries, final_upstream_status):

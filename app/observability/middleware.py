@@ -222,6 +222,7 @@ class ObservabilityMiddleware:
         )
         self.observability.record(
             entry,
+            prefix_reused_tokens=_int(fields.get("prefix_reused_tokens")),
             actions=actions,
             final_upstream_status=upstream_status if isinstance(upstream_status, int) else None,
             tracked=tracked,

@@ -163,6 +163,7 @@ class Observability:
         entry: RecentRequest,
         *,
         actions: Mapping[str, int],
+        prefix_reused_tokens: int | None = None,
         final_upstream_status: int | None,
         tracked: bool,
     ) -> None:
@@ -180,6 +181,7 @@ class Observability:
             actions=actions if entry.route == "chat" else None,
             retries=entry.retries,
             final_upstream_status=final_upstream_status,
+            prefix_reused_tokens=prefix_reused_tokens if chat else None,
         )
         if tracked:
             self.board.record(entry, actions=actions if entry.route == "chat" else {})

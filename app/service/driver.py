@@ -44,6 +44,7 @@ from ..core.overflow import ContextOverflow
 from ..core.plan import Plan
 from ..core.preamble import PREAMBLE_EVENTS
 from ..core.registry import ModelSpec
+from ..core.reuse import PrefixMemory
 from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
@@ -86,6 +87,7 @@ class Service:
         self._counters: dict[str, MessageCounter] = {}
         self.summaries = summaries
         self.learner = learner if learner is not None else Learner()
+        self.prefixes = PrefixMemory()
 
     def counter(self, encoding: str) -> MessageCounter:
         counter = self._counters.get(encoding)
@@ -371,12 +373,16 @@ class Service:
         except BaseException:
             await response.aclose()
             raise
+        # What an upstream prompt cache could reuse: the previous forwarded request of this
+        # conversation, compared message by message (``X-Context-Prefix-Reuse``).
+        reuse = self.prefixes.observe(plan.messages, plan.message_tokens)
         return Outcome(
             plan=plan,
             response=observed,
             retries=exchange.retries,
             stream=request.stream,
             warnings=(*plan.warnings, *warnings),
+            prefix_reuse=reuse,
         )
 
     async def passthrough(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..core.errors import CannotFit
 from ..core.plan import Plan
+from ..core.reuse import PrefixReuse
 from ..upstream.client import UpstreamResponse
 from .report import request_budget_tokens
 
@@ -20,6 +21,7 @@ class Outcome:
     ``response`` is open (body unread for a streamed success, already read otherwise) and
     must be closed by the caller. ``warnings`` are ``X-Context-Warning`` values
     (``upstream-truncated``, see ``app.service.learning``; ``history-upstream``, the plan's).
+    ``prefix_reuse``: what an upstream prompt cache could reuse of it (``app.core.reuse``).
     """
 
     plan: Plan
@@ -27,6 +29,7 @@ class Outcome:
     retries: int
     stream: bool
     warnings: tuple[str, ...] = ()
+    prefix_reuse: PrefixReuse | None = None
 
 
 @dataclass(frozen=True, slots=True)

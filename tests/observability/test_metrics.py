@@ -146,3 +146,15 @@ def test_without_prometheus_client_metrics_record_nothing(monkeypatch: pytest.Mo
     metrics.record_discovery(endpoint="models", result="found")
     with pytest.raises(RuntimeError):
         metrics.render()
+
+
+def test_prefix_reused_tokens_are_counted_per_model() -> None:
+    metrics = Metrics(version="test")
+    assert metrics.available
+    for reused in (100, 250):
+        metrics.observe_request(
+            route="chat", model="m", outcome="ok", duration_s=0.01, tokens_before=500, tokens_after=400,
+            prefix_reused_tokens=reused,
+        )  # fmt: skip
+    text = metrics.render()[0].decode()
+    assert 'ctxproxy_prefix_reused_tokens_total{model="m"} 350.0' in text

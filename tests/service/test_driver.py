@@ -228,3 +228,24 @@ def test_the_anthropic_long_context_beta_opens_the_1m_window_on_the_messages_rou
     assert svc.request(body, RequestOptions(), dialect=MESSAGES).spec.window_tokens == 200_000
     chat_body = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}
     assert svc.request(chat_body, RequestOptions(), headers=beta).spec.window_tokens == 200_000
+
+
+async def test_prefix_reuse_of_a_growing_conversation_and_the_same_bytes_from_two_instances() -> None:
+    """The cut is a function of the history: two services (two replicas) that see the same
+    history forward the same bytes, whatever each saw before; the second request of a
+    conversation reports what the previous forwarded request already sent as its prefix."""
+    router = respx.Router(assert_all_called=False)
+    route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    one, two = service(router), service(router)
+    for turns in range(4, 9):  # instance one sees the conversation grow turn by turn
+        raw = json.dumps({"model": "m", "messages": conversation(turns=turns, size=60)}).encode()
+        outcome = await one.handle_chat(raw, [], options=RequestOptions())
+        await outcome.response.aclose()
+        assert outcome.prefix_reuse is not None
+        if turns > 4:
+            assert outcome.prefix_reuse.reused_tokens > 0
+    seen_by_one = route.calls[-1].request.content
+    outcome = await two.handle_chat(raw, [], options=RequestOptions())  # cold, only the last one
+    await outcome.response.aclose()
+    assert outcome.plan.changed and route.calls[-1].request.content == seen_by_one
+    assert outcome.prefix_reuse is not None and outcome.prefix_reuse.reused_tokens == 0

@@ -1,0 +1,80 @@
+"""How much of a forwarded request an upstream prompt cache could reuse.
+
+INTERFACE CONTRACT (the service and the API rely on these):
+
+* ``PrefixReuse`` (frozen): ``reused_tokens``, ``total_tokens``, ``share`` (0..1).
+* ``PrefixMemory(*, max_conversations=256)``: ``observe(messages, tokens) -> PrefixReuse`` compares
+  the forwarded ``messages`` (with their per-message ``tokens``) with the previous forwarded request
+  of the same conversation and remembers them as its latest. ``reused_tokens`` are the tokens of
+  the leading messages equal to the previous request's (a prefix it already sent, which a prompt
+  cache holds); ``share = reused / total``, 0 for a conversation seen the first time.
+
+A conversation is recognised by its first two forwarded messages (the system prompt and the first
+user message stay the same while the proxy cuts: they are pinned). Bounded: the least recently
+seen conversations are forgotten first. Thread-safe; pure standard library; the messages are
+never mutated (the memory keeps references to them).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .messages import Message
+
+DEFAULT_MAX_CONVERSATIONS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixReuse:
+    """The forwarded tokens a prompt cache could reuse from the previous request of a conversation."""
+
+    reused_tokens: int
+    total_tokens: int
+
+    @property
+    def share(self) -> float:
+        return self.reused_tokens / self.total_tokens if self.total_tokens > 0 else 0.0
+
+
+def _anchor(messages: Sequence[Message]) -> str | None:
+    try:
+        return json.dumps(list(messages[:2]), sort_keys=True, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _shared(messages: Sequence[Message], previous: tuple[Message, ...]) -> int:
+    n = min(len(messages), len(previous))
+    if tuple(messages[:n]) == previous[:n]:
+        return n
+    i = 0
+    while i < n and messages[i] == previous[i]:
+        i += 1
+    return i
+
+
+class PrefixMemory:
+    """The latest forwarded messages of recent conversations (see the module docstring)."""
+
+    def __init__(self, *, max_conversations: int = DEFAULT_MAX_CONVERSATIONS) -> None:
+        self.max_conversations = max(1, max_conversations)
+        self._latest: OrderedDict[str, tuple[Message, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def observe(self, messages: Sequence[Message], tokens: Sequence[int]) -> PrefixReuse:
+        total = sum(tokens)
+        anchor = _anchor(messages) if messages else None
+        if anchor is None:
+            return PrefixReuse(0, total)
+        with self._lock:
+            previous = self._latest.pop(anchor, None)
+            self._latest[anchor] = tuple(messages)
+            while len(self._latest) > self.max_conversations:
+                self._latest.popitem(last=False)
+        if previous is None:
+            return PrefixReuse(0, total)
+        return PrefixReuse(sum(tokens[: _shared(messages, previous)]), total)
