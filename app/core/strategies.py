@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .context import (
@@ -126,12 +127,19 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
     budget, else that newest one: so a pruned result stays pruned with the same placeholder and
     the boundary moves only when the budget is reached again, in the same large steps as the cut.
     Pinned messages and the newest user message are never touched. Acts only if it frees more
-    than the (scaled) minimum.
+    than the (scaled) minimum. The protected tool tokens are a preference: when pruning what lies
+    before them does not fit, the levels after them (up to the tail) come before any drop.
     """
+    if ctx.fits(sum(ctx.tokens)):
+        return _unchanged(messages)
+    return _prune(messages, ctx, newest=False)
+
+
+def _prune(messages: Sequence[Message], ctx: FitContext, *, newest: bool) -> StrategyResult:
+    """``prune_old_results`` without its early return; ``newest`` prunes up to the newest level
+    (what prune will have done by the time a cut is needed), whether or not less would fit."""
     tokens = ctx.tokens
     total = sum(tokens)
-    if ctx.fits(total):
-        return _unchanged(messages)
     input_budget = ctx.budget.input_budget_tokens
     minimum = min(ctx.policy.prune_minimum_tokens, input_budget // 6)
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else tokens
@@ -197,7 +205,7 @@ def prune_old_results(messages: Sequence[Message], ctx: FitContext) -> StrategyR
     # that moves only when the budget is reached again, by a level. Levels past the protected tool
     # tokens come before any drop (a dropped result is lost; a pruned one can be fetched again).
     chosen = boundary
-    for start in (s for s in levels if region_start < s <= boundary):
+    for start in (s for s in levels if region_start < s <= boundary and not newest):
         freed_here = sum(tokens[i] - new_tokens[i] for i in changes if i < start)
         if freed_here > minimum and ctx.fits(total - freed_here):
             chosen = start
@@ -480,6 +488,19 @@ def next_cut(messages: Sequence[Message], ctx: FitContext) -> tuple[DroppedSpan,
     first level when it fits without a drop). The last droppable block still grows with the
     conversation, so a level ending there is never chosen.
     """
+    # A cut comes only once prune has reached its newest level: predict from that state; and when
+    # that state is under the cut target, the next overflow is pruned, not cut (nothing to prepare).
+    pruned = _prune(messages, ctx, newest=True)
+    if pruned.messages is not messages and any(
+        a is not b for a, b in zip(pruned.messages, messages, strict=True)
+    ):
+        counts = tuple(
+            t if a is b else ctx.counter.count_message(a)
+            for a, b, t in zip(pruned.messages, messages, ctx.tokens, strict=True)
+        )
+        messages, ctx = pruned.messages, replace(ctx, tokens=counts)
+    if sum(ctx.tokens) <= int(ctx.policy.cut_target * ctx.budget.input_budget_tokens):
+        return ()
     block_members, stops, whole = _drop_levels(messages, ctx)
     complete = [k for k in stops if k <= whole and k < len(block_members)]
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
