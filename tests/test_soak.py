@@ -10,12 +10,18 @@ from bench import soak
 
 def test_tiny_soak_run_answers_every_request_as_expected(tmp_path: Path) -> None:
     args = argparse.Namespace(
-        requests=120, concurrency=8, warmup=0, distinct=2, max_duration_s=120.0, routes=["chat"]
+        requests=120,
+        concurrency=8,
+        warmup=0,
+        distinct=2,
+        max_duration_s=120.0,
+        routes=["chat", "responses", "messages"],
     )
     result = soak.run(args)
     tally = result["tally"]
     assert sum(tally.sent.values()) == 120
     assert set(tally.sent) == {"fit", "stream", "long", "bad"}
+    assert dict(tally.routes) == {"/v1/chat/completions": 40, "/v1/responses": 40, "/v1/messages": 40}
     assert sum(tally.unexpected.values()) == 0, tally.examples
     assert sum(result["warm"].unexpected.values()) == 0, result["warm"].examples
     assert tally.ok == tally.sent
