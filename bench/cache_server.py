@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -68,7 +69,10 @@ def _free_port() -> int:
 
 
 def _text(turn: int, words: int, salt: str) -> str:
-    return " ".join(f"{WORDS[(turn * 7 + i * 3) % len(WORDS)]}{salt}{i % 10}" for i in range(words))
+    """Plain English of about ``words`` words, the same for a given turn and salt (the proxy plans
+    a non-OpenAI tokenizer with its estimate, which is made for ordinary text)."""
+    rng = random.Random(f"{turn}-{salt}")
+    return " ".join(rng.choice(WORDS) for _ in range(words)) + "."
 
 
 @contextlib.contextmanager
