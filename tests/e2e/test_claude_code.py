@@ -52,8 +52,10 @@ def claude_binary() -> Path | None:
     return found[0] if found else None
 
 
+# Under CI (.ci/run installs the CLI) a missing CLI fails the tests instead of skipping them.
 pytestmark = pytest.mark.skipif(
-    claude_binary() is None, reason="Claude Code CLI not installed (bash .ci/install-claude-code)"
+    claude_binary() is None and not os.environ.get("CI"),
+    reason="Claude Code CLI not installed (bash .ci/install-claude-code)",
 )
 
 

@@ -34,8 +34,9 @@ FILES = 6
 FILE_LINES = 400  # ~3,600 tokens a file: the sixth read no longer fits the window
 DONE = "I have read all the files."
 
+# Under CI (.ci/run installs the CLI) a missing CLI fails the tests instead of skipping them.
 pytestmark = pytest.mark.skipif(
-    not CODEX.exists(),
+    not CODEX.exists() and not os.environ.get("CI"),
     reason=f"the Codex CLI is not installed (run: bash .ci/install-codex; looked for {CODEX})",
 )
 
