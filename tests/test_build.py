@@ -94,12 +94,18 @@ def test_the_installed_wheel_runs_as_ctxproxy_alone(wheel: zipfile.ZipFile, tmp_
     wheel.extractall(target)
     dependencies = sysconfig.get_paths()["purelib"]
     env = {"PYTHONPATH": os.pathsep.join([str(target), dependencies, *site.getsitepackages()])}
-    probe = (
-        "import importlib.util, ctxproxy; "
-        "print(ctxproxy.__file__); "
-        "spec = importlib.util.find_spec('app.main'); "
-        "print(spec.origin if spec else None); "
-        "print(ctxproxy.count({'model': 'gpt-4o', 'messages': [{'role': 'user', 'content': 'hello'}]}))"
+    probe = "\n".join(
+        [
+            "import ctxproxy",
+            "print(ctxproxy.__file__)",
+            "try:",
+            "    import app.main",
+            "except ModuleNotFoundError:",
+            "    print(None)",
+            "else:",
+            "    print(app.main.__file__)",
+            "print(ctxproxy.count({'model': 'gpt-4o', 'messages': [{'role': 'user', 'content': 'hello'}]}))",
+        ]
     )
     done = subprocess.run(
         [sys.executable, "-S", "-c", probe],

@@ -74,8 +74,16 @@ def proxy_for(fake: FakeModelServer, **settings: Any) -> Iterator[Proxy]:
             yield Proxy(fake=fake, url=url)
 
 
-def chat(client: openai.OpenAI, messages: list[dict[str, Any]], *, stream: bool = False) -> httpx.Headers:
+def chat(
+    client: openai.OpenAI,
+    messages: list[dict[str, Any]],
+    *,
+    stream: bool = False,
+    headers: dict[str, str] | None = None,
+) -> httpx.Headers:
     kwargs: dict[str, Any] = {"model": MODEL, "messages": messages}
+    if headers:
+        kwargs["extra_headers"] = headers
     if stream:
         kwargs.update(stream=True, stream_options={"include_usage": True})
     raw = client.chat.completions.with_raw_response.create(**kwargs)
@@ -185,21 +193,41 @@ def test_ollama_silent_truncation_is_reported_and_teaches_the_window(stream: boo
 
 
 def test_an_ollama_tokenizer_far_above_the_estimate_is_cut_once_then_fits() -> None:
-    # num_ctx is known (4096), but this model counts ~1.45x our estimate: the first, uncalibrated
-    # request fits by our count and Ollama cuts it at num_ctx. Its usage at the window reveals it.
+    # num_ctx is known (4096), but this model counts ~1.45x our estimate. Cutting as little as
+    # possible (cut target 1.0), the first, uncalibrated request fits by our count and Ollama cuts it
+    # at num_ctx. Its usage at the window reveals it; the next requests are calibrated and fit.
     model = ServedModel(MODEL, WINDOW_TOKENS, num_ctx_parameter=True)
     fake = FakeModelServer("ollama", [model], chars_tokens(3.2))
+    tight = {"X-Context-Cut-Target": "1.0"}
     with proxy_for(fake) as proxy, proxy.client() as client:
-        first = chat(client, conversation(40, seed=5))
+        first = chat(client, conversation(40, seed=5), headers=tight)
         assert fake.chats()[-1].truncated and fake.chats()[-1].prompt_tokens == WINDOW_TOKENS
         assert first["x-context-warning"] == "upstream-truncated"
         for seed in (6, 7):
-            headers = chat(client, conversation(40, seed=seed))
+            headers = chat(client, conversation(40, seed=seed), headers=tight)
             assert "x-context-warning" not in headers
             assert headers["x-context-count"] == "calibrated"
             last = fake.chats()[-1]
             assert not last.truncated
             assert last.prompt_tokens is not None and last.prompt_tokens < WINDOW_TOKENS
+
+
+def test_the_default_headroom_cut_absorbs_an_uncalibrated_ollama_tokenizer() -> None:
+    # The same ~1.45x tokenizer with the default cut target (0.6 of the budget): the headroom left
+    # for the next turns also absorbs the estimate's error, so not even the first request is cut
+    # by Ollama, and the usage still calibrates the count.
+    model = ServedModel(MODEL, WINDOW_TOKENS, num_ctx_parameter=True)
+    fake = FakeModelServer("ollama", [model], chars_tokens(3.2))
+    with proxy_for(fake) as proxy, proxy.client() as client:
+        first = chat(client, conversation(40, seed=5))
+        assert first["x-context-actions"] != "none"
+        assert "x-context-warning" not in first
+        forwarded = fake.chats()[-1]
+        assert not forwarded.truncated
+        assert forwarded.prompt_tokens is not None and forwarded.prompt_tokens < WINDOW_TOKENS
+        headers = chat(client, conversation(40, seed=6))
+        assert headers["x-context-count"] == "calibrated"
+        assert not fake.chats()[-1].truncated
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
