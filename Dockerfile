@@ -16,7 +16,9 @@ COPY constraints.txt ./
 # The build backend at its locked version; the wheel is then built without an isolated (unpinned)
 # build environment.
 RUN pip install --constraint constraints.txt hatchling
-COPY pyproject.toml README.md hatch_build.py ./
+COPY pyproject.toml README.md ./
+# The build hook hatchling loads (it only acts on editable installs; see .ci/dev_alias/).
+COPY .ci/dev_alias/hatch_build.py ./.ci/dev_alias/
 COPY config ./config
 COPY app ./app
 RUN pip wheel --no-build-isolation --constraint constraints.txt --wheel-dir /wheels ".[metrics,redis]"
