@@ -48,8 +48,7 @@ from ..core.overflow import ContextOverflow
 from ..core.registry import ModelSpec
 from ..core.tokens import MessageCounter
 from ..core.usage import Extract, SseUsageScanner, input_tokens_from_json, prompt_tokens_from_json
-from ..upstream.client import UpstreamResponse
-from ..upstream.headers import Header
+from ..upstream.client import UpstreamResponse, WrappedResponse
 from .discovery import Discovery
 from .knowledge_share import KnowledgeShare
 
@@ -65,7 +64,7 @@ MODEL_COUNTER_CACHE_CHARS = 4 * 1024 * 1024
 TRUNCATED_WARNING = "upstream-truncated"
 
 
-class ObservedResponse(UpstreamResponse):
+class ObservedResponse(WrappedResponse):
     """An upstream response whose raw chunks are shown to ``on_chunk`` as they pass to the client,
     and ``on_end`` called once the body has been delivered in full (not on a broken stream or a
     client that left). Everything else is the wrapped response's."""
@@ -77,29 +76,9 @@ class ObservedResponse(UpstreamResponse):
         on_chunk: Callable[[bytes], None],
         on_end: Callable[[], None],
     ) -> None:
-        # Not calling super().__init__: every member is delegated to ``inner``.
-        self._inner = inner
-        self.base_url = inner.base_url
+        super().__init__(inner)
         self._on_chunk = on_chunk
         self._on_end = on_end
-
-    @property
-    def status_code(self) -> int:
-        return self._inner.status_code
-
-    @property
-    def headers(self) -> list[Header]:
-        return self._inner.headers
-
-    @property
-    def body(self) -> bytes | None:
-        return self._inner.body
-
-    async def aread(self) -> bytes:
-        return await self._inner.aread()
-
-    def decoded_body(self) -> bytes:
-        return self._inner.decoded_body()
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner.aiter_raw():
@@ -112,9 +91,6 @@ class ObservedResponse(UpstreamResponse):
             self._on_end()
         except Exception:
             logger.exception("learning from usage failed")
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 def model_report(spec: ModelSpec, facts: ModelFacts | None) -> dict[str, Any]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from ..core.preamble import preamble_done
-from ..upstream.client import UpstreamResponse
-from ..upstream.headers import Header
+from ..upstream.client import UpstreamResponse, WrappedResponse
 
 
 def is_event_stream(response: UpstreamResponse) -> bool:
@@ -23,42 +22,22 @@ def is_event_stream(response: UpstreamResponse) -> bool:
     )
 
 
-class ReplayedResponse(UpstreamResponse):
+class ReplayedResponse(WrappedResponse):
     """``inner`` whose first bytes were read already: ``aiter_raw`` yields them, then the rest."""
 
     def __init__(self, inner: UpstreamResponse, head: bytes, rest: AsyncIterator[bytes]) -> None:
-        # Not calling super().__init__: every member is delegated to ``inner``.
-        self._inner = inner
+        super().__init__(inner)
         self._head = head
         self._rest = rest
-        self.base_url = inner.base_url
-
-    @property
-    def status_code(self) -> int:
-        return self._inner.status_code
-
-    @property
-    def headers(self) -> list[Header]:
-        return self._inner.headers
-
-    @property
-    def body(self) -> bytes | None:
-        return self._inner.body
 
     async def aread(self) -> bytes:
         return self._head + b"".join([chunk async for chunk in self._rest])
-
-    def decoded_body(self) -> bytes:
-        return self._inner.decoded_body()
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         if self._head:
             yield self._head
         async for chunk in self._rest:
             yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 async def read_preamble(response: UpstreamResponse, kinds: frozenset[str]) -> tuple[UpstreamResponse, bytes]:

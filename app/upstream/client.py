@@ -177,6 +177,40 @@ class UpstreamResponse:
         await self.aclose()
 
 
+class WrappedResponse(UpstreamResponse):
+    """An upstream response that delegates every member to ``inner``; subclasses override what
+    they change (how the body is iterated or read)."""
+
+    def __init__(self, inner: UpstreamResponse) -> None:
+        # Not calling super().__init__: every member is delegated to ``inner``.
+        self._inner = inner
+        self.base_url = inner.base_url
+
+    @property
+    def status_code(self) -> int:
+        return self._inner.status_code
+
+    @property
+    def headers(self) -> list[Header]:
+        return self._inner.headers
+
+    @property
+    def body(self) -> bytes | None:
+        return self._inner.body
+
+    async def aread(self) -> bytes:
+        return await self._inner.aread()
+
+    def decoded_body(self) -> bytes:
+        return self._inner.decoded_body()
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self._inner.aiter_raw()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class UpstreamClient:
     """Sends requests to the upstream through one shared sender (owned by the app).
 

@@ -12,7 +12,7 @@ import pytest
 import respx
 from httpx_aiohttp import AiohttpTransport
 
-from app.upstream.client import UpstreamClient, join_url, route_base_url
+from app.upstream.client import UpstreamClient, UpstreamResponse, WrappedResponse, join_url, route_base_url
 from app.upstream.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from app.upstream.senders import translate_httpx as translate
 
@@ -137,3 +137,18 @@ async def test_probe_counts_any_http_answer_as_reachable() -> None:
     router = respx.Router()
     router.get(f"{BASE}/models").mock(return_value=httpx.Response(404))
     assert await client_for(router).probe(BASE, timeout_s=1.0) == 404
+
+
+async def test_a_wrapped_response_delegates_every_member_to_the_one_it_wraps() -> None:
+    inner = UpstreamResponse.of_httpx(
+        httpx.Response(418, headers={"x-kind": "teapot"}, content=b"short and stout"),
+        base_url="http://upstream.test/v1",
+    )
+    wrapped = WrappedResponse(inner)
+    assert wrapped.status_code == 418 and wrapped.base_url == "http://upstream.test/v1"
+    assert ("x-kind", "teapot") in wrapped.headers
+    assert await wrapped.aread() == b"short and stout" and wrapped.body == b"short and stout"
+    assert wrapped.decoded_body() == b"short and stout"
+    assert b"".join([chunk async for chunk in wrapped.aiter_raw()]) == b"short and stout"
+    await wrapped.aclose()
+    assert inner._closed
