@@ -435,6 +435,24 @@ async def _sse_events(
 # One server-in-a-thread helper for the demo and the tests alike.
 serve_app = serve_in_thread
 
+
+@contextmanager
+def serve_proxy(upstream_url: str, **settings: Any) -> Iterator[str]:
+    """ctxproxy on 127.0.0.1 in front of ``{upstream_url}/v1`` (the client's own key forwarded,
+    warnings-only logs, ``settings`` overriding any of it); yields its URL, stops it after."""
+    from app.main import create_app
+    from app.settings import Settings
+
+    options: dict[str, Any] = {
+        "upstream_base_url": f"{upstream_url}/v1",
+        "upstream_api_key": None,
+        "log_level": "WARNING",
+    }
+    options.update(settings)
+    with serve_app(create_app(Settings(**options))) as proxy_url:
+        yield proxy_url
+
+
 __all__ = [
     "DIALECTS",
     "Dialect",
@@ -445,4 +463,5 @@ __all__ = [
     "fact_summary",
     "is_summary_request",
     "serve_app",
+    "serve_proxy",
 ]

@@ -19,10 +19,8 @@ import openai
 import pytest
 
 from app.core.tokens import MessageCounter
-from app.main import create_app
-from app.settings import Settings
 from app.tokenizer import counter_for
-from tests.fake_upstream import DIALECTS, FakeModel, FakeUpstream, serve_app
+from tests.fake_upstream import DIALECTS, FakeModel, FakeUpstream, serve_proxy
 
 WINDOW_TOKENS = 4096
 RATIO = 1.5
@@ -68,15 +66,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     fake = FakeUpstream(MODELS)
     models_file: Path = tmp_path_factory.mktemp("e2e") / "models.toml"
     models_file.write_text(fake.models_toml(), encoding="utf-8")
-    with fake.serve() as upstream_url:
-        settings = Settings(
-            upstream_base_url=f"{upstream_url}/v1",
-            upstream_api_key=None,
-            models_file=models_file,
-            log_level="WARNING",
-        )
-        with serve_app(create_app(settings)) as proxy_url:
-            yield Stack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
+    with fake.serve() as upstream_url, serve_proxy(upstream_url, models_file=models_file) as proxy_url:
+        yield Stack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
 
 
 @pytest.fixture

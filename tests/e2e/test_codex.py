@@ -22,10 +22,8 @@ from typing import Any
 
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
 from tests.fake_responses_upstream import FakeResponsesUpstream
-from tests.fake_upstream import FakeModel, serve_app
+from tests.fake_upstream import FakeModel, serve_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 CODEX = ROOT / ".codex-cli" / "node_modules" / ".bin" / "codex"
@@ -110,15 +108,8 @@ def codex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Codex]:
     )
     fake = FakeResponsesUpstream([MODEL])
     fake.responder = script
-    with fake.serve() as upstream_url:
-        settings = Settings(
-            upstream_base_url=f"{upstream_url}/v1",
-            upstream_api_key=None,
-            models_file=models_file,
-            log_level="WARNING",
-        )
-        with serve_app(create_app(settings)) as proxy_url:
-            yield Codex(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url, home=home, work=work)
+    with fake.serve() as upstream_url, serve_proxy(upstream_url, models_file=models_file) as proxy_url:
+        yield Codex(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url, home=home, work=work)
 
 
 def test_codex_dies_at_the_window_when_it_talks_to_the_model_directly(codex: Codex) -> None:

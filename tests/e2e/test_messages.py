@@ -18,10 +18,8 @@ import anthropic
 import httpx
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
-from tests.fake_upstream import serve_app
+from tests.fake_upstream import serve_proxy
 
 WINDOW_TOKENS = 4096
 MODEL = "claude-e2e"
@@ -62,15 +60,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AnthropicStack]:
         f'[models]\n"{MODEL}" = {{ window = {WINDOW_TOKENS}, max_output = 1024, encoding = "estimate" }}\n',
         encoding="utf-8",
     )
-    with fake.serve() as upstream_url:
-        settings = Settings(
-            upstream_base_url=f"{upstream_url}/v1",
-            upstream_api_key=None,
-            models_file=models_file,
-            log_level="WARNING",
-        )
-        with serve_app(create_app(settings)) as proxy_url:
-            yield AnthropicStack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
+    with fake.serve() as upstream_url, serve_proxy(upstream_url, models_file=models_file) as proxy_url:
+        yield AnthropicStack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,8 @@ import openai
 import pytest
 
 from app.core.preamble import PREAMBLE_EVENTS
-from app.main import create_app
-from app.settings import Settings
 from tests.fake_responses_upstream import FakeResponsesUpstream
-from tests.fake_upstream import FakeModel, serve_app
+from tests.fake_upstream import FakeModel, serve_proxy
 
 MODEL = FakeModel("resp-e2e", 4096, max_output_tokens=512)
 # Counts 1.5x what the proxy counts (a tokenizer the proxy does not have): only a retry gets through.
@@ -64,16 +62,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ),
         encoding="utf-8",
     )
-    with fake.serve() as upstream_url:
-        settings = Settings(
-            upstream_base_url=f"{upstream_url}/v1",
-            upstream_api_key=None,
-            models_file=models_file,
-            max_body_bytes=MAX_BODY_BYTES,
-            log_level="WARNING",
-        )
-        with serve_app(create_app(settings)) as proxy_url:
-            yield Stack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
+    with (
+        fake.serve() as upstream_url,
+        serve_proxy(upstream_url, models_file=models_file, max_body_bytes=MAX_BODY_BYTES) as proxy_url,
+    ):
+        yield Stack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
 
 
 @pytest.fixture
