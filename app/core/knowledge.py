@@ -16,6 +16,8 @@ INTERFACE CONTRACT (the service, the CLI and the learning glue rely on these):
   ``observe_usage(model, *, prompt_tokens, fixed_tokens, text_tokens, exact, window_tokens=None)
   -> UsageVerdict``,
   ``observe_overflow(model, overflow, *, fixed_tokens, text_tokens, exact) -> None``,
+  ``observe_count(model, *, input_tokens, fixed_tokens, text_tokens, exact) -> bool`` (the upstream's
+  counting endpoint: a calibration sample, never a truncation),
   ``take_warning(model) -> bool`` (a truncation seen on a streamed response, reported once),
   ``facts(model) -> ModelFacts | None`` and ``models()`` (every model with knowledge, oldest first).
 * ``is_truncated(*, prompt_tokens, expected_tokens, calibrated) -> bool``: the silent-truncation rule.
@@ -160,6 +162,10 @@ def is_truncated(*, prompt_tokens: int, expected_tokens: int, calibrated: bool) 
         return False
     ratio = TRUNCATION_RATIO_CALIBRATED if calibrated else TRUNCATION_RATIO_UNCALIBRATED
     return prompt_tokens < expected_tokens * ratio
+
+
+# Where a calibration factor's samples came from (``ModelSpec`` source ``calibrated:<source>``).
+FACTOR_SOURCES = frozenset({"usage", "overflow", "truncation", "count"})
 
 
 class Knowledge:
@@ -345,6 +351,18 @@ class Knowledge:
             self._sample(entry, prompt, fixed_tokens, text_tokens, exact=exact, source="overflow")
 
     @_locked
+    def observe_count(
+        self, model: str, *, input_tokens: int, fixed_tokens: int, text_tokens: int, exact: bool
+    ) -> bool:
+        """Learn from the upstream's own count of a request (Anthropic's ``count_tokens``, OpenAI's
+        ``input_tokens``): the same sample a response's usage gives, but nothing was sent to the
+        model, so a count far below ours is our over-estimate, never a cut. True when sampled."""
+        if input_tokens <= 0:
+            return False
+        entry = self._entry(model)
+        return self._sample(entry, input_tokens, fixed_tokens, text_tokens, exact=exact, source="count")
+
+    @_locked
     def version(self, model: str) -> int:
         entry = self._entries.get(model)
         return entry.version if entry is not None else 0
@@ -393,7 +411,7 @@ class Knowledge:
             changed = True
         if samples and not entry.samples:
             entry.samples.extend(float(s) for s in samples)
-            entry.factor_source = source if source in ("usage", "overflow", "truncation") else "usage"
+            entry.factor_source = source if source in FACTOR_SOURCES else "usage"
             changed = True
         return changed
 

@@ -163,14 +163,24 @@ class Service:
     def plan_raw(self, raw: bytes, options: RequestOptions, *, dialect: Dialect = CHAT) -> Plan:
         return self.plan(parse_body(raw), options, dialect=dialect)
 
-    def count(self, raw: bytes, options: RequestOptions, *, dialect: Dialect) -> Plan | None:
+    def count(
+        self, raw: bytes, options: RequestOptions, *, dialect: Dialect
+    ) -> tuple[ProxyRequest, Plan] | None:
         """Our count of a request as its upstream would count its input (``Plan.tokens_before``,
-        ``Plan.count_kind``), for the counting endpoints; None when the conversation is not all
-        here (its history lives upstream). Plans under policy ``off``: counts, changes nothing."""
+        ``Plan.count_kind``) with the request value it was made from, for the counting endpoints;
+        None when the conversation is not all here (its history lives upstream). Plans under
+        policy ``off``: counts, changes nothing."""
         request = self.request(parse_body(raw), replace(options, mode="off"), raw=raw, dialect=dialect)
         if not request.conversation.fittable:
             return None
-        return request.plan()
+        return request, request.plan()
+
+    def learn_from_count(self, request: ProxyRequest, plan: Plan, input_tokens: int) -> bool:
+        """The upstream's own count of ``request`` (its counting endpoint answered ``input_tokens``)
+        calibrates the model's estimate, as a response's usage would. True when it did."""
+        return self.learner.learn_from_count(
+            plan.model, input_tokens, counter=request.counter, counted=Forwarded.of(request, plan).counted
+        )
 
     def models_report(self) -> list[dict[str, Any]]:
         """What the proxy knows about every model it has seen or discovered (``app.service.learning``)."""

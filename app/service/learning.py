@@ -221,6 +221,21 @@ class Learner:
                 overflow.dialect,
             )
 
+    def learn_from_count(
+        self, model: str, input_tokens: int, *, counter: MessageCounter, counted: Mapping[str, Any]
+    ) -> bool:
+        """The upstream's count of ``counted`` (a chat-shaped body, see ``Forwarded.counted``) from its
+        counting endpoint calibrates ``model``'s estimate like usage does. True when it did."""
+        fixed, text = counter.request_parts(counted)
+        sampled = self.knowledge.observe_count(
+            model, input_tokens=input_tokens, fixed_tokens=fixed, text_tokens=text, exact=counter.exact
+        )
+        if sampled:
+            if self.share is not None:
+                self.share.changed(model)
+            logger.info("calibrated %r from the upstream's count: %d input tokens", model, input_tokens)
+        return sampled
+
     async def observe(
         self,
         response: UpstreamResponse,

@@ -284,3 +284,30 @@ def test_a_repeated_cut_count_confirms_the_window_never_below_a_prompt_taken_who
     usage(k2, 3010, text=3000)
     usage(k2, 2048, text=9000)  # a round count (Ollama num_ctx) confirms at once, floored at 3010
     assert k2.effective(spec()).window_tokens == 3010
+
+
+# -- the upstream's counting endpoint --------------------------------------------------------------
+
+
+def test_an_upstream_count_is_a_calibration_sample_and_never_a_cut() -> None:
+    k = Knowledge()
+    assert k.observe_count(M, input_tokens=1510, fixed_tokens=10, text_tokens=1000, exact=False)
+    s = k.effective(spec())
+    assert abs(s.correction - 1.5) < 1e-9 and sources(s)["correction"] == "calibrated:count"
+    # Far below ours: an over-estimate of ours (nothing was sent to the model), no warning, no window.
+    assert k.observe_count(M, input_tokens=110, fixed_tokens=10, text_tokens=1000, exact=False)
+    facts = k.facts(M)
+    assert facts is not None and facts.truncations == 0 and facts.learned_window_tokens is None
+    assert not k.take_warning(M)
+    assert not k.observe_count(M, input_tokens=0, fixed_tokens=10, text_tokens=1000, exact=False)
+    assert not k.observe_count(M, input_tokens=40, fixed_tokens=10, text_tokens=20, exact=False)  # too small
+
+
+def test_a_shared_count_calibration_keeps_its_source() -> None:
+    k = Knowledge()
+    k.observe_count(M, input_tokens=1210, fixed_tokens=10, text_tokens=1000, exact=False)
+    exported = k.export(M)
+    assert exported is not None
+    other = Knowledge()
+    assert other.absorb(M, exported)
+    assert sources(other.effective(spec()))["correction"] == "calibrated:count"

@@ -233,3 +233,68 @@ async def test_an_exact_count_is_compared_with_usage_as_the_plan_counted_it() ->
         facts = learner_of(app).knowledge.facts("test-model")
     assert facts is not None and facts.samples == 1 and facts.factor is not None
     assert abs(facts.factor - (ours + 7) / ours) < 1e-9
+
+
+MESSAGES_COUNT = f"{UPSTREAM}/messages/count_tokens"
+
+
+def messages_request(words: int = 400, seed: int = 0) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_tokens": 256,
+        "messages": [{"role": "user", "content": prose(words, seed)}],
+    }
+
+
+async def test_the_upstreams_count_tokens_answer_calibrates_the_estimate_before_any_request() -> None:
+    # Claude Code counts before it sends: Anthropic's own count of the body is the usage the
+    # estimate is corrected from, and the answer still reaches the client byte for byte.
+    router = respx.Router(assert_all_called=False)
+    answers: list[bytes] = []
+    ratio = 1.5
+
+    async with proxy(router, registry=EstimateRegistry(), discovery=False) as (client, app):
+        ours = await client.post("/v1/context/plan?api=messages", json=messages_request(seed=1))
+        assert ours.json()["count"] == "estimate"
+        theirs = round(ours.json()["tokens_before"] * ratio)
+
+        def count(_: httpx.Request) -> httpx.Response:
+            answer = httpx.Response(200, json={"input_tokens": theirs})
+            answers.append(answer.content)
+            return answer
+
+        router.post(MESSAGES_COUNT).mock(side_effect=count)
+        counted = await client.post("/v1/messages/count_tokens", json=messages_request(seed=1))
+        assert counted.status_code == 200 and counted.content == answers[0]
+        facts = learner_of(app).knowledge.facts(MODEL)
+        assert facts is not None and facts.samples == 1 and 1.45 < (facts.factor or 0) < 1.6
+        after = await client.post("/v1/context/plan?api=messages", json=messages_request(seed=1))
+    report = after.json()
+    assert report["count"] == "calibrated" and report["spec"]["sources"]["correction"] == "calibrated:count"
+    assert abs(report["tokens_before"] - theirs) <= 0.02 * theirs
+
+
+async def test_a_count_far_below_the_estimate_is_an_over_estimate_not_a_silent_cut() -> None:
+    router = respx.Router(assert_all_called=False)
+    router.post(MESSAGES_COUNT).mock(return_value=httpx.Response(200, json={"input_tokens": 120}))
+    async with proxy(router, registry=EstimateRegistry(), discovery=False) as (client, app):
+        await client.post("/v1/messages/count_tokens", json=messages_request(words=2000))
+        facts = learner_of(app).knowledge.facts(MODEL)
+        assert facts is not None and facts.samples == 1 and facts.truncations == 0
+        assert facts.learned_window_tokens is None
+        assert not learner_of(app).knowledge.take_warning(MODEL)
+
+
+async def test_a_count_answer_that_is_not_a_count_teaches_nothing_and_passes_back() -> None:
+    router = respx.Router(assert_all_called=False)
+    router.post(MESSAGES_COUNT).mock(
+        side_effect=[
+            httpx.Response(200, json={"input_tokens": "many"}),
+            httpx.Response(200, content=b"input_tokens: 12", headers={"content-type": "text/plain"}),
+        ]
+    )
+    async with proxy(router, registry=EstimateRegistry(), discovery=False) as (client, app):
+        first = await client.post("/v1/messages/count_tokens", json=messages_request())
+        second = await client.post("/v1/messages/count_tokens", json=messages_request())
+        assert first.json() == {"input_tokens": "many"} and second.content == b"input_tokens: 12"
+        assert learner_of(app).knowledge.facts(MODEL) is None
