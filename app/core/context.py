@@ -42,7 +42,12 @@ the client's tokens from the start cross a multiple of ``S`` (``level_starts``),
 first block end where the tokens it frees cross one (``drop_oldest``). A request over its budget
 is cut at the smallest level that fits, so right after a cut it uses about ``cut_target`` of the
 budget and the cut stays put for the next turns; both are functions of the conversation's own
-messages, so the same history gives the same forwarded bytes on any replica.
+messages, so the same history gives the same forwarded bytes on any replica. One more exception to
+stability: inside the last block (the one the protected tail ends) every turn start is a stop, so a
+cut that reaches into it stays put while the next turns fit; once the history grows past a block
+boundary that block is complete, keeps only its level stops, and a cut that ended inside it (or
+dropped all that was droppable) is chosen again: one upstream cache miss then, in conversations
+whose droppable history is about one block (a large protected tail).
 """
 
 from __future__ import annotations
