@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.e2e.reading_agent import DONE, reading_script, write_files, write_models_file
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel, serve_proxy
 
@@ -33,29 +33,11 @@ AGENT = Path(__file__).with_name("agents_sdk_agent.py")
 MODEL = FakeModel("fake-agent", 24_000, max_output_tokens=1024)
 FILES = 6
 FILE_LINES = 400  # ~6,900 tokens a file: the fifth read no longer fits the window
-DONE = "I have read all the files."
 
 pytestmark = pytest.mark.skipif(
     not SDK_PYTHON.exists() and not os.environ.get("CI"),
     reason=f"the Agents SDK is not installed (run: bash .ci/install-agents-sdk; looked for {SDK_PYTHON})",
 )
-
-
-def script(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Read ``file0.txt`` ... one per step (each with a reasoning item), then say so. The next file
-    follows the newest call in the input (what a model sees even when older steps were cut)."""
-    calls = [i for i in body.get("input", []) if isinstance(i, dict) and i.get("type") == "function_call"]
-    done = (
-        int(json.loads(calls[-1]["arguments"])["name"].removeprefix("file").removesuffix(".txt")) + 1
-        if calls
-        else 0
-    )
-    if done < FILES:
-        return [
-            {"reasoning": f"I should read file{done}.txt next."},
-            {"call": "read_file", "arguments": json.dumps({"name": f"file{done}.txt"})},
-        ]
-    return [{"reasoning": "Every file is read."}, {"text": DONE}]
 
 
 @dataclass
@@ -88,17 +70,15 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("agents-sdk")
-    for k in range(FILES):
-        lines = [f"file {k} line {i}: the quick brown fox jumps over the lazy dog" for i in range(FILE_LINES)]
-        (work / f"file{k}.txt").write_text("\n".join(lines), encoding="utf-8")
-    models_file = work / "models.toml"
-    models_file.write_text(
-        f'[models."{MODEL.name}"]\nwindow = {MODEL.window_tokens}\nmax_output = {MODEL.max_output_tokens}\n'
-        f'encoding = "{MODEL.encoding}"\n',
-        encoding="utf-8",
-    )
+    write_files(work, files=FILES, lines=FILE_LINES)
+    models_file = write_models_file(work / "models.toml", MODEL)
     fake = FakeResponsesUpstream([MODEL])
-    fake.responder = script
+    fake.responder = reading_script(
+        files=FILES,
+        tool="read_file",
+        arguments=lambda k: {"name": f"file{k}.txt"},
+        file_of=lambda arguments: int(arguments["name"].removeprefix("file").removesuffix(".txt")),
+    )
     with fake.serve() as upstream_url, serve_proxy(upstream_url, models_file=models_file) as proxy_url:
         yield Stack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url, work=work)
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.e2e.reading_agent import DONE, reading_script, write_files, write_models_file
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel, serve_proxy
 
@@ -30,30 +30,12 @@ CODEX = ROOT / ".codex-cli" / "node_modules" / ".bin" / "codex"
 MODEL = FakeModel("fake-codex", 24_000, max_output_tokens=1024)
 FILES = 6
 FILE_LINES = 400  # ~3,600 tokens a file: the sixth read no longer fits the window
-DONE = "I have read all the files."
 
 # Under CI (.ci/run installs the CLI) a missing CLI fails the tests instead of skipping them.
 pytestmark = pytest.mark.skipif(
     not CODEX.exists() and not os.environ.get("CI"),
     reason=f"the Codex CLI is not installed (run: bash .ci/install-codex; looked for {CODEX})",
 )
-
-
-def script(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Read ``file0.txt`` ... one per step (each with a reasoning item), then say so. The next file
-    follows the newest call in the input (what a model sees even when older steps were cut)."""
-    calls = [item for item in body.get("input", []) if item.get("type") == "function_call"]
-    done = (
-        int(json.loads(calls[-1]["arguments"])["cmd"].removeprefix("cat file").removesuffix(".txt")) + 1
-        if calls
-        else 0
-    )
-    if done < FILES:
-        return [
-            {"reasoning": f"I should read file{done}.txt next."},
-            {"call": "exec_command", "arguments": json.dumps({"cmd": f"cat file{done}.txt"})},
-        ]
-    return [{"reasoning": "Every file is read."}, {"text": DONE}]
 
 
 @dataclass
@@ -97,17 +79,15 @@ def codex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Codex]:
     home, work = base / "home", base / "work"
     home.mkdir()
     work.mkdir()
-    for k in range(FILES):
-        lines = [f"file {k} line {i}: the quick brown fox jumps over the lazy dog" for i in range(FILE_LINES)]
-        (work / f"file{k}.txt").write_text("\n".join(lines), encoding="utf-8")
-    models_file = base / "models.toml"
-    models_file.write_text(
-        f'[models."{MODEL.name}"]\nwindow = {MODEL.window_tokens}\nmax_output = {MODEL.max_output_tokens}\n'
-        f'encoding = "{MODEL.encoding}"\n',
-        encoding="utf-8",
-    )
+    write_files(work, files=FILES, lines=FILE_LINES)
+    models_file = write_models_file(base / "models.toml", MODEL)
     fake = FakeResponsesUpstream([MODEL])
-    fake.responder = script
+    fake.responder = reading_script(
+        files=FILES,
+        tool="exec_command",
+        arguments=lambda k: {"cmd": f"cat file{k}.txt"},
+        file_of=lambda arguments: int(arguments["cmd"].removeprefix("cat file").removesuffix(".txt")),
+    )
     with fake.serve() as upstream_url, serve_proxy(upstream_url, models_file=models_file) as proxy_url:
         yield Codex(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url, home=home, work=work)
 
