@@ -6,9 +6,11 @@ INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects
 
   - ``name``: ``"chat"``, ``"responses"`` or ``"messages"`` (metrics label, headers, plan report);
   - ``upstream_path``: the path under the upstream base URL (``"chat/completions"``, ...);
-  - ``parse(body) -> Conversation``: validate what planning relies on (raise ``InvalidRequest``
-    with ``param`` naming the field) and build the neutral messages (``conversation.py``). Never
-    mutates ``body``; unknown fields are the upstream's business;
+  - ``parse(body, *, memo=None) -> Conversation``: validate what planning relies on (raise
+    ``InvalidRequest`` with ``param`` naming the field) and build the neutral messages
+    (``conversation.py``). Never mutates ``body``; unknown fields are the upstream's business.
+    ``memo`` (a ``parse_memo.ParseMemo``, owned by the caller) lets a dialect reuse what it built
+    for the strictly equal leading items of an earlier request; the result equals a fresh parse;
   - ``tool_tokens(body, counter) -> int``: tokens of what the body sends besides its messages
     (tool definitions, ...), by this API's rules;
   - ``render(body, messages) -> dict``: ``body`` with its conversation replaced by the fitted
@@ -49,6 +51,7 @@ from .conversation import Conversation
 from .errors import CannotFit, CoreError, InvalidRequest
 from .messages import Message
 from .overflow import ContextOverflow
+from .parse_memo import ParseMemo
 from .tokens import MessageCounter
 
 
@@ -75,7 +78,7 @@ class Dialect(Protocol):
     @property
     def upstream_path(self) -> str: ...
 
-    def parse(self, body: Mapping[str, Any], /) -> Conversation: ...
+    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation: ...
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int: ...
 

@@ -41,6 +41,7 @@ from ..core.dialects.messages import window_from_beta
 from ..core.errors import InvalidRequest
 from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
 from ..core.overflow import ContextOverflow
+from ..core.parse_memo import ParseMemo
 from ..core.plan import Plan
 from ..core.preamble import PREAMBLE_EVENTS
 from ..core.registry import ModelSpec
@@ -88,6 +89,8 @@ class Service:
         self.summaries = summaries
         self.learner = learner if learner is not None else Learner()
         self.prefixes = PrefixMemory()
+        # The dialects' parses of recent requests: a resent history is not converted again.
+        self.parses = ParseMemo()
 
     def counter(self, encoding: str) -> MessageCounter:
         counter = self._counters.get(encoding)
@@ -134,7 +137,7 @@ class Service:
             raw=raw,
             body=body,
             dialect=dialect,
-            conversation=dialect.parse(body),
+            conversation=dialect.parse(body, memo=self.parses),
             spec=spec,
             policy=self.policy(options),
             counter=self.counter_for_spec(spec),

@@ -21,6 +21,7 @@ from ..conversation import Conversation
 from ..dialect import ErrorInfo
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
+from ..parse_memo import ParseMemo
 from ..tokens import MessageCounter
 
 _AT_INDEX = re.compile(r" at \d+\b")
@@ -67,7 +68,8 @@ class ChatDialect:
     name: str = "chat"
     upstream_path: str = "chat/completions"
 
-    def parse(self, body: Mapping[str, Any], /) -> Conversation:
+    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+        """``memo`` is not used: chat messages are already neutral (nothing is built to reuse)."""
         model = body.get("model")
         return Conversation(
             model=model if isinstance(model, str) else "",

@@ -74,6 +74,7 @@ from ..errors import InvalidRequest
 from ..media import image_size_from_data_url
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
+from ..parse_memo import NOTHING, ParseMemo, Recalled, plain_flags
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
 from .messages_wire import SYSTEM_INDEX, render_messages, wire_problems
@@ -243,8 +244,10 @@ def _check_blocks(content: object, where: str) -> None:
                 _check_blocks(inner, f"{where}.{k}.content")
 
 
-def validate_body(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """What planning relies on (raise ``InvalidRequest`` naming the field); returns ``messages``."""
+def validate_body(body: Mapping[str, Any], *, recalled: Recalled = NOTHING) -> list[dict[str, Any]]:
+    """What planning relies on (raise ``InvalidRequest`` naming the field); returns ``messages``.
+    A message ``recalled.reusable`` at its index is not checked again: it is strictly equal to one
+    an earlier parse validated at the same index (the checks are pure functions of both)."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("The request body must be a JSON object.", param=None)
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -260,6 +263,8 @@ def validate_body(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(messages, list):
         raise _invalid("Field required (an array of messages)", "messages")
     for i, message in enumerate(messages):
+        if i < recalled.prefix and recalled.strict[i]:
+            continue
         if not isinstance(message, dict):
             raise _invalid("Input should be an object", f"messages.{i}")
         role = message.get("role")
@@ -382,15 +387,32 @@ class MessagesDialect:
     name: str = "messages"
     upstream_path: str = "messages"
 
-    def parse(self, body: Mapping[str, Any], /) -> Conversation:
-        messages = validate_body(body)
+    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+        """With ``memo``, the neutral messages of a strictly equal leading run of wire messages are
+        reused from a remembered parse (``app.core.parse_memo``): those of wire message ``i`` are a
+        pure function of ``(i, message, frozen)``, so they are reused under that descriptor."""
+        wire = body.get("messages") if isinstance(body, Mapping) else None
+        recalled = memo.recall(self.name, wire) if memo is not None and isinstance(wire, list) else NOTHING
+        previous = recalled.state if isinstance(recalled.state, dict) else None
+        if previous is None:
+            recalled = NOTHING
+        messages = validate_body(body, recalled=recalled)
         out: list[dict[str, Any]] = []
         system = body.get("system")
         if system is not None and system != "" and system != []:
             out.append(_system_message(system, SYSTEM_INDEX))
         start, stop = _loop_span(messages)
+        made: dict[tuple[int, bool], list[dict[str, Any]]] = {}
         for i, message in enumerate(messages):
-            out.extend(_neutral_messages(i, message, frozen=start <= i < stop))
+            descriptor = (i, start <= i < stop)
+            built = previous.get(descriptor) if previous is not None and recalled.reusable(i) else None
+            if built is None:
+                built = _neutral_messages(i, message, frozen=descriptor[1])
+            made[descriptor] = built
+            out.extend(built)
+        if memo is not None:
+            plain = plain_flags(messages, recalled)
+            memo.keep(self.name, messages, plain, made, replacing=recalled.entry)
         return Conversation(
             model=body["model"],
             messages=tuple(out),

@@ -49,6 +49,7 @@ from ..dialect import ErrorInfo
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
+from ..parse_memo import ParseMemo
 from ..tokens import MessageCounter
 from .responses_items import (
     ENCRYPTED_CHARS_PER_TOKEN,
@@ -70,11 +71,11 @@ class ResponsesDialect:
     name: str = "responses"
     upstream_path: str = "responses"
 
-    def parse(self, body: Mapping[str, Any], /) -> Conversation:
-        parsed = parse_input(body)
+    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+        parsed = parse_input(body, memo=memo)
         reason = unfittable_reason(body)
         if not reason:
-            reject_orphan_outputs(body)
+            reject_orphan_outputs(parsed)
         cap = body.get("max_output_tokens")
         if cap is not None and (type(cap) is not int or cap < 0):
             raise InvalidRequest(

@@ -2,12 +2,15 @@
 
 INTERFACE CONTRACT (``responses.py`` builds the dialect on these):
 
-* ``parse_input(body) -> ParsedInput``: validates ``instructions`` and ``input`` (raises
-  ``InvalidRequest`` naming the field) and maps them to neutral messages (rules in
-  ``responses.py``'s docstring); ``ParsedInput.items`` is the ``input`` list (None for a string).
+* ``parse_input(body, *, memo=None) -> ParsedInput``: validates ``instructions`` and ``input``
+  (raises ``InvalidRequest`` naming the field) and maps them to neutral messages (rules in
+  ``responses.py``'s docstring); ``ParsedInput.items`` is the ``input`` list (None for a string),
+  ``kinds``/``keys`` each item's kind and pairing key. With a ``ParseMemo`` (``app.core.
+  parse_memo``), the messages built from a strictly equal leading run of items of a remembered
+  parse are reused: the result equals a fresh parse's.
 * ``render_input(body, messages) -> dict``: ``body`` with the fitted messages written back.
 * ``input_problems(body) -> list[str]``: position-free structural problems of ``input``.
-* ``unfittable_reason(body)``, ``reject_orphan_outputs(body)``; ``OUTPUT_OF_CALL``/
+* ``unfittable_reason(body)``, ``reject_orphan_outputs(parsed)``; ``OUTPUT_OF_CALL``/
   ``CALL_OF_OUTPUT`` (call item type <-> output item type), ``ENCRYPTED_CHARS_PER_TOKEN``,
   ``INSTRUCTIONS_PATH``.
 """
@@ -22,6 +25,7 @@ from typing import Any
 from ..conversation import PRICE_KEY, Path, neutral, origin_of
 from ..errors import InvalidRequest
 from ..messages import Message
+from ..parse_memo import NOTHING, ParseMemo, Recalled, plain_flags
 from ..strategies import is_ctxproxy_note
 
 ENCRYPTED_CHARS_PER_TOKEN = 4
@@ -55,7 +59,11 @@ _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 def _key_of(item: Mapping[str, Any]) -> str | None:
     """The pairing key of a call or an output item (``call_id`` unless the type says otherwise)."""
-    kind = _type(item)
+    return _key_for(_type(item), item)
+
+
+def _key_for(kind: str, item: Mapping[str, Any]) -> str | None:
+    """``_key_of`` for an item whose ``type`` is already known to be ``kind``."""
     field = _CALL_KEY.get(kind, "call_id") if kind in OUTPUT_OF_CALL else _ANSWER_KEY.get(kind, "call_id")
     value = item.get(field)
     return value if isinstance(value, str) else None
@@ -63,7 +71,8 @@ def _key_of(item: Mapping[str, Any]) -> str | None:
 
 def _type(item: object) -> str:
     """The item's ``type`` ("" when it has none or it is not a string)."""
-    kind = item.get("type") if isinstance(item, Mapping) else None
+    # ``type(...) is dict`` first: parsed JSON is plain dicts, and the ABC check costs more.
+    kind = item.get("type") if type(item) is dict or isinstance(item, Mapping) else None
     return kind if isinstance(kind, str) else ""
 
 
@@ -83,11 +92,12 @@ def _encrypted_tokens(value: object) -> int:
 
 def _neutral_part(part: Any) -> Any:
     """One Responses content part as the chat accounting knows it (text, image_url, file)."""
-    if not isinstance(part, Mapping):
+    if type(part) is not dict and not isinstance(part, Mapping):
         return part
     kind = part.get("type")
     if kind in _TEXT_PARTS:
-        return {"type": "text", "text": part.get("text") if isinstance(part.get("text"), str) else ""}
+        text = part.get("text")
+        return {"type": "text", "text": text if isinstance(text, str) else ""}
     if kind == "input_image":
         url = part.get("image_url")
         image: dict[str, Any] = {"url": url if isinstance(url, str) else None}
@@ -162,39 +172,46 @@ def _call_entry(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _validate_item(i: int, item: Any) -> str:
-    """The item's kind; raise ``InvalidRequest`` for what planning cannot rely on."""
-    where = f"input[{i}]"
-    if not isinstance(item, Mapping):
-        raise InvalidRequest(f"{where} must be an object.", param=where)
+    """The item's kind; raise ``InvalidRequest`` for what planning cannot rely on. (``type(x) is
+    dict`` comes before every ``Mapping`` check: parsed JSON is plain dicts, and the ABC check
+    costs more; it stays as the fallback for other mappings.)"""
+    if type(item) is not dict and not isinstance(item, Mapping):
+        raise InvalidRequest(f"input[{i}] must be an object.", param=f"input[{i}]")
     kind = item.get("type")
     if kind is None:
         if "role" not in item:
             raise InvalidRequest(
-                f"{where} has no 'type' and no 'role': it is not an input item.", param=where
+                f"input[{i}] has no 'type' and no 'role': it is not an input item.", param=f"input[{i}]"
             )
         kind = "message"
     if not isinstance(kind, str):
-        raise InvalidRequest(f"{where}.type must be a string.", param=f"{where}.type")
+        raise InvalidRequest(f"input[{i}].type must be a string.", param=f"input[{i}].type")
     if kind == "message":
         role = item.get("role")
         if not isinstance(role, str) or role not in MESSAGE_ROLES:
+            where = f"input[{i}]"
             raise InvalidRequest(
                 f"{where}.role must be one of {sorted(MESSAGE_ROLES)}.", param=f"{where}.role"
             )
         content = item.get("content")
-        if not isinstance(content, str | list):
-            raise InvalidRequest(
-                f"{where}.content must be a string or an array of content parts.", param=f"{where}.content"
-            )
         if isinstance(content, list):
             for k, part in enumerate(content):
-                if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                if (type(part) is not dict and not isinstance(part, Mapping)) or not isinstance(
+                    part.get("type"), str
+                ):
+                    where = f"input[{i}]"
                     raise InvalidRequest(
                         f"{where}.content[{k}] must be an object with a string 'type'.",
                         param=f"{where}.content[{k}]",
                     )
+        elif not isinstance(content, str):
+            where = f"input[{i}]"
+            raise InvalidRequest(
+                f"{where}.content must be a string or an array of content parts.", param=f"{where}.content"
+            )
     elif kind in OUTPUT_OF_CALL or kind in CALL_OF_OUTPUT:
-        if _key_of(item) is None:
+        where = f"input[{i}]"
+        if _key_for(kind, item) is None:
             field = (
                 _CALL_KEY.get(kind, "call_id") if kind in OUTPUT_OF_CALL else _ANSWER_KEY.get(kind, "call_id")
             )
@@ -210,21 +227,125 @@ def _validate_item(i: int, item: Any) -> str:
 
 # -- parse ------------------------------------------------------------------------------------
 
+MEMO_NAME = "responses"
+
 
 @dataclass(frozen=True, slots=True)
 class ParsedInput:
-    """The neutral messages of a body and what ``render`` needs to write them back."""
+    """The neutral messages of a body and what ``render`` needs to write them back; ``kinds`` and
+    ``keys`` (each item's kind and pairing key, or None) for the checks that follow the parse."""
 
     messages: tuple[dict[str, Any], ...]
     items: tuple[Any, ...] | None  # the ``input`` list, or None for a string/absent input
+    kinds: tuple[str, ...] = ()
+    keys: tuple[str | None, ...] = ()
 
 
-def _parse_items(items: Sequence[Any], kinds: Sequence[str]) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Remembered:
+    """What a parse of an ``input`` list leaves in a ``ParseMemo``: every item's kind and key, and
+    every neutral message it built, by descriptor. A descriptor is a tuple that starts with a tag
+    and names every item index the message was built from (``_top`` is the largest); the message
+    is a pure function of the descriptor and of those items, so it is reused when every index is
+    inside the strictly equal prefix of a new request (``app.core.parse_memo``)."""
+
+    kinds: tuple[str, ...]
+    keys: tuple[str | None, ...]
+    made: dict[tuple[Any, ...], dict[str, Any]]
+
+
+class _Builder:
+    """Builds (or reuses) the neutral message of a descriptor and records it for the next parse."""
+
+    __slots__ = ("items", "made", "previous", "recalled")
+
+    def __init__(self, items: Sequence[Any], previous: _Remembered | None, recalled: Recalled) -> None:
+        self.items = items
+        self.previous = previous.made if previous is not None else None
+        self.recalled = recalled
+        self.made: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def reused(self, descriptor: tuple[Any, ...], indices: Sequence[int]) -> dict[str, Any] | None:
+        if self.previous is None or not all(self.recalled.reusable(i) for i in indices):
+            return None
+        return self.previous.get(descriptor)
+
+    def keep(self, descriptor: tuple[Any, ...], message: dict[str, Any]) -> dict[str, Any]:
+        self.made[descriptor] = message
+        return message
+
+    def message(self, i: int) -> dict[str, Any]:
+        """A ``message`` item with no reasoning before it."""
+        descriptor = ("m", i)
+        found = self.reused(descriptor, (i,))
+        if found is not None:
+            return self.keep(descriptor, found)
+        item = self.items[i]
+        role = item["role"]
+        content = item["content"]
+        if isinstance(content, list) and len(content) == 1 and content[0].get("type") in _TEXT_PARTS:
+            # A note we wrote earlier is read back as the string the engine recognises.
+            text = content[0].get("text")
+            if isinstance(text, str) and is_ctxproxy_note({"role": role, "content": text}):
+                content = text
+        return self.keep(descriptor, neutral(role, _neutral_content(content), origin=[(i,)]))
+
+    def output(self, i: int, kind: str, key: str | None) -> dict[str, Any]:
+        """An output item as a ``tool`` message (after its call run, or on its own)."""
+        descriptor = ("o", i)
+        found = self.reused(descriptor, (i,))
+        if found is not None:
+            return self.keep(descriptor, found)
+        item = self.items[i]
+        editable = CALL_OF_OUTPUT[kind] in _EDITABLE_CALLS
+        content = _neutral_content(item.get("output")) if editable else _opaque_parts(item)
+        return self.keep(
+            descriptor, neutral("tool", content, origin=[(i,)], opaque=not editable, tool_call_id=key or "")
+        )
+
+    def opaque(self, indices: Sequence[int], *, role: str) -> dict[str, Any]:
+        descriptor = ("x", role, *indices)
+        found = self.reused(descriptor, indices)
+        if found is not None:
+            return self.keep(descriptor, found)
+        return self.keep(descriptor, _opaque(self.items, indices, role=role))
+
+    def call_run(
+        self, kinds: Sequence[str], reasoning: Sequence[int], members: Sequence[int], calls: Sequence[int]
+    ) -> dict[str, Any]:
+        """The assistant message of a call run (its calls, reasoning glued inside the run)."""
+        descriptor = ("r", len(reasoning), len(calls), *reasoning, *calls, *members)
+        found = self.reused(descriptor, members)
+        if found is not None:
+            return self.keep(descriptor, found)
+        items = self.items
+        opaque = (
+            bool(reasoning)
+            or len(members) != len(calls)
+            or any(kinds[c] not in _EDITABLE_CALLS for c in calls)
+        )
+        content: list[dict[str, Any]] | None = None
+        texts = [p for r in members if kinds[r] == "reasoning" for p in _opaque_parts(items[r])]
+        if texts:
+            content = texts
+        message = neutral(
+            "assistant",
+            content,
+            origin=[(m,) for m in members],
+            opaque=opaque,
+            tool_calls=[_call_entry(items[c]) for c in calls],
+        )
+        return self.keep(descriptor, message)
+
+
+def _parse_items(
+    items: Sequence[Any], kinds: Sequence[str], keys: Sequence[str | None], build: _Builder
+) -> list[dict[str, Any]]:
     n = len(items)
     answer_at: dict[str, list[int]] = {}
     for j, kind in enumerate(kinds):
         if kind in CALL_OF_OUTPUT:
-            key = _key_of(items[j])
+            key = keys[j]
             if key is not None:
                 answer_at.setdefault(key, []).append(j)
     out: list[dict[str, Any]] = []
@@ -235,55 +356,43 @@ def _parse_items(items: Sequence[Any], kinds: Sequence[str]) -> list[dict[str, A
             i += 1
         reasoning = list(range(start, i))
         if i == n:  # reasoning with no item after it: kept whole on its own
-            out.append(_opaque(items, reasoning, role="assistant"))
+            out.append(build.opaque(reasoning, role="assistant"))
             break
         kind = kinds[i]
         if kind in OUTPUT_OF_CALL:
-            i = _parse_call_run(items, kinds, i, reasoning, answer_at, out)
+            i = _parse_call_run(kinds, keys, i, reasoning, answer_at, out, build)
             continue
         if kind == "message":
-            item = items[i]
-            role = item["role"]
             if reasoning:
-                out.append(_opaque(items, [*reasoning, i], role=role))
+                out.append(build.opaque([*reasoning, i], role=items[i]["role"]))
             else:
-                content = item["content"]
-                if isinstance(content, list) and len(content) == 1 and content[0].get("type") in _TEXT_PARTS:
-                    # A note we wrote earlier is read back as the string the engine recognises.
-                    text = content[0].get("text")
-                    if isinstance(text, str) and is_ctxproxy_note({"role": role, "content": text}):
-                        content = text
-                out.append(neutral(role, _neutral_content(content), origin=[(i,)]))
+                out.append(build.message(i))
         elif kind in CALL_OF_OUTPUT and not reasoning:
-            item = items[i]
-            editable = CALL_OF_OUTPUT[kind] in _EDITABLE_CALLS
-            content = _neutral_content(item.get("output")) if editable else _opaque_parts(item)
-            out.append(
-                neutral("tool", content, origin=[(i,)], opaque=not editable, tool_call_id=_key_of(item) or "")
-            )
+            out.append(build.output(i, kind, keys[i]))
         elif kind == "compaction":
-            out.append(_opaque(items, [*reasoning, i], role="developer"))
+            out.append(build.opaque([*reasoning, i], role="developer"))
         else:
             # An item that instructs (``additional_tools`` is a developer item) stays pinned like one.
             role = items[i].get("role")
             out.append(
-                _opaque(items, [*reasoning, i], role=role if role in ("system", "developer") else "assistant")
+                build.opaque([*reasoning, i], role=role if role in ("system", "developer") else "assistant")
             )
         i += 1
     return out
 
 
 def _parse_call_run(
-    items: Sequence[Any],
     kinds: Sequence[str],
+    keys: Sequence[str | None],
     i: int,
     reasoning: list[int],
     answer_at: Mapping[str, list[int]],
     out: list[dict[str, Any]],
+    build: _Builder,
 ) -> int:
     """Parse the call run starting at ``i`` (reasoning before it in ``reasoning``) and its outputs;
     append the neutral messages to ``out`` and return the index after what was consumed."""
-    n = len(items)
+    n = len(kinds)
     members = list(reasoning)
     calls: list[int] = []
     j = i
@@ -301,13 +410,13 @@ def _parse_call_run(
             j = k
             continue
         break
-    keys = {key for c in calls if (key := _key_of(items[c])) is not None}
+    run_keys = {key for c in calls if (key := keys[c]) is not None}
     outputs: list[int] = []
     k = j
-    while k < n and kinds[k] in CALL_OF_OUTPUT and _key_of(items[k]) in keys:
+    while k < n and kinds[k] in CALL_OF_OUTPUT and keys[k] in run_keys:
         outputs.append(k)
         k += 1
-    later = [a for key in keys for a in answer_at.get(key, ()) if a >= k]
+    later = [a for key in run_keys for a in answer_at.get(key, ()) if a >= k]
     if later:
         # An output sits after other items: keep the whole span whole (closed over the calls in it).
         stop = max(later) + 1
@@ -316,35 +425,15 @@ def _parse_call_run(
             grown = False
             for m in range(i, stop):
                 if kinds[m] in OUTPUT_OF_CALL:
-                    key = _key_of(items[m])
+                    key = keys[m]
                     far = max(answer_at.get(key, [m]) if key else [m])
                     if far + 1 > stop:
                         stop, grown = far + 1, True
-        out.append(_opaque(items, [*reasoning, *range(i, stop)], role="assistant"))
+        out.append(build.opaque([*reasoning, *range(i, stop)], role="assistant"))
         return stop
-    opaque = (
-        bool(reasoning) or len(members) != len(calls) or any(kinds[c] not in _EDITABLE_CALLS for c in calls)
-    )
-    content: list[dict[str, Any]] | None = None
-    texts = [p for r in members if kinds[r] == "reasoning" for p in _opaque_parts(items[r])]
-    if texts:
-        content = texts
-    out.append(
-        neutral(
-            "assistant",
-            content,
-            origin=[(m,) for m in members],
-            opaque=opaque,
-            tool_calls=[_call_entry(items[c]) for c in calls],
-        )
-    )
+    out.append(build.call_run(kinds, reasoning, members, calls))
     for o in outputs:
-        item = items[o]
-        editable = CALL_OF_OUTPUT[kinds[o]] in _EDITABLE_CALLS
-        body = _neutral_content(item.get("output")) if editable else _opaque_parts(item)
-        out.append(
-            neutral("tool", body, origin=[(o,)], opaque=not editable, tool_call_id=_key_of(item) or "")
-        )
+        out.append(build.output(o, kinds[o], keys[o]))
     return k
 
 
@@ -353,7 +442,10 @@ def _opaque(items: Sequence[Any], indices: Sequence[int], *, role: str) -> dict[
     return neutral(role, parts, origin=[(m,) for m in indices], opaque=True)
 
 
-def parse_input(body: Mapping[str, Any]) -> ParsedInput:
+def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> ParsedInput:
+    """Validate and map ``instructions`` and ``input``. With ``memo``, the neutral messages of a
+    strictly equal leading run of items are taken from the remembered parse of an earlier request
+    (the same objects, equal to what a fresh parse builds), and this parse is remembered."""
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("'instructions' must be a string.", param="instructions")
@@ -368,9 +460,29 @@ def parse_input(body: Mapping[str, Any]) -> ParsedInput:
         return ParsedInput(tuple(messages), None)
     if not isinstance(raw, list):
         raise InvalidRequest("'input' must be a string or an array of input items.", param="input")
-    kinds = [_validate_item(i, item) for i, item in enumerate(raw)]
-    messages.extend(_parse_items(raw, kinds))
-    return ParsedInput(tuple(messages), tuple(raw))
+    recalled = memo.recall(MEMO_NAME, raw) if memo is not None else NOTHING
+    previous = recalled.state if isinstance(recalled.state, _Remembered) else None
+    if previous is None:
+        recalled = NOTHING
+    # Kinds and keys are pure functions of (index, item): a strictly equal item keeps its own.
+    kinds: list[str] = []
+    keys: list[str | None] = []
+    for i, item in enumerate(raw):
+        if previous is not None and recalled.reusable(i):
+            kinds.append(previous.kinds[i])
+            keys.append(previous.keys[i])
+            continue
+        kind = _validate_item(i, item)
+        kinds.append(kind)
+        keys.append(_key_for(kind, item) if kind in OUTPUT_OF_CALL or kind in CALL_OF_OUTPUT else None)
+    build = _Builder(raw, previous, recalled)
+    messages.extend(_parse_items(raw, kinds, keys, build))
+    parsed = ParsedInput(tuple(messages), tuple(raw), tuple(kinds), tuple(keys))
+    if memo is not None:
+        state = _Remembered(parsed.kinds, parsed.keys, build.made)
+        plain = plain_flags(raw, recalled)
+        memo.keep(MEMO_NAME, raw, plain, state, replacing=recalled.entry)
+    return parsed
 
 
 def unfittable_reason(body: Mapping[str, Any]) -> str:
@@ -381,19 +493,16 @@ def unfittable_reason(body: Mapping[str, Any]) -> str:
     return ""
 
 
-def reject_orphan_outputs(body: Mapping[str, Any]) -> None:
+def reject_orphan_outputs(parsed: ParsedInput) -> None:
     """Reject an output item whose call is not in ``input`` (the upstream would refuse it too)."""
-    raw = body.get("input")
-    if not isinstance(raw, list) or any(
-        isinstance(x, Mapping) and x.get("type") == "item_reference" for x in raw
-    ):
+    kinds, keys = parsed.kinds, parsed.keys
+    if "item_reference" in kinds:
         return  # a referenced item may be the call
-    calls = {(t, _key_of(x)) for x in raw if isinstance(x, Mapping) and (t := _type(x)) in OUTPUT_OF_CALL}
-    for i, item in enumerate(raw):
-        kind = _type(item)
-        if kind in CALL_OF_OUTPUT and (CALL_OF_OUTPUT[kind], _key_of(item)) not in calls:
+    calls = {(kind, keys[i]) for i, kind in enumerate(kinds) if kind in OUTPUT_OF_CALL}
+    for i, kind in enumerate(kinds):
+        if kind in CALL_OF_OUTPUT and (CALL_OF_OUTPUT[kind], keys[i]) not in calls:
             raise InvalidRequest(
-                f"input[{i}] is a {kind} for call {_shown_id(_key_of(item))}, but no {CALL_OF_OUTPUT[kind]} "
+                f"input[{i}] is a {kind} for call {_shown_id(keys[i])}, but no {CALL_OF_OUTPUT[kind]} "
                 "with that id is in 'input'.",
                 param=f"input[{i}]",
             )

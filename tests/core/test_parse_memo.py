@@ -1,0 +1,221 @@
+"""The parse memo: a parse that reuses a remembered one equals a fresh parse, exactly (same
+values, same types, same key order), whatever changed in between; and the dialects' fast paths
+for plain dicts agree with their ``Mapping`` fallbacks."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.core.conversation import Conversation
+from app.core.dialects.messages import MESSAGES
+from app.core.dialects.responses import RESPONSES
+from app.core.errors import InvalidRequest
+from app.core.parse_memo import ParseMemo, equal_prefix
+from tests.core.dialects.responses_kit import body as responses_body
+from tests.core.dialects.responses_kit import call, output, reasoning, said, user
+from tests.core.dialects.test_messages import anthropic_bodies
+from tests.core.dialects.test_responses_properties import sessions
+
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def exact(conversation: Conversation) -> str:
+    """``repr`` tells ``1`` from ``True`` and ``1.0`` and shows key order: an exact comparison."""
+    return repr(conversation)
+
+
+def wire_items(body: dict[str, Any]) -> list[Any]:
+    return body["input"] if "input" in body else body["messages"]
+
+
+def with_items(body: dict[str, Any], items: list[Any]) -> dict[str, Any]:
+    key = "input" if "input" in body else "messages"
+    return {**body, key: items}
+
+
+def dialect_of(body: dict[str, Any]) -> Any:
+    return RESPONSES if "input" in body else MESSAGES
+
+
+def resent(body: dict[str, Any], cut: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The body as an earlier turn sent it (its first ``cut`` items) and as it is now, parsed from
+    separate JSON (deep copies: equal, not identical)."""
+    items = wire_items(body)
+    earlier = with_items(copy.deepcopy(body), copy.deepcopy(items[: max(1, cut)]))
+    return earlier, copy.deepcopy(body)
+
+
+bodies = st.one_of(sessions(), anthropic_bodies())
+
+
+@SETTINGS
+@given(body=bodies, data=st.data())
+def test_a_resent_conversation_parses_exactly_as_a_fresh_parse(
+    body: dict[str, Any], data: st.DataObject
+) -> None:
+    dialect = dialect_of(body)
+    cut = data.draw(st.integers(0, len(wire_items(body))))
+    earlier, now = resent(body, cut)
+    memo = ParseMemo(min_items=1)
+    with contextlib.suppress(InvalidRequest):
+        # A cut may orphan an output: refused, though what its items built is remembered (it is
+        # a pure function of them, valid or not as a whole).
+        dialect.parse(earlier, memo=memo)
+    assert exact(dialect.parse(now, memo=memo)) == exact(dialect.parse(copy.deepcopy(body)))
+    # and again, now from a remembered parse of the very same conversation
+    assert exact(dialect.parse(copy.deepcopy(body), memo=memo)) == exact(dialect.parse(body))
+
+
+@SETTINGS
+@given(body=bodies, data=st.data())
+def test_a_memo_never_returns_a_stale_message_when_an_earlier_item_changed(
+    body: dict[str, Any], data: st.DataObject
+) -> None:
+    dialect = dialect_of(body)
+    memo = ParseMemo(min_items=1)
+    dialect.parse(body, memo=memo)
+    items = copy.deepcopy(wire_items(body))
+    k = data.draw(st.integers(0, len(items) - 1))
+    items[k] = _changed(items[k])
+    changed = with_items(copy.deepcopy(body), items)
+    assert exact(dialect.parse(changed, memo=memo)) == exact(dialect.parse(copy.deepcopy(changed)))
+
+
+def _changed(item: Any) -> Any:
+    """``item`` with one string changed (its first text, else an added key)."""
+    if isinstance(item, dict):
+        for key, value in item.items():
+            if isinstance(value, str) and key not in ("type", "role", "call_id", "tool_use_id", "id"):
+                return {**item, key: value + " changed"}
+            if isinstance(value, list) and value:
+                return {**item, key: [_changed(value[0]), *value[1:]]}
+        return {**item, "note": "changed"}
+    return item
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(1, True), (1, 1.0), (True, 1), (0, False), (1.0, 1)],
+)
+def test_numbers_and_booleans_that_compare_equal_are_never_reused(before: Any, after: Any) -> None:
+    def session(value: Any) -> dict[str, Any]:
+        items: list[dict[str, Any]] = [user("hello")]
+        items.append({"type": "computer_call", "id": "cu_1", "call_id": "k1", "action": {"x": value}})
+        items.append({"type": "computer_call_output", "call_id": "k1", "output": {"n": value}})
+        items.append({"type": "web_search_call", "id": "ws", "status": "completed", "action": {"n": value}})
+        items.append(said("done"))
+        return responses_body(items)
+
+    memo = ParseMemo(min_items=1)
+    RESPONSES.parse(session(before), memo=memo)
+    assert session(before) == session(after)  # what makes the case: ``==`` takes one for the other
+    assert exact(RESPONSES.parse(session(after), memo=memo)) == exact(RESPONSES.parse(session(after)))
+
+
+def agent_session(turns: int) -> dict[str, Any]:
+    items: list[dict[str, Any]] = []
+    for t in range(turns):
+        items.append(user(f"turn {t}"))
+        items.append(reasoning(f"rs_{t}"))
+        items += [call(f"c{t}"), output(f"c{t}", f"result {t}")]
+        items.append(said(f"answer {t}", item_id=f"msg_{t}"))
+    return responses_body(items, instructions="be brief")
+
+
+def test_the_unchanged_history_of_a_resent_session_is_reused_not_rebuilt() -> None:
+    memo = ParseMemo()
+    first = RESPONSES.parse(agent_session(8), memo=memo)
+    again = RESPONSES.parse(agent_session(9), memo=memo)
+    assert exact(again) == exact(RESPONSES.parse(agent_session(9)))
+    # the messages of the first 8 turns are the remembered objects (instructions are rebuilt)
+    shared = [a is b for a, b in zip(first.messages[1:], again.messages[1:], strict=False)]
+    assert all(shared) and len(shared) == len(first.messages) - 1
+    assert len(memo) == 1  # the entry it came from was replaced
+
+
+def test_a_resent_anthropic_conversation_reuses_its_messages() -> None:
+    wire: list[dict[str, Any]] = []
+    for t in range(12):
+        wire.append({"role": "user", "content": [{"type": "text", "text": f"question {t}"}]})
+        wire.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {t}"}]})
+    memo = ParseMemo()
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": wire}
+    first = MESSAGES.parse(body, memo=memo)
+    longer = copy.deepcopy({**body, "messages": [*wire, {"role": "user", "content": "more"}]})
+    again = MESSAGES.parse(longer, memo=memo)
+    assert exact(again) == exact(MESSAGES.parse(copy.deepcopy(longer)))
+    assert all(a is b for a, b in zip(first.messages, again.messages[:-1], strict=True))
+
+
+def test_validation_still_runs_on_what_is_new() -> None:
+    memo = ParseMemo(min_items=1)
+    good = agent_session(4)
+    RESPONSES.parse(good, memo=memo)
+    bad = copy.deepcopy(good)
+    bad["input"].append({"type": "message", "role": "robot", "content": "hi"})
+    with pytest.raises(InvalidRequest) as raised:
+        RESPONSES.parse(bad, memo=memo)
+    assert raised.value.param == f"input[{len(bad['input']) - 1}].role"
+
+
+def test_short_lists_are_not_remembered_and_the_memo_is_bounded() -> None:
+    memo = ParseMemo(max_entries=3)
+    RESPONSES.parse(agent_session(1), memo=memo)
+    assert len(memo) == 0  # 5 items: under MIN_ITEMS
+    for t in range(6):
+        body = agent_session(4)
+        body["input"][0] = user(f"another conversation {t}")
+        RESPONSES.parse(body, memo=memo)
+    assert len(memo) == 3
+
+
+def test_equal_prefix_counts_equal_items_and_marks_only_plain_ones_strict() -> None:
+    remembered = ({"a": "x"}, {"n": 1}, {"b": ["y"]}, {"c": "z"})
+    plain = (True, False, True, True)
+    now = [{"a": "x"}, {"n": True}, {"b": ["y"]}, {"c": "other"}, {"d": "new"}]
+    assert equal_prefix(now, remembered, plain) == (3, (True, False, True))
+    assert equal_prefix([], remembered, plain) == (0, ())
+
+
+# ---- fast paths (``type(x) is dict``) against the ``Mapping`` fallbacks ------------------------
+
+
+class Frozen(Mapping[str, Any]):
+    """A read-only mapping that is not a dict: it takes the dialects' ``Mapping`` fallbacks."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _wrapped(item: Any) -> Any:
+    """Items and their content parts as ``Frozen`` mappings (deeper values stay as they are)."""
+    if not isinstance(item, dict):
+        return item
+    content = item.get("content")
+    if isinstance(content, list):
+        item = {**item, "content": [Frozen(p) if isinstance(p, dict) else p for p in content]}
+    return Frozen(item)
+
+
+@SETTINGS
+@given(body=sessions())
+def test_the_responses_fast_paths_agree_with_the_mapping_fallbacks(body: dict[str, Any]) -> None:
+    slow = {**body, "input": [_wrapped(item) for item in body["input"]]}
+    assert RESPONSES.parse(slow) == RESPONSES.parse(body)
+    assert RESPONSES.parse(slow, memo=ParseMemo(min_items=1)) == RESPONSES.parse(body)
