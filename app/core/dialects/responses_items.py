@@ -257,16 +257,28 @@ class _Remembered:
 class _Builder:
     """Builds (or reuses) the neutral message of a descriptor and records it for the next parse."""
 
-    __slots__ = ("items", "made", "previous", "recalled")
+    __slots__ = ("items", "limit", "made", "previous", "recalled")
 
     def __init__(self, items: Sequence[Any], previous: _Remembered | None, recalled: Recalled) -> None:
         self.items = items
         self.previous = previous.made if previous is not None else None
         self.recalled = recalled
+        # Every item below ``limit`` is reusable (the common case: one check per message).
+        strict = recalled.strict
+        self.limit = strict.index(False) if False in strict else recalled.prefix
         self.made: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def reused(self, descriptor: tuple[Any, ...], indices: Sequence[int]) -> dict[str, Any] | None:
-        if self.previous is None or not all(self.recalled.reusable(i) for i in indices):
+        if self.previous is None:
+            return None
+        if max(indices) >= self.limit and not all(self.recalled.reusable(i) for i in indices):
+            return None
+        return self.previous.get(descriptor)
+
+    def reused_one(self, descriptor: tuple[Any, ...], index: int) -> dict[str, Any] | None:
+        if self.previous is None:
+            return None
+        if index >= self.limit and not self.recalled.reusable(index):
             return None
         return self.previous.get(descriptor)
 
@@ -277,7 +289,7 @@ class _Builder:
     def message(self, i: int) -> dict[str, Any]:
         """A ``message`` item with no reasoning before it."""
         descriptor = ("m", i)
-        found = self.reused(descriptor, (i,))
+        found = self.reused_one(descriptor, i)
         if found is not None:
             return self.keep(descriptor, found)
         item = self.items[i]
@@ -293,7 +305,7 @@ class _Builder:
     def output(self, i: int, kind: str, key: str | None) -> dict[str, Any]:
         """An output item as a ``tool`` message (after its call run, or on its own)."""
         descriptor = ("o", i)
-        found = self.reused(descriptor, (i,))
+        found = self.reused_one(descriptor, i)
         if found is not None:
             return self.keep(descriptor, found)
         item = self.items[i]
