@@ -12,13 +12,15 @@ service owns one per app):
 * ``equal_prefix(items, remembered, plain) -> (prefix, strict)``: how many leading ``items`` are
   ``==`` to ``remembered`` (one C-level compare), and for each of those whether it is *strictly*
   equal: the remembered item is plain (``frozen.is_plain``: strings, null, lists and string-keyed
-  dicts of those), so ``==`` cannot have taken ``1`` for ``True`` or ``1.0``. Key order is not
-  compared, by the project's one rule for exact keys (``frozen.freeze``; JSON objects are
-  unordered): nothing downstream of a parse depends on it (the accounting sums over keys, the
-  renderers compare with ``==`` and write the *current* body's objects, summaries dump with
-  ``sort_keys``). Only strictly equal items are reused (their validation and what was built from
-  them). An item ``==`` to a plain item is plain (and one ``==`` to a non-plain item is not), so
-  ``plain`` is only ever computed for new items.
+  dicts of those, where ``==`` is exact), or ``same_scalars`` finds every value of the same type
+  (and every float of the same ``repr``), so ``==`` did not take ``1`` for ``True`` or ``1.0``.
+  Key order is not compared, by the project's one rule for exact keys (``frozen.freeze``; JSON
+  objects are unordered): nothing downstream of a parse depends on it (the accounting sums over
+  keys, the renderers compare with ``==`` and write the *current* body's objects, summaries dump
+  with ``sort_keys``). Only strictly equal items are reused (their validation and what was built
+  from them). An item ``==`` to a plain item is plain (and one ``==`` to a non-plain item is
+  not), so ``plain`` is only ever computed for new items; a non-plain item is walked on every
+  request that resends it (cheaper than building its message again).
 * ``ParseMemo(max_entries=...)``: a thread-safe LRU of ``Remembered`` parses, per dialect name.
   ``recall(dialect, items) -> Recalled`` finds the remembered parse sharing the longest equal
   prefix with ``items`` (``prefix`` 0 and ``state`` None when none does); ``Recalled.reusable(i)``
@@ -38,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .frozen import is_plain
+from .frozen import PLAIN_MAX_DEPTH, is_plain
 
 MIN_ITEMS = 16
 
@@ -73,6 +75,31 @@ class Recalled:
 NOTHING = Recalled()
 
 
+def same_scalars(a: Any, b: Any) -> bool:
+    """For ``a == b``: True when every value has the same type in both, and every float the same
+    ``repr`` (``0.0 == -0.0``), so ``==`` did not take ``1`` for ``True`` or ``1.0``. Values that
+    are not JSON-shaped (or nest deeper than ``PLAIN_MAX_DEPTH``) are never called the same."""
+    stack = [(a, b, 0)]
+    while stack:
+        x, y, depth = stack.pop()
+        kind = type(x)
+        if kind is not type(y) or depth > PLAIN_MAX_DEPTH:
+            return False
+        if kind is dict:
+            for key, value in x.items():
+                if type(key) is not str:
+                    return False
+                stack.append((value, y[key], depth + 1))
+        elif kind is list:
+            stack.extend((value, other, depth + 1) for value, other in zip(x, y, strict=True))
+        elif kind is float:
+            if repr(x) != repr(y):
+                return False
+        elif not (kind is str or kind is int or kind is bool or x is None):
+            return False
+    return True
+
+
 def equal_prefix(
     items: Sequence[Any], remembered: tuple[Any, ...], plain: Sequence[bool]
 ) -> tuple[int, tuple[bool, ...]]:
@@ -85,7 +112,7 @@ def equal_prefix(
         equal = 0
         while equal < n and items[equal] == remembered[equal]:
             equal += 1
-    return equal, tuple(plain[:equal])
+    return equal, tuple(plain[i] or same_scalars(items[i], remembered[i]) for i in range(equal))
 
 
 def plain_flags(items: Sequence[Any], recalled: Recalled) -> tuple[bool, ...]:

@@ -17,7 +17,7 @@ from app.core.conversation import Conversation
 from app.core.dialects.messages import MESSAGES
 from app.core.dialects.responses import RESPONSES
 from app.core.errors import InvalidRequest
-from app.core.parse_memo import ParseMemo, equal_prefix
+from app.core.parse_memo import ParseMemo, equal_prefix, same_scalars
 from tests.core.dialects.responses_kit import body as responses_body
 from tests.core.dialects.responses_kit import call, output, reasoning, said, user
 from tests.core.dialects.test_messages import anthropic_bodies
@@ -102,7 +102,7 @@ def _changed(item: Any) -> Any:
 
 @pytest.mark.parametrize(
     ("before", "after"),
-    [(1, True), (1, 1.0), (True, 1), (0, False), (1.0, 1)],
+    [(1, True), (1, 1.0), (True, 1), (0, False), (1.0, 1), (0.0, -0.0)],
 )
 def test_numbers_and_booleans_that_compare_equal_are_never_reused(before: Any, after: Any) -> None:
     def session(value: Any) -> dict[str, Any]:
@@ -176,12 +176,26 @@ def test_short_lists_are_not_remembered_and_the_memo_is_bounded() -> None:
     assert len(memo) == 3
 
 
-def test_equal_prefix_counts_equal_items_and_marks_only_plain_ones_strict() -> None:
-    remembered = ({"a": "x"}, {"n": 1}, {"b": ["y"]}, {"c": "z"})
-    plain = (True, False, True, True)
-    now = [{"a": "x"}, {"n": True}, {"b": ["y"]}, {"c": "other"}, {"d": "new"}]
-    assert equal_prefix(now, remembered, plain) == (3, (True, False, True))
+def test_equal_prefix_counts_equal_items_and_marks_the_exactly_equal_ones_strict() -> None:
+    remembered = ({"a": "x"}, {"n": 1}, {"b": ["y"]}, {"n": [2, 0.5, None]}, {"f": 0.0}, {"c": "z"})
+    plain = (True, False, True, False, False, True)
+    now = [{"a": "x"}, {"n": True}, {"b": ["y"]}, {"n": [2, 0.5, None]}, {"f": -0.0}, {"c": "?"}]
+    assert equal_prefix(now, remembered, plain) == (5, (True, False, True, True, False))
     assert equal_prefix([], remembered, plain) == (0, ())
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ({"k": [1, "s", None, {"x": False}]}, {"k": [1, "s", None, {"x": False}]}, True),
+        ({"k": [1]}, {"k": [True]}, False),
+        ({"k": 2.5}, {"k": 2.5}, True),
+        ({"k": (1,)}, {"k": (1,)}, False),  # not JSON-shaped: never reused
+    ],
+)
+def test_same_scalars_tells_types_apart(a: Any, b: Any, same: bool) -> None:
+    assert a == b
+    assert same_scalars(a, b) is same
 
 
 # ---- fast paths (``type(x) is dict``) against the ``Mapping`` fallbacks ------------------------
