@@ -140,6 +140,22 @@ def test_the_unchanged_history_of_a_resent_session_is_reused_not_rebuilt() -> No
     assert len(memo) == 1  # the entry it came from was replaced
 
 
+def test_an_output_that_arrives_later_regroups_its_remembered_call() -> None:
+    # call c0, then other items; its output only comes on the next request, after them: the
+    # fresh parse keeps the whole span as one opaque message, so the remembered grouping of the
+    # call (its own message) must not be reused.
+    items = [user("go"), call("c0"), call("c1"), output("c1", "one")]
+    items += [said(f"note {k}", item_id=f"m{k}") for k in range(4)]
+    memo = ParseMemo(min_items=1)
+    earlier = responses_body(copy.deepcopy(items))
+    with contextlib.suppress(InvalidRequest):
+        RESPONSES.parse(earlier, memo=memo)
+    now = responses_body([*copy.deepcopy(items), output("c0", "zero"), user("next")])
+    fresh = RESPONSES.parse(copy.deepcopy(now))
+    assert exact(RESPONSES.parse(now, memo=memo)) == exact(fresh)
+    assert any(len(m.get("ctxproxy_origin", [])) > 2 for m in fresh.messages)  # the span is whole
+
+
 def test_a_resent_anthropic_conversation_reuses_its_messages() -> None:
     wire: list[dict[str, Any]] = []
     for t in range(12):

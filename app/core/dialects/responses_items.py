@@ -252,16 +252,38 @@ class _Remembered:
     kinds: tuple[str, ...]
     keys: tuple[str | None, ...]
     made: dict[tuple[Any, ...], dict[str, Any]]
+    groups: dict[int, _Group]
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """One decision of the scan in ``_parse_items``: the items ``[start, stop)`` became
+    ``messages``. The decision read no item past ``horizon`` (the first item at or after ``stop``
+    that is not reasoning; ``len(items)`` when the end of the list was read) and, of the rest of
+    the list, only where the outputs of its calls sit (``deps``: key -> their indices). A new
+    scan that reaches ``start`` with every item up to ``horizon`` strictly equal and the same
+    ``deps`` makes the same decision from equal items: it takes ``messages`` and goes on at
+    ``stop``."""
+
+    stop: int
+    horizon: int
+    deps: tuple[tuple[str, tuple[int, ...]], ...]
+    messages: tuple[dict[str, Any], ...]
 
 
 class _Builder:
     """Builds (or reuses) the neutral message of a descriptor and records it for the next parse."""
 
-    __slots__ = ("items", "limit", "made", "previous", "recalled")
+    __slots__ = ("groups", "items", "limit", "made", "previous", "previous_groups", "recalled", "remember")
 
-    def __init__(self, items: Sequence[Any], previous: _Remembered | None, recalled: Recalled) -> None:
+    def __init__(
+        self, items: Sequence[Any], previous: _Remembered | None, recalled: Recalled, *, remember: bool
+    ) -> None:
         self.items = items
+        self.remember = remember
         self.previous = previous.made if previous is not None else None
+        self.previous_groups = previous.groups if previous is not None else None
+        self.groups: dict[int, _Group] = {}
         self.recalled = recalled
         # Every item below ``limit`` is reusable (the common case: one check per message).
         strict = recalled.strict
@@ -274,6 +296,42 @@ class _Builder:
         if max(indices) >= self.limit and not all(self.recalled.reusable(i) for i in indices):
             return None
         return self.previous.get(descriptor)
+
+    def skipped(self, start: int, answer_at: Mapping[str, list[int]]) -> _Group | None:
+        """The remembered decision at ``start`` when it holds for these items (see ``_Group``)."""
+        if self.previous_groups is None:
+            return None
+        group = self.previous_groups.get(start)
+        if group is None or group.horizon >= self.limit:
+            return None
+        for key, positions in group.deps:
+            if tuple(answer_at.get(key, ())) != positions:
+                return None
+        self.groups[start] = group
+        return group
+
+    def decided(
+        self,
+        start: int,
+        stop: int,
+        kinds: Sequence[str],
+        keys: Sequence[str | None],
+        answer_at: Mapping[str, list[int]],
+        messages: Sequence[dict[str, Any]],
+    ) -> None:
+        """Record the decision that made ``messages`` of items ``[start, stop)``."""
+        if not self.remember:
+            return
+        n = len(kinds)
+        horizon = stop
+        while horizon < n and kinds[horizon] == "reasoning":
+            horizon += 1
+        deps = tuple(
+            (key, tuple(answer_at.get(key, ())))
+            for m in range(start, stop)
+            if kinds[m] in OUTPUT_OF_CALL and (key := keys[m]) is not None
+        )
+        self.groups[start] = _Group(stop, horizon, deps, tuple(messages))
 
     def reused_one(self, descriptor: tuple[Any, ...], index: int) -> dict[str, Any] | None:
         if self.previous is None:
@@ -363,7 +421,13 @@ def _parse_items(
     out: list[dict[str, Any]] = []
     i = 0
     while i < n:
+        group = build.skipped(i, answer_at)
+        if group is not None:
+            out.extend(group.messages)
+            i = group.stop
+            continue
         start = i
+        first = len(out)
         while i < n and kinds[i] == "reasoning":
             i += 1
         reasoning = list(range(start, i))
@@ -373,6 +437,7 @@ def _parse_items(
         kind = kinds[i]
         if kind in OUTPUT_OF_CALL:
             i = _parse_call_run(kinds, keys, i, reasoning, answer_at, out, build)
+            build.decided(start, i, kinds, keys, answer_at, out[first:])
             continue
         if kind == "message":
             if reasoning:
@@ -390,6 +455,7 @@ def _parse_items(
                 build.opaque([*reasoning, i], role=role if role in ("system", "developer") else "assistant")
             )
         i += 1
+        build.decided(start, i, kinds, keys, answer_at, out[first:])
     return out
 
 
@@ -487,11 +553,11 @@ def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> Pa
         kind = _validate_item(i, item)
         kinds.append(kind)
         keys.append(_key_for(kind, item) if kind in OUTPUT_OF_CALL or kind in CALL_OF_OUTPUT else None)
-    build = _Builder(raw, previous, recalled)
+    build = _Builder(raw, previous, recalled, remember=memo is not None)
     messages.extend(_parse_items(raw, kinds, keys, build))
     parsed = ParsedInput(tuple(messages), tuple(raw), tuple(kinds), tuple(keys))
     if memo is not None:
-        state = _Remembered(parsed.kinds, parsed.keys, build.made)
+        state = _Remembered(parsed.kinds, parsed.keys, build.made, build.groups)
         plain = plain_flags(raw, recalled)
         memo.keep(MEMO_NAME, raw, plain, state, replacing=recalled.entry)
     return parsed
