@@ -9,22 +9,22 @@ that uses the memo decides its grouping afresh on every request; only the buildi
 INTERFACE CONTRACT (``app/core/dialects/responses_items.py`` and ``messages.py`` use it, the
 service owns one per app):
 
-* ``equal_prefix(items, remembered, plain) -> (prefix, strict)``: how many leading ``items`` are
-  ``==`` to ``remembered`` (one C-level compare), and for each of those whether it is *strictly*
-  equal: the remembered item is plain (``frozen.is_plain``: strings, null, lists and string-keyed
-  dicts of those, where ``==`` is exact), or ``same_scalars`` finds every value of the same type
-  (and every float of the same ``repr``), so ``==`` did not take ``1`` for ``True`` or ``1.0``.
-  Key order is not compared, by the project's one rule for exact keys (``frozen.freeze``; JSON
-  objects are unordered): nothing downstream of a parse depends on it (the accounting sums over
-  keys, the renderers compare with ``==`` and write the *current* body's objects, summaries dump
-  with ``sort_keys``). Only strictly equal items are reused (their validation and what was built
-  from them). An item ``==`` to a plain item is plain (and one ``==`` to a non-plain item is
-  not), so ``plain`` is only ever computed for new items; a non-plain item is walked on every
-  request that resends it (cheaper than building its message again).
+* ``equal_prefix(items, remembered, shapes) -> (prefix, strict)``: how many leading ``items``
+  are ``==`` to ``remembered`` (one C-level compare), and for each of those whether it is
+  *strictly* equal: ``==`` is exact on strings, null, lists and string-keyed dicts, so only
+  where the remembered item holds numbers and booleans (its shape: ``scalar_paths``, computed
+  once when the item is first seen) are the two values compared by type (and a float by
+  ``repr``): ``1``/``True``/``1.0``/``-0.0`` never pass for each other. Key order is not
+  compared, by the project's one rule for exact keys (``frozen.freeze``; JSON objects are
+  unordered): nothing downstream of a parse depends on it (the accounting sums over keys, the
+  renderers compare with ``==`` and write the *current* body's objects, summaries dump with
+  ``sort_keys``). Only strictly equal items are reused (their validation and what was built
+  from them). An item ``==`` to another has its numbers and booleans at the same paths, so
+  shapes are only ever computed for new items (``item_shapes``).
 * ``ParseMemo(max_entries=...)``: a thread-safe LRU of ``Remembered`` parses, per dialect name.
   ``recall(dialect, items) -> Recalled`` finds the remembered parse sharing the longest equal
   prefix with ``items`` (``prefix`` 0 and ``state`` None when none does); ``Recalled.reusable(i)``
-  says whether item ``i`` is strictly equal to the remembered one. ``keep(dialect, items, plain,
+  says whether item ``i`` is strictly equal to the remembered one. ``keep(dialect, items, shapes,
   state, replacing=...)`` remembers a successful parse (``state`` is the dialect's own value:
   what it built, by descriptor), replacing the entry it came from. Lists shorter than
   ``min_items`` (default ``MIN_ITEMS``) are not remembered (their parse is cheaper than a look-up).
@@ -40,19 +40,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .frozen import PLAIN_MAX_DEPTH, is_plain
+from .frozen import PLAIN_MAX_DEPTH
 
 MIN_ITEMS = 16
+# Where an item holds numbers and booleans (``scalar_paths``); None: never reused.
+Shape = tuple[tuple[str | int, ...], ...] | None
 
 
 @dataclass(frozen=True, slots=True)
 class Remembered:
-    """One remembered parse: its items (never mutated: request bodies are not), which of them are
-    plain, and the dialect's state (what it built from them)."""
+    """One remembered parse: its items (never mutated: request bodies are not), where each holds
+    numbers and booleans (``scalar_paths``), and the dialect's state (what it built from them)."""
 
     dialect: str
     items: tuple[Any, ...]
-    plain: tuple[bool, ...]
+    shapes: tuple[Shape, ...]
     state: object
 
 
@@ -63,7 +65,7 @@ class Recalled:
 
     prefix: int = 0
     state: object = None
-    plain: tuple[bool, ...] = ()
+    shapes: tuple[Shape, ...] = ()
     strict: tuple[bool, ...] = ()
     entry: Remembered | None = None
 
@@ -75,50 +77,70 @@ class Recalled:
 NOTHING = Recalled()
 
 
-def same_scalars(a: Any, b: Any) -> bool:
-    """For ``a == b``: True when every value has the same type in both, and every float the same
-    ``repr`` (``0.0 == -0.0``), so ``==`` did not take ``1`` for ``True`` or ``1.0``. Values that
-    are not JSON-shaped (or nest deeper than ``PLAIN_MAX_DEPTH``) are never called the same."""
-    stack = [(a, b, 0)]
+def scalar_paths(item: Any) -> Shape:
+    """Where ``item`` holds numbers and booleans: the path (keys and indices) to each; ``()`` for a
+    plain item (strings, null, lists and string-keyed dicts of those, where ``==`` is exact);
+    None when it is not JSON-shaped or nests deeper than ``PLAIN_MAX_DEPTH`` (never reused)."""
+    paths: list[tuple[str | int, ...]] = []
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(item, ())]
     while stack:
-        x, y, depth = stack.pop()
-        kind = type(x)
-        if kind is not type(y) or depth > PLAIN_MAX_DEPTH:
-            return False
+        value, path = stack.pop()
+        kind = type(value)
+        if kind is str or value is None:
+            continue
+        if len(path) > PLAIN_MAX_DEPTH:
+            return None
         if kind is dict:
-            for key, value in x.items():
+            for key, inner in value.items():
                 if type(key) is not str:
-                    return False
-                stack.append((value, y[key], depth + 1))
+                    return None
+                if type(inner) is not str:
+                    stack.append((inner, (*path, key)))
         elif kind is list:
-            stack.extend((value, other, depth + 1) for value, other in zip(x, y, strict=True))
-        elif kind is float:
-            if repr(x) != repr(y):
-                return False
-        elif not (kind is str or kind is int or kind is bool or x is None):
+            stack.extend((inner, (*path, k)) for k, inner in enumerate(value) if type(inner) is not str)
+        elif kind is int or kind is bool or kind is float:
+            paths.append(path)
+        else:
+            return None
+    return tuple(paths)
+
+
+def same_scalars(a: Any, b: Any, paths: tuple[tuple[str | int, ...], ...]) -> bool:
+    """For ``a == b`` where ``a`` holds numbers or booleans at ``paths``: True when each has the
+    same type in ``b`` (and a float the same ``repr``: ``0.0 == -0.0``)."""
+    for path in paths:
+        x, y = a, b
+        for step in path:
+            x, y = x[step], y[step]
+        if type(x) is not type(y) or (type(x) is float and repr(x) != repr(y)):
             return False
     return True
 
 
 def equal_prefix(
-    items: Sequence[Any], remembered: tuple[Any, ...], plain: Sequence[bool]
+    items: Sequence[Any], remembered: tuple[Any, ...], shapes: Sequence[Shape]
 ) -> tuple[int, tuple[bool, ...]]:
     """``(prefix, strict)``: how many leading ``items`` are ``==`` to ``remembered``, and which of
     those are strictly equal (see the module docstring)."""
-    n = min(len(items), len(remembered), len(plain))
+    n = min(len(items), len(remembered), len(shapes))
     if tuple(items[:n]) == remembered[:n]:
         equal = n
     else:
         equal = 0
         while equal < n and items[equal] == remembered[equal]:
             equal += 1
-    return equal, tuple(plain[i] or same_scalars(items[i], remembered[i]) for i in range(equal))
+    strict = tuple(
+        shape == () or (shape is not None and same_scalars(items[i], remembered[i], shape))
+        for i, shape in enumerate(shapes[:equal])
+    )
+    return equal, strict
 
 
-def plain_flags(items: Sequence[Any], recalled: Recalled) -> tuple[bool, ...]:
-    """``is_plain`` of every item, taken from ``recalled`` for its equal prefix."""
-    head = recalled.plain[: recalled.prefix]
-    return (*head, *(is_plain(item) for item in items[recalled.prefix :]))
+def item_shapes(items: Sequence[Any], recalled: Recalled) -> tuple[Shape, ...]:
+    """``scalar_paths`` of every item, taken from ``recalled`` for its equal prefix (an item
+    ``==`` to another has its numbers and booleans at the same paths)."""
+    head = recalled.shapes[: recalled.prefix]
+    return (*head, *(scalar_paths(item) for item in items[recalled.prefix :]))
 
 
 class ParseMemo:
@@ -141,16 +163,16 @@ class ParseMemo:
             entries = [e for e in self._entries if e.dialect == dialect and e.items[0] == items[0]]
         best = NOTHING
         for entry in entries:
-            prefix, strict = equal_prefix(items, entry.items, entry.plain)
+            prefix, strict = equal_prefix(items, entry.items, entry.shapes)
             if prefix > best.prefix:
-                best = Recalled(prefix, entry.state, entry.plain, strict, entry)
+                best = Recalled(prefix, entry.state, entry.shapes, strict, entry)
         return best
 
     def keep(
         self,
         dialect: str,
         items: Sequence[Any],
-        plain: tuple[bool, ...],
+        shapes: tuple[Shape, ...],
         state: object,
         *,
         replacing: Remembered | None = None,
@@ -158,7 +180,7 @@ class ParseMemo:
         """Remember a successful parse of ``items`` (most recent first), in place of ``replacing``."""
         if len(items) < self._min_items:
             return
-        entry = Remembered(dialect, tuple(items), plain, state)
+        entry = Remembered(dialect, tuple(items), shapes, state)
         with self._lock:
             kept = [e for e in self._entries if e is not replacing]
             self._entries = [entry, *kept][: self._max_entries]

@@ -17,7 +17,7 @@ from app.core.conversation import Conversation
 from app.core.dialects.messages import MESSAGES
 from app.core.dialects.responses import RESPONSES
 from app.core.errors import InvalidRequest
-from app.core.parse_memo import ParseMemo, equal_prefix, same_scalars
+from app.core.parse_memo import ParseMemo, equal_prefix, same_scalars, scalar_paths
 from tests.core.dialects.responses_kit import body as responses_body
 from tests.core.dialects.responses_kit import call, output, reasoning, said, user
 from tests.core.dialects.test_messages import anthropic_bodies
@@ -194,10 +194,21 @@ def test_short_lists_are_not_remembered_and_the_memo_is_bounded() -> None:
 
 def test_equal_prefix_counts_equal_items_and_marks_the_exactly_equal_ones_strict() -> None:
     remembered = ({"a": "x"}, {"n": 1}, {"b": ["y"]}, {"n": [2, 0.5, None]}, {"f": 0.0}, {"c": "z"})
-    plain = (True, False, True, False, False, True)
+    shapes = tuple(scalar_paths(item) for item in remembered)
     now = [{"a": "x"}, {"n": True}, {"b": ["y"]}, {"n": [2, 0.5, None]}, {"f": -0.0}, {"c": "?"}]
-    assert equal_prefix(now, remembered, plain) == (5, (True, False, True, True, False))
-    assert equal_prefix([], remembered, plain) == (0, ())
+    assert equal_prefix(now, remembered, shapes) == (5, (True, False, True, True, False))
+    assert equal_prefix([], remembered, shapes) == (0, ())
+
+
+def test_scalar_paths_find_every_number_and_boolean() -> None:
+    item = {"role": "assistant", "content": [{"type": "tool_use", "input": {"n": 1, "ok": False, "s": "x"}}]}
+    assert sorted(scalar_paths(item) or (), key=str) == [
+        ("content", 0, "input", "n"),
+        ("content", 0, "input", "ok"),
+    ]
+    assert scalar_paths({"a": ["x", None, {"b": "y"}]}) == ()
+    assert scalar_paths({"a": (1,)}) is None  # not JSON-shaped: never reused
+    assert scalar_paths({1: "x"}) is None
 
 
 @pytest.mark.parametrize(
@@ -206,12 +217,14 @@ def test_equal_prefix_counts_equal_items_and_marks_the_exactly_equal_ones_strict
         ({"k": [1, "s", None, {"x": False}]}, {"k": [1, "s", None, {"x": False}]}, True),
         ({"k": [1]}, {"k": [True]}, False),
         ({"k": 2.5}, {"k": 2.5}, True),
-        ({"k": (1,)}, {"k": (1,)}, False),  # not JSON-shaped: never reused
+        ({"k": [0.0]}, {"k": [-0.0]}, False),
     ],
 )
 def test_same_scalars_tells_types_apart(a: Any, b: Any, same: bool) -> None:
     assert a == b
-    assert same_scalars(a, b) is same
+    paths = scalar_paths(a)
+    assert paths
+    assert same_scalars(a, b, paths) is same
 
 
 # ---- fast paths (``type(x) is dict``) against the ``Mapping`` fallbacks ------------------------

@@ -74,7 +74,7 @@ from ..errors import InvalidRequest
 from ..media import image_size_from_data_url
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
-from ..parse_memo import NOTHING, ParseMemo, Recalled, plain_flags
+from ..parse_memo import NOTHING, ParseMemo, Recalled, item_shapes
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
 from .messages_wire import SYSTEM_INDEX, render_messages, wire_problems
@@ -411,8 +411,8 @@ class MessagesDialect:
             made[descriptor] = built
             out.extend(built)
         if memo is not None:
-            plain = plain_flags(messages, recalled)
-            memo.keep(self.name, messages, plain, made, replacing=recalled.entry)
+            shapes = item_shapes(messages, recalled)
+            memo.keep(self.name, messages, shapes, made, replacing=recalled.entry)
         return Conversation(
             model=body["model"],
             messages=tuple(out),

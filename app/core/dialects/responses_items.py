@@ -25,7 +25,7 @@ from typing import Any
 from ..conversation import PRICE_KEY, Path, neutral, origin_of
 from ..errors import InvalidRequest
 from ..messages import Message
-from ..parse_memo import NOTHING, ParseMemo, Recalled, plain_flags
+from ..parse_memo import NOTHING, ParseMemo, Recalled, item_shapes
 from ..strategies import is_ctxproxy_note
 
 ENCRYPTED_CHARS_PER_TOKEN = 4
@@ -558,8 +558,8 @@ def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> Pa
     parsed = ParsedInput(tuple(messages), tuple(raw), tuple(kinds), tuple(keys))
     if memo is not None:
         state = _Remembered(parsed.kinds, parsed.keys, build.made, build.groups)
-        plain = plain_flags(raw, recalled)
-        memo.keep(MEMO_NAME, raw, plain, state, replacing=recalled.entry)
+        shapes = item_shapes(raw, recalled)
+        memo.keep(MEMO_NAME, raw, shapes, state, replacing=recalled.entry)
     return parsed
 
 
