@@ -258,12 +258,14 @@ class Service:
             plan = await run_plan(request.plan, size_bytes=size_bytes)
             command = exchange.start(await self.summarized(request, plan))
         response: UpstreamResponse | None = None
-        forwarded = Forwarded.of(request, None)
+        # Made by the first ``Send`` (``start`` answers ``Send`` or ``Fail``; ``Deliver`` and
+        # ``Replan`` only follow an answer): not priced before it is needed.
+        forwarded: Forwarded | None = None
         while True:
             if isinstance(command, Fail):
                 raise PlanCannotFit(command.plan, reason=command.reason)
             if isinstance(command, Deliver):
-                assert response is not None and exchange.plan is not None
+                assert response is not None and exchange.plan is not None and forwarded is not None
                 if command.overflow is not None:
                     self._learn(request, command.overflow, forwarded)
                 return await self._outcome(request, exchange, forwarded, response)
@@ -274,7 +276,7 @@ class Service:
                 response, command = await self._send(request, exchange, forwarded, pending)
                 pending = None
                 continue
-            assert response is not None and exchange.plan is not None
+            assert response is not None and exchange.plan is not None and forwarded is not None
             try:
                 retry = await run_plan(
                     partial(request.plan, cap_tokens=command.cap_tokens), size_bytes=len(request.raw)
