@@ -82,7 +82,14 @@ class Dialect(Protocol):
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int: ...
 
-    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]: ...
+    def render(
+        self,
+        body: Mapping[str, Any],
+        messages: Sequence[Message],
+        /,
+        *,
+        source: Sequence[Message] | None = None,
+    ) -> dict[str, Any]: ...
 
     def problems(self, body: Mapping[str, Any], /) -> list[str]: ...
 

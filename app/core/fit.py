@@ -181,6 +181,7 @@ def plan_request(
             dropped=tuple(dropped),
             dialect=dialect,
             warnings=warnings,
+            source=parsed.messages,
         )
 
     if not parsed.fittable:

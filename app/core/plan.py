@@ -100,6 +100,9 @@ class Plan:
     dropped: tuple[DroppedSpan, ...] = ()
     dialect: Dialect | None = None
     warnings: tuple[str, ...] = ()
+    # The neutral messages the dialect parsed from the request: ``body`` renders without parsing
+    # the request a second time.
+    source: tuple[Message, ...] | None = None
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
@@ -114,4 +117,4 @@ class Plan:
         the default: only ``messages`` is replaced); every other key kept as is."""
         if self.dialect is None:
             return {**original, "messages": list(self.messages)}
-        return self.dialect.render(original, self.messages)
+        return self.dialect.render(original, self.messages, source=self.source)

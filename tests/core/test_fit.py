@@ -472,7 +472,7 @@ class _Upstairs:
     def parse(self, body: Any, /) -> Conversation:
         return replace(CHAT.parse(body), fittable=False, unfittable_reason="upstream")
 
-    def render(self, body: Any, messages: Any, /) -> dict[str, Any]:
+    def render(self, body: Any, messages: Any, /, *, source: Any = None) -> dict[str, Any]:
         return {**body, "items": list(messages)}
 
 

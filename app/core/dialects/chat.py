@@ -81,7 +81,14 @@ class ChatDialect:
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         return counter.count_tools(body)
 
-    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]:
+    def render(
+        self,
+        body: Mapping[str, Any],
+        messages: Sequence[Message],
+        /,
+        *,
+        source: Sequence[Message] | None = None,
+    ) -> dict[str, Any]:
         return {**body, "messages": list(messages)}
 
     def problems(self, body: Mapping[str, Any], /) -> list[str]:

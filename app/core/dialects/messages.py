@@ -433,7 +433,14 @@ class MessagesDialect:
         ]
         return counter.count_tools({"tools": shaped}) + TOOL_USE_SYSTEM_PROMPT_TOKENS
 
-    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]:
+    def render(
+        self,
+        body: Mapping[str, Any],
+        messages: Sequence[Message],
+        /,
+        *,
+        source: Sequence[Message] | None = None,
+    ) -> dict[str, Any]:
         return render_messages(body, messages)
 
     def problems(self, body: Mapping[str, Any], /) -> list[str]:

@@ -111,8 +111,15 @@ class ResponsesDialect:
             chat_tools.append({"type": "json_schema", "json_schema": dict(fmt)})
         return counter.count_tools({"tools": chat_tools}) if chat_tools else 0
 
-    def render(self, body: Mapping[str, Any], messages: Sequence[Message], /) -> dict[str, Any]:
-        return render_input(body, messages)
+    def render(
+        self,
+        body: Mapping[str, Any],
+        messages: Sequence[Message],
+        /,
+        *,
+        source: Sequence[Message] | None = None,
+    ) -> dict[str, Any]:
+        return render_input(body, messages, source=source)
 
     def problems(self, body: Mapping[str, Any], /) -> list[str]:
         return input_problems(body)

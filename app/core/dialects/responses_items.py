@@ -650,10 +650,19 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def render_input(body: Mapping[str, Any], messages: Sequence[Message]) -> dict[str, Any]:
-    """``body`` with the fitted neutral ``messages`` written back (see the module docstring)."""
-    parsed = parse_input(body)
-    by_origin = {tuple(origin_of(m)): m for m in parsed.messages}
+def render_input(
+    body: Mapping[str, Any], messages: Sequence[Message], *, source: Sequence[Message] | None = None
+) -> dict[str, Any]:
+    """``body`` with the fitted neutral ``messages`` written back (see the module docstring).
+    ``source``: the messages ``parse_input(body)`` gives, when the caller has them (the plan's
+    conversation): the body is not parsed a second time."""
+    if source is None:
+        parsed = parse_input(body)
+        source, raw_items = parsed.messages, parsed.items
+    else:
+        raw = body.get("input")
+        raw_items = tuple(raw) if isinstance(raw, list) else None
+    by_origin = {tuple(origin_of(m)): m for m in source}
     out = dict(body)
     items: list[Any] = []
     for message in messages:
@@ -668,16 +677,16 @@ def render_input(body: Mapping[str, Any], messages: Sequence[Message]) -> dict[s
             if message != was:
                 out["instructions"] = _text_of(message.get("content"))
             continue
-        if parsed.items is None:  # a string input: one user message
+        if raw_items is None:  # a string input: one user message
             if message != was:
                 out["input"] = _text_of(message.get("content"))
             continue
         if message == was or len(origin) > 1:
             # Several items (a call run, glued reasoning) change only by being dropped whole.
-            items.extend(parsed.items[path[0]] for path in origin)
+            items.extend(raw_items[path[0]] for path in origin)
         else:
-            items.append(_changed_item(parsed.items[origin[0][0]], was, message))
-    if parsed.items is not None:
+            items.append(_changed_item(raw_items[origin[0][0]], was, message))
+    if raw_items is not None:
         out["input"] = items
     return out
 

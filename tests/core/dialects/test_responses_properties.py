@@ -154,6 +154,8 @@ def test_fitting_through_the_responses_dialect(request: dict[str, Any], cap: int
 
     if not plan.changed:
         assert forwarded is request  # the same bytes go upstream
+    else:  # the plan renders from its parse: the same body as rendering after a fresh parse
+        assert RESPONSES.render(request, plan.messages) == forwarded
     if plan.fits:
         recount = sum(counter.count_messages(RESPONSES.parse(forwarded).messages)) + 3
         assert recount <= plan.budget.input_budget_tokens
