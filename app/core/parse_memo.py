@@ -68,6 +68,8 @@ class Recalled:
     shapes: tuple[Shape, ...] = ()
     strict: tuple[bool, ...] = ()
     entry: Remembered | None = None
+    # Every item below ``limit`` is reusable (the first item that is not, or ``prefix``).
+    limit: int = 0
 
     def reusable(self, index: int) -> bool:
         """True when what was built from item ``index`` (and its validation) may be reused."""
@@ -129,11 +131,14 @@ def equal_prefix(
         equal = 0
         while equal < n and items[equal] == remembered[equal]:
             equal += 1
-    strict = tuple(
-        shape == () or (shape is not None and same_scalars(items[i], remembered[i], shape))
-        for i, shape in enumerate(shapes[:equal])
-    )
-    return equal, strict
+    # Most items are plain (shape ``()``): only the others are looked at one by one.
+    strict = [True] * equal
+    head = shapes[:equal]
+    if head.count(()) != equal:
+        for i, shape in enumerate(head):
+            if shape != ():
+                strict[i] = shape is not None and same_scalars(items[i], remembered[i], shape)
+    return equal, tuple(strict)
 
 
 def item_shapes(items: Sequence[Any], recalled: Recalled) -> tuple[Shape, ...]:
@@ -165,7 +170,8 @@ class ParseMemo:
         for entry in entries:
             prefix, strict = equal_prefix(items, entry.items, entry.shapes)
             if prefix > best.prefix:
-                best = Recalled(prefix, entry.state, entry.shapes, strict, entry)
+                limit = strict.index(False) if False in strict else prefix
+                best = Recalled(prefix, entry.state, entry.shapes, strict, entry, limit)
         return best
 
     def keep(

@@ -262,9 +262,11 @@ def validate_body(body: Mapping[str, Any], *, recalled: Recalled = NOTHING) -> l
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise _invalid("Field required (an array of messages)", "messages")
-    for i, message in enumerate(messages):
-        if i < recalled.prefix and recalled.strict[i]:
+    # Every message below ``recalled.limit`` is reusable: the loop starts past them.
+    for i in range(recalled.limit, len(messages)):
+        if recalled.reusable(i):
             continue
+        message = messages[i]
         if not isinstance(message, dict):
             raise _invalid("Input should be an object", f"messages.{i}")
         role = message.get("role")
@@ -303,6 +305,32 @@ def _loop_span(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
         if messages[j].get("role") == "assistant" and _has_thinking(messages[j]):
             return start, j + 1
     return start, start
+
+
+@dataclass(frozen=True, slots=True)
+class _Remembered:
+    """What a parse leaves in a ``ParseMemo``: the loop span ``[start, stop)`` (its messages are
+    frozen), the neutral messages built from each wire message (``built[i]``, a pure function of
+    ``(i, message, frozen)``), all of them in order (``made``) and how many after each wire
+    message (``ends``). A reusable message frozen alike in both parses takes ``built[i]``."""
+
+    start: int
+    stop: int
+    built: tuple[list[dict[str, Any]], ...]
+    ends: tuple[int, ...]
+    made: tuple[dict[str, Any], ...]
+
+
+def _first_difference(span: tuple[int, int], other: tuple[int, int]) -> int:
+    """The first index inside exactly one of two half-open spans (a large number when none is)."""
+    first = 1 << 62
+    for (a, b), (c, d) in ((span, other), (other, span)):
+        if a < b:
+            if a < c or a >= d:
+                first = min(first, a)
+            elif d < b:
+                first = min(first, d)
+    return first
 
 
 def _system_message(content: object, index: int) -> dict[str, Any]:
@@ -393,7 +421,7 @@ class MessagesDialect:
         pure function of ``(i, message, frozen)``, so they are reused under that descriptor."""
         wire = body.get("messages") if isinstance(body, Mapping) else None
         recalled = memo.recall(self.name, wire) if memo is not None and isinstance(wire, list) else NOTHING
-        previous = recalled.state if isinstance(recalled.state, dict) else None
+        previous = recalled.state if isinstance(recalled.state, _Remembered) else None
         if previous is None:
             recalled = NOTHING
         messages = validate_body(body, recalled=recalled)
@@ -402,17 +430,34 @@ class MessagesDialect:
         if system is not None and system != "" and system != []:
             out.append(_system_message(system, SYSTEM_INDEX))
         start, stop = _loop_span(messages)
-        made: dict[tuple[int, bool], list[dict[str, Any]]] = {}
-        for i, message in enumerate(messages):
-            descriptor = (i, start <= i < stop)
-            built = previous.get(descriptor) if previous is not None and recalled.reusable(i) else None
-            if built is None:
-                built = _neutral_messages(i, message, frozen=descriptor[1])
-            made[descriptor] = built
-            out.extend(built)
+        built: list[list[dict[str, Any]]] = []
+        ends: list[int] = []
+        made: list[dict[str, Any]] = []
+        if previous is not None:
+            # The leading reusable messages frozen alike in both parses: taken at once.
+            taken = min(recalled.limit, _first_difference((start, stop), (previous.start, previous.stop)))
+            if taken:
+                built = list(previous.built[:taken])
+                ends = list(previous.ends[:taken])
+                made = list(previous.made[: ends[-1]])
+        for i in range(len(built), len(messages)):
+            frozen = start <= i < stop
+            reuse = (
+                previous is not None
+                and recalled.reusable(i)
+                and (previous.start <= i < previous.stop) == frozen
+            )
+            group = previous.built[i] if reuse and previous is not None else None
+            if group is None:
+                group = _neutral_messages(i, messages[i], frozen=frozen)
+            built.append(group)
+            made.extend(group)
+            ends.append(len(made))
+        out.extend(made)
         if memo is not None:
             shapes = item_shapes(messages, recalled)
-            memo.keep(self.name, messages, shapes, made, replacing=recalled.entry)
+            state = _Remembered(start, stop, tuple(built), tuple(ends), tuple(made))
+            memo.keep(self.name, messages, shapes, state, replacing=recalled.entry)
         return Conversation(
             model=body["model"],
             messages=tuple(out),

@@ -18,6 +18,7 @@ INTERFACE CONTRACT (``responses.py`` builds the dialect on these):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -245,14 +246,30 @@ class ParsedInput:
 class _Remembered:
     """What a parse of an ``input`` list leaves in a ``ParseMemo``: every item's kind and key, and
     every neutral message it built, by descriptor. A descriptor is a tuple that starts with a tag
-    and names every item index the message was built from (``_top`` is the largest); the message
-    is a pure function of the descriptor and of those items, so it is reused when every index is
-    inside the strictly equal prefix of a new request (``app.core.parse_memo``)."""
+    and names every item index the message was built from; the message is a pure function of the
+    descriptor and of those items, so it is reused when every index is inside the strictly equal
+    prefix of a new request (``app.core.parse_memo``).
+
+    ``chain`` is every decision of the scan (``_Group``) in scan order (``starts`` their starts),
+    ``out`` the messages the scan made (``ends[g]``: how many after ``chain[g]``), ``reach[g]``
+    the largest index any of ``chain[:g + 1]`` read (horizon or output position), ``first_dep``
+    for each key some ``g`` at or before the first group whose ``deps`` name it, and
+    ``answer_at`` where the outputs of each key sit (all below ``answers_top``). A new scan
+    whose items below ``limit`` are reusable passes the per-group check of ``_Builder.skipped``
+    for every leading group with ``reach < limit`` whose keys no output at or after ``limit``
+    answers: it takes them wholesale (``_Builder.resume``)."""
 
     kinds: tuple[str, ...]
     keys: tuple[str | None, ...]
     made: dict[tuple[Any, ...], dict[str, Any]]
-    groups: dict[int, _Group]
+    chain: tuple[_Group, ...]
+    starts: tuple[int, ...]
+    reach: tuple[int, ...]
+    ends: tuple[int, ...]
+    out: tuple[dict[str, Any], ...]
+    first_dep: dict[str, int]
+    answer_at: dict[str, list[int]]
+    answers_top: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,35 +277,55 @@ class _Group:
     """One decision of the scan in ``_parse_items``: the items ``[start, stop)`` became
     ``messages``. The decision read no item past ``horizon`` (the first item at or after ``stop``
     that is not reasoning; ``len(items)`` when the end of the list was read) and, of the rest of
-    the list, only where the outputs of its calls sit (``deps``: key -> their indices). A new
-    scan that reaches ``start`` with every item up to ``horizon`` strictly equal and the same
-    ``deps`` makes the same decision from equal items: it takes ``messages`` and goes on at
-    ``stop``."""
+    the list, only where the outputs of its calls sit (``deps``: key -> their indices; ``top``
+    is the largest of ``horizon`` and those indices). A new scan that reaches ``start`` with
+    every item up to ``horizon`` strictly equal and the same ``deps`` makes the same decision
+    from equal items: it takes ``messages`` and goes on at ``stop``."""
 
+    start: int
     stop: int
     horizon: int
     deps: tuple[tuple[str, tuple[int, ...]], ...]
     messages: tuple[dict[str, Any], ...]
+    top: int
 
 
 class _Builder:
     """Builds (or reuses) the neutral message of a descriptor and records it for the next parse."""
 
-    __slots__ = ("groups", "items", "limit", "made", "previous", "previous_groups", "recalled", "remember")
+    __slots__ = (
+        "chain",
+        "ends",
+        "first_dep",
+        "items",
+        "last",
+        "limit",
+        "made",
+        "previous",
+        "previous_state",
+        "reach",
+        "recalled",
+        "remember",
+        "starts",
+    )
 
     def __init__(
         self, items: Sequence[Any], previous: _Remembered | None, recalled: Recalled, *, remember: bool
     ) -> None:
         self.items = items
         self.remember = remember
+        self.previous_state = previous
         self.previous = previous.made if previous is not None else None
-        self.previous_groups = previous.groups if previous is not None else None
-        self.groups: dict[int, _Group] = {}
         self.recalled = recalled
         # Every item below ``limit`` is reusable (the common case: one check per message).
-        strict = recalled.strict
-        self.limit = strict.index(False) if False in strict else recalled.prefix
+        self.limit = recalled.limit
         self.made: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.chain: list[_Group] = []
+        self.reach: list[int] = []
+        self.ends: list[int] = []
+        self.starts: list[int] = []
+        self.first_dep: dict[str, int] = {}
+        self.last = -1  # the largest index ``reach`` covers so far
 
     def reused(self, descriptor: tuple[Any, ...], indices: Sequence[int]) -> dict[str, Any] | None:
         if self.previous is None:
@@ -297,18 +334,57 @@ class _Builder:
             return None
         return self.previous.get(descriptor)
 
+    def resume(self, late_keys: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+        """Where the scan starts and what it has made so far: the leading groups of the
+        remembered chain that ``skipped`` would take one by one, taken at once. ``late_keys``:
+        the keys of the outputs at or after ``limit``. Exactly the groups with ``reach < limit``
+        (every index they read is reusable, so their outputs sit where they sat, below
+        ``limit``) and before ``first_dep`` of every late key (no output moved in)."""
+        state = self.previous_state
+        if state is None or not self.remember:
+            return 0, []
+        taken = bisect_left(state.reach, self.limit)
+        for key in late_keys:
+            taken = min(taken, state.first_dep.get(key, taken))
+        # Entries of ``first_dep`` past ``taken`` stay: each is still at or before its first group.
+        self.first_dep = dict(state.first_dep)
+        if taken == 0:
+            return 0, []
+        self.chain = list(state.chain[:taken])
+        self.reach = list(state.reach[:taken])
+        self.ends = list(state.ends[:taken])
+        self.starts = list(state.starts[:taken])
+        self.last = self.reach[-1]
+        return self.chain[-1].stop, list(state.out[: self.ends[-1]])
+
     def skipped(self, start: int, answer_at: Mapping[str, list[int]]) -> _Group | None:
         """The remembered decision at ``start`` when it holds for these items (see ``_Group``)."""
-        if self.previous_groups is None:
+        state = self.previous_state
+        if state is None or not self.remember:
             return None
-        group = self.previous_groups.get(start)
-        if group is None or group.horizon >= self.limit:
+        at = bisect_left(state.starts, start)
+        if at == len(state.starts) or state.starts[at] != start:
+            return None
+        group = state.chain[at]
+        if group.horizon >= self.limit:
             return None
         for key, positions in group.deps:
             if tuple(answer_at.get(key, ())) != positions:
                 return None
-        self.groups[start] = group
         return group
+
+    def record(self, group: _Group, made: int) -> None:
+        """Add ``group`` (taken or decided) to this scan's chain; ``made``: messages so far."""
+        ordinal = len(self.chain)
+        self.chain.append(group)
+        self.last = max(self.last, group.top)
+        self.reach.append(self.last)
+        self.ends.append(made)
+        self.starts.append(group.start)
+        first_dep = self.first_dep
+        for key, _ in group.deps:
+            if first_dep.get(key, ordinal) >= ordinal:
+                first_dep[key] = ordinal
 
     def decided(
         self,
@@ -318,6 +394,7 @@ class _Builder:
         keys: Sequence[str | None],
         answer_at: Mapping[str, list[int]],
         messages: Sequence[dict[str, Any]],
+        made: int,
     ) -> None:
         """Record the decision that made ``messages`` of items ``[start, stop)``."""
         if not self.remember:
@@ -331,7 +408,8 @@ class _Builder:
             for m in range(start, stop)
             if kinds[m] in OUTPUT_OF_CALL and (key := keys[m]) is not None
         )
-        self.groups[start] = _Group(stop, horizon, deps, tuple(messages))
+        top = max([horizon, *(p for _, positions in deps for p in positions)])
+        self.record(_Group(start, stop, horizon, deps, tuple(messages), top), made)
 
     def reused_one(self, descriptor: tuple[Any, ...], index: int) -> dict[str, Any] | None:
         if self.previous is None:
@@ -408,23 +486,46 @@ class _Builder:
         return self.keep(descriptor, message)
 
 
-def _parse_items(
-    items: Sequence[Any], kinds: Sequence[str], keys: Sequence[str | None], build: _Builder
-) -> list[dict[str, Any]]:
-    n = len(items)
-    answer_at: dict[str, list[int]] = {}
-    for j, kind in enumerate(kinds):
-        if kind in CALL_OF_OUTPUT:
+def _answers(
+    kinds: Sequence[str], keys: Sequence[str | None], previous: _Remembered | None, limit: int
+) -> tuple[dict[str, list[int]], list[str], int]:
+    """Where the outputs of each key sit, the keys of the outputs at or after ``limit``, and one
+    past the last output (0 when there is none). The
+    remembered map is taken (copied on write: it is never mutated) when all its outputs sit below
+    ``limit``: those items are reusable, so their kinds and keys are the remembered ones."""
+    if previous is not None and previous.answers_top <= limit:
+        answer_at = dict(previous.answer_at)
+        begin, top = limit, previous.answers_top
+    else:
+        answer_at, begin, top = {}, 0, 0
+    late: list[str] = []
+    for j in range(begin, len(kinds)):
+        if kinds[j] in CALL_OF_OUTPUT:
             key = keys[j]
             if key is not None:
-                answer_at.setdefault(key, []).append(j)
-    out: list[dict[str, Any]] = []
-    i = 0
+                answer_at[key] = [*answer_at.get(key, ()), j]
+                top = j + 1
+                if j >= limit:
+                    late.append(key)
+    return answer_at, late, top
+
+
+def _parse_items(
+    items: Sequence[Any],
+    kinds: Sequence[str],
+    keys: Sequence[str | None],
+    answer_at: Mapping[str, list[int]],
+    late_keys: Sequence[str],
+    build: _Builder,
+) -> list[dict[str, Any]]:
+    n = len(items)
+    i, out = build.resume(late_keys)
     while i < n:
         group = build.skipped(i, answer_at)
         if group is not None:
             out.extend(group.messages)
             i = group.stop
+            build.record(group, len(out))
             continue
         start = i
         first = len(out)
@@ -437,7 +538,7 @@ def _parse_items(
         kind = kinds[i]
         if kind in OUTPUT_OF_CALL:
             i = _parse_call_run(kinds, keys, i, reasoning, answer_at, out, build)
-            build.decided(start, i, kinds, keys, answer_at, out[first:])
+            build.decided(start, i, kinds, keys, answer_at, out[first:], len(out))
             continue
         if kind == "message":
             if reasoning:
@@ -455,7 +556,7 @@ def _parse_items(
                 build.opaque([*reasoning, i], role=role if role in ("system", "developer") else "assistant")
             )
         i += 1
-        build.decided(start, i, kinds, keys, answer_at, out[first:])
+        build.decided(start, i, kinds, keys, answer_at, out[first:], len(out))
     return out
 
 
@@ -543,21 +644,38 @@ def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> Pa
     if previous is None:
         recalled = NOTHING
     # Kinds and keys are pure functions of (index, item): a strictly equal item keeps its own.
-    kinds: list[str] = []
-    keys: list[str | None] = []
-    for i, item in enumerate(raw):
+    limit = recalled.limit if previous is not None else 0
+    kinds: list[str] = list(previous.kinds[:limit]) if previous is not None else []
+    keys: list[str | None] = list(previous.keys[:limit]) if previous is not None else []
+    for i in range(limit, len(raw)):
         if previous is not None and recalled.reusable(i):
             kinds.append(previous.kinds[i])
             keys.append(previous.keys[i])
             continue
+        item = raw[i]
         kind = _validate_item(i, item)
         kinds.append(kind)
         keys.append(_key_for(kind, item) if kind in OUTPUT_OF_CALL or kind in CALL_OF_OUTPUT else None)
+    answer_at, late_keys, answers_top = _answers(kinds, keys, previous, limit)
     build = _Builder(raw, previous, recalled, remember=memo is not None)
-    messages.extend(_parse_items(raw, kinds, keys, build))
+    made = _parse_items(raw, kinds, keys, answer_at, late_keys, build)
+    messages.extend(made)
     parsed = ParsedInput(tuple(messages), tuple(raw), tuple(kinds), tuple(keys))
     if memo is not None:
-        state = _Remembered(parsed.kinds, parsed.keys, build.made, build.groups)
+        chain = tuple(build.chain)
+        state = _Remembered(
+            kinds=parsed.kinds,
+            keys=parsed.keys,
+            made=build.made,
+            chain=chain,
+            starts=tuple(build.starts),
+            reach=tuple(build.reach),
+            ends=tuple(build.ends),
+            out=tuple(made),
+            first_dep=build.first_dep,
+            answer_at=answer_at,
+            answers_top=answers_top,
+        )
         shapes = item_shapes(raw, recalled)
         memo.keep(MEMO_NAME, raw, shapes, state, replacing=recalled.entry)
     return parsed
