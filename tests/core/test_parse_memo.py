@@ -75,6 +75,34 @@ def test_a_resent_conversation_parses_exactly_as_a_fresh_parse(
 
 @SETTINGS
 @given(body=bodies, data=st.data())
+def test_every_step_of_a_growing_session_parses_exactly_as_a_fresh_parse(
+    body: dict[str, Any], data: st.DataObject
+) -> None:
+    # Each parse starts from the remembered parse of the step before (itself made from a taken
+    # run and a tail): what is taken wholesale stays exact over many steps, also when one step
+    # changes an earlier item.
+    dialect = dialect_of(body)
+    items = wire_items(body)
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(items)), min_size=1, max_size=5)))
+    changed_at = data.draw(st.none() | st.integers(0, len(items) - 1))
+    memo = ParseMemo(min_items=1)
+    for step, cut in enumerate([*cuts, len(items)]):
+        part = copy.deepcopy(items[:cut])
+        if changed_at is not None and step == 1 and changed_at < cut:
+            part[changed_at] = _changed(part[changed_at])
+        now = with_items(copy.deepcopy(body), part)
+        try:
+            fresh = exact(dialect.parse(copy.deepcopy(now)))
+        except InvalidRequest as error:
+            with pytest.raises(InvalidRequest) as raised:
+                dialect.parse(now, memo=memo)
+            assert raised.value.param == error.param
+            continue
+        assert exact(dialect.parse(now, memo=memo)) == fresh
+
+
+@SETTINGS
+@given(body=bodies, data=st.data())
 def test_a_memo_never_returns_a_stale_message_when_an_earlier_item_changed(
     body: dict[str, Any], data: st.DataObject
 ) -> None:
@@ -168,6 +196,35 @@ def test_a_resent_anthropic_conversation_reuses_its_messages() -> None:
     again = MESSAGES.parse(longer, memo=memo)
     assert exact(again) == exact(MESSAGES.parse(copy.deepcopy(longer)))
     assert all(a is b for a, b in zip(first.messages, again.messages[:-1], strict=True))
+
+
+def test_a_loop_span_that_moves_rebuilds_the_messages_it_freezes_or_thaws() -> None:
+    # A thinking-bearing assistant turn freezes the current tool loop; when the next request
+    # starts a new loop, the messages frozen before are built again (not frozen) and vice versa.
+    def thinking(t: int) -> dict[str, Any]:
+        blocks = [{"type": "thinking", "thinking": f"hmm {t}", "signature": f"sig{t}"}]
+        blocks.append({"type": "tool_use", "id": f"tu{t}", "name": "f", "input": {}})
+        return {"role": "assistant", "content": blocks}
+
+    def result(t: int) -> dict[str, Any]:
+        return {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": f"tu{t}", "content": "ok"}],
+        }
+
+    wire: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    for t in range(10):
+        wire += [thinking(t), result(t)]
+    memo = ParseMemo()
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": wire}
+    first = MESSAGES.parse(body, memo=memo)
+    assert any(m.get("ctxproxy_opaque") for m in first.messages)  # the loop is frozen
+    for more in (
+        [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}],
+        [thinking(99)],
+    ):
+        longer = copy.deepcopy({**body, "messages": [*wire, *more]})
+        assert exact(MESSAGES.parse(longer, memo=memo)) == exact(MESSAGES.parse(copy.deepcopy(longer)))
 
 
 def test_validation_still_runs_on_what_is_new() -> None:
