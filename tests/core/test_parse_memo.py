@@ -184,6 +184,39 @@ def test_an_output_that_arrives_later_regroups_its_remembered_call() -> None:
     assert any(len(m.get("ctxproxy_origin", [])) > 2 for m in fresh.messages)  # the span is whole
 
 
+def _memo_parses_exactly(memo: ParseMemo, items: list[dict[str, Any]]) -> None:
+    now = responses_body(copy.deepcopy(items))
+    try:
+        fresh = exact(RESPONSES.parse(copy.deepcopy(now)))
+    except InvalidRequest:
+        with pytest.raises(InvalidRequest):
+            RESPONSES.parse(now, memo=memo)
+        return
+    assert exact(RESPONSES.parse(now, memo=memo)) == fresh
+
+
+def test_a_decision_that_read_the_first_new_item_is_not_taken() -> None:
+    # The call's decision looked past the reasoning after it, at the item that is now new (a
+    # call that the reasoning glues it to): that decision is made again.
+    memo = ParseMemo(min_items=1)
+    _memo_parses_exactly(memo, [user("go"), call("c0"), reasoning("rs_0"), said("hm")])
+    _memo_parses_exactly(memo, [user("go"), call("c0"), reasoning("rs_0"), call("c1"), output("c1", "one")])
+
+
+def test_a_call_that_moved_to_an_earlier_decision_is_still_regrouped_by_its_late_output() -> None:
+    # Three requests: the second merges two early items (the call's decision moves one place
+    # up), the third brings the call's output late: the decision that holds the call must not
+    # be taken, wherever the first request had it.
+    memo = ParseMemo(min_items=1)
+    head = [user("a"), user("b"), user("c"), user("d")]
+    _memo_parses_exactly(memo, [*head, call("k"), said("s", item_id="m1")])
+    merged = [user("a"), reasoning("rs_1"), user("c"), user("d")]
+    _memo_parses_exactly(memo, [*merged, call("k"), said("s", item_id="m1")])
+    _memo_parses_exactly(
+        memo, [*merged, call("k"), said("s", item_id="m1"), said("t", item_id="m2"), output("k", "late")]
+    )
+
+
 def test_a_resent_anthropic_conversation_reuses_its_messages() -> None:
     wire: list[dict[str, Any]] = []
     for t in range(12):
@@ -236,6 +269,17 @@ def test_validation_still_runs_on_what_is_new() -> None:
     with pytest.raises(InvalidRequest) as raised:
         RESPONSES.parse(bad, memo=memo)
     assert raised.value.param == f"input[{len(bad['input']) - 1}].role"
+
+
+def test_anthropic_validation_still_runs_on_what_is_new() -> None:
+    wire = [{"role": "user" if t % 2 == 0 else "assistant", "content": f"m{t}"} for t in range(20)]
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": wire}
+    memo = ParseMemo()
+    MESSAGES.parse(body, memo=memo)
+    bad = copy.deepcopy({**body, "messages": [*wire, {"role": "robot", "content": "hi"}]})
+    with pytest.raises(InvalidRequest) as raised:
+        MESSAGES.parse(bad, memo=memo)
+    assert raised.value.param == "messages.20.role"
 
 
 def test_short_lists_are_not_remembered_and_the_memo_is_bounded() -> None:
