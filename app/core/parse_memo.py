@@ -24,9 +24,11 @@ service owns one per app):
 * ``ParseMemo(max_entries=...)``: a thread-safe LRU of ``Remembered`` parses, per dialect name.
   ``recall(dialect, items) -> Recalled`` finds the remembered parse sharing the longest equal
   prefix with ``items`` (``prefix`` 0 and ``state`` None when none does); ``Recalled.reusable(i)``
-  says whether item ``i`` is strictly equal to the remembered one. ``keep(dialect, items, shapes,
-  state, replacing=...)`` remembers a successful parse (``state`` is the dialect's own value:
-  what it built, by descriptor), replacing the entry it came from. Lists shorter than
+  says whether item ``i`` is strictly equal to the remembered one, and every item below
+  ``Recalled.limit`` is (a dialect takes what it built from that run wholesale).
+  ``keep(dialect, items, shapes, state, replacing=...)`` remembers a successful parse
+  (``state`` is the dialect's own value: what it built, by descriptor), replacing the entry it
+  came from. Lists shorter than
   ``min_items`` (default ``MIN_ITEMS``) are not remembered (their parse is cheaper than a look-up).
 * ``state`` values are never mutated after ``keep``: a dialect builds a new state per parse and
   the engine never mutates neutral messages (strategies build changed messages as copies), so a

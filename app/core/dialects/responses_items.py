@@ -7,7 +7,8 @@ INTERFACE CONTRACT (``responses.py`` builds the dialect on these):
   ``responses.py``'s docstring); ``ParsedInput.items`` is the ``input`` list (None for a string),
   ``kinds``/``keys`` each item's kind and pairing key. With a ``ParseMemo`` (``app.core.
   parse_memo``), the messages built from a strictly equal leading run of items of a remembered
-  parse are reused: the result equals a fresh parse's.
+  parse are reused (the leading decisions of its scan that provably hold, at once: see
+  ``_Remembered``): the result equals a fresh parse's.
 * ``render_input(body, messages) -> dict``: ``body`` with the fitted messages written back.
 * ``input_problems(body) -> list[str]``: position-free structural problems of ``input``.
 * ``unfittable_reason(body)``, ``reject_orphan_outputs(parsed)``; ``OUTPUT_OF_CALL``/
