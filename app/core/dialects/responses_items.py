@@ -241,6 +241,7 @@ class ParsedInput:
     items: tuple[Any, ...] | None  # the ``input`` list, or None for a string/absent input
     kinds: tuple[str, ...] = ()
     keys: tuple[str | None, ...] = ()
+    orphan: int = -1  # the first output item whose call is not in ``input`` (-1: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +256,8 @@ class _Remembered:
     ``out`` the messages the scan made (``ends[g]``: how many after ``chain[g]``), ``reach[g]``
     the largest index any of ``chain[:g + 1]`` read (horizon or output position), ``first_dep``
     for each key some ``g`` at or before the first group whose ``deps`` name it, and
-    ``answer_at`` where the outputs of each key sit (all below ``answers_top``). A new scan
+    ``answer_at`` where the outputs of each key sit (all below ``answers_top``), ``calls`` every
+    call's kind and key (all below ``calls_top``) and ``orphan`` the first orphan output. A new scan
     whose items below ``limit`` are reusable passes the per-group check of ``_Builder.skipped``
     for every leading group with ``reach < limit`` whose keys no output at or after ``limit``
     answers: it takes them wholesale (``_Builder.resume``)."""
@@ -271,6 +273,9 @@ class _Remembered:
     first_dep: dict[str, int]
     answer_at: dict[str, list[int]]
     answers_top: int
+    calls: set[tuple[str, str | None]]  # (kind, key) of every call; never mutated
+    calls_top: int  # one past the last call
+    orphan: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,6 +516,30 @@ def _answers(
     return answer_at, late, top
 
 
+def _calls(
+    kinds: Sequence[str], keys: Sequence[str | None], previous: _Remembered | None, limit: int
+) -> tuple[set[tuple[str, str | None]], int, int]:
+    """Every call's ``(kind, key)``, one past the last call, and the first output whose call is not
+    among them (-1: none). The remembered calls are taken (copied) when they all sit below
+    ``limit`` and the remembered list had no orphan: then every output below ``limit`` has its
+    call below ``limit`` (equal items at equal indices), and only the outputs past it are looked
+    at."""
+    if previous is not None and previous.orphan < 0 and previous.calls_top <= limit:
+        calls, begin, top = set(previous.calls), limit, previous.calls_top
+    else:
+        calls, begin, top = set(), 0, 0
+    n = len(kinds)
+    for j in range(begin, n):
+        if kinds[j] in OUTPUT_OF_CALL:
+            calls.add((kinds[j], keys[j]))
+            top = j + 1
+    for j in range(begin, n):
+        kind = kinds[j]
+        if kind in CALL_OF_OUTPUT and (CALL_OF_OUTPUT[kind], keys[j]) not in calls:
+            return calls, top, j
+    return calls, top, -1
+
+
 def _parse_items(
     items: Sequence[Any],
     kinds: Sequence[str],
@@ -661,7 +690,8 @@ def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> Pa
     build = _Builder(raw, previous, recalled, remember=memo is not None)
     made = _parse_items(raw, kinds, keys, answer_at, late_keys, build)
     messages.extend(made)
-    parsed = ParsedInput(tuple(messages), tuple(raw), tuple(kinds), tuple(keys))
+    calls, calls_top, orphan = _calls(kinds, keys, previous, limit)
+    parsed = ParsedInput(tuple(messages), tuple(raw), tuple(kinds), tuple(keys), orphan)
     if memo is not None:
         chain = tuple(build.chain)
         state = _Remembered(
@@ -676,6 +706,9 @@ def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> Pa
             first_dep=build.first_dep,
             answer_at=answer_at,
             answers_top=answers_top,
+            calls=calls,
+            calls_top=calls_top,
+            orphan=orphan,
         )
         shapes = item_shapes(raw, recalled)
         memo.keep(MEMO_NAME, raw, shapes, state, replacing=recalled.entry)
@@ -695,14 +728,14 @@ def reject_orphan_outputs(parsed: ParsedInput) -> None:
     kinds, keys = parsed.kinds, parsed.keys
     if "item_reference" in kinds:
         return  # a referenced item may be the call
-    calls = {(kind, keys[i]) for i, kind in enumerate(kinds) if kind in OUTPUT_OF_CALL}
-    for i, kind in enumerate(kinds):
-        if kind in CALL_OF_OUTPUT and (CALL_OF_OUTPUT[kind], keys[i]) not in calls:
-            raise InvalidRequest(
-                f"input[{i}] is a {kind} for call {_shown_id(keys[i])}, but no {CALL_OF_OUTPUT[kind]} "
-                "with that id is in 'input'.",
-                param=f"input[{i}]",
-            )
+    i = parsed.orphan
+    if i >= 0:
+        kind = kinds[i]
+        raise InvalidRequest(
+            f"input[{i}] is a {kind} for call {_shown_id(keys[i])}, but no {CALL_OF_OUTPUT[kind]} "
+            "with that id is in 'input'.",
+            param=f"input[{i}]",
+        )
 
 
 def _shown_id(value: str | None) -> str:
