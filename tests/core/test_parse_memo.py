@@ -271,6 +271,32 @@ def test_validation_still_runs_on_what_is_new() -> None:
     assert raised.value.param == f"input[{len(bad['input']) - 1}].role"
 
 
+@pytest.mark.parametrize(
+    ("earlier", "now"),
+    [
+        # the earlier request had the orphan already: it is still one
+        (
+            [user("a"), output("c9", "lost"), said("b")],
+            [user("a"), output("c9", "lost"), said("b"), user("c")],
+        ),
+        # the earlier request had the call after its output, the new one no longer has it
+        (
+            [user("a"), output("c1", "x"), said("b"), call("c1")],
+            [user("a"), output("c1", "x"), said("b"), user("c")],
+        ),
+    ],
+)
+def test_an_orphan_output_in_the_reused_run_is_still_refused(
+    earlier: list[dict[str, Any]], now: list[dict[str, Any]]
+) -> None:
+    memo = ParseMemo(min_items=1)
+    with contextlib.suppress(InvalidRequest):
+        RESPONSES.parse(responses_body(copy.deepcopy(earlier)), memo=memo)
+    with pytest.raises(InvalidRequest) as raised:
+        RESPONSES.parse(responses_body(copy.deepcopy(now)), memo=memo)
+    assert raised.value.param == "input[1]"
+
+
 def test_anthropic_validation_still_runs_on_what_is_new() -> None:
     wire = [{"role": "user" if t % 2 == 0 else "assistant", "content": f"m{t}"} for t in range(20)]
     body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": wire}
