@@ -32,7 +32,7 @@ SDK_PYTHON = ROOT / ".agents-sdk" / "bin" / "python"
 AGENT = Path(__file__).with_name("agents_sdk_agent.py")
 MODEL = FakeModel("fake-agent", 24_000, max_output_tokens=1024)
 FILES = 6
-FILE_LINES = 400  # ~6,900 tokens a file: the fifth read no longer fits the window
+FILE_LINES = 400  # ~6,900 tokens a file: the request after the fourth read no longer fits
 
 pytestmark = pytest.mark.skipif(
     not SDK_PYTHON.exists() and not os.environ.get("CI"),
