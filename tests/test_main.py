@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import logging
@@ -48,6 +49,19 @@ async def test_lifespan_preloads_builds_the_service_and_closes_the_client() -> N
         assert vocab.loaded_encodings() == ("o200k_base", "cl100k_base")
         assert not transport.closed
     assert transport.closed
+
+
+async def test_the_start_up_heap_is_frozen_while_the_app_runs_and_thawed_after() -> None:
+    gc.unfreeze()
+    app = create_app(make_settings(), upstream_transport=RecordingTransport(), registry=OneModelRegistry())
+    async with app.router.lifespan_context(app):
+        # The vocabularies (the real ones: the bulk of the start-up heap) are out of the collector's
+        # reach, so a full collection no longer walks them.
+        assert gc.get_freeze_count() > 10_000
+        frozen = gc.get_freeze_count()
+        gc.collect()
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0
 
 
 def test_two_apps_share_no_state() -> None:
