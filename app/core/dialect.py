@@ -6,6 +6,9 @@ INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects
 
   - ``name``: ``"chat"``, ``"responses"`` or ``"messages"`` (metrics label, headers, plan report);
   - ``upstream_path``: the path under the upstream base URL (``"chat/completions"``, ...);
+  - ``items_key``: the top-level key of the array a client's history grows at the end of
+    (``"messages"``, ``"input"``): a resent body is parsed from the bytes appended to it
+    (``body_memo.BodyMemo``);
   - ``parse(body, *, memo=None) -> Conversation``: validate what planning relies on (raise
     ``InvalidRequest`` with ``param`` naming the field) and build the neutral messages
     (``conversation.py``). Never mutates ``body``; unknown fields are the upstream's business.
@@ -77,6 +80,9 @@ class Dialect(Protocol):
 
     @property
     def upstream_path(self) -> str: ...
+
+    @property
+    def items_key(self) -> str: ...
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation: ...
 

@@ -33,6 +33,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ..core.body_memo import BodyMemo
 from ..core.budget import Policy
 from ..core.ceiling import conversation_surely_fits, surely_fits
 from ..core.dialect import Dialect
@@ -91,6 +92,8 @@ class Service:
         self.prefixes = PrefixMemory()
         # The dialects' parses of recent requests: a resent history is not converted again.
         self.parses = ParseMemo()
+        # Recent bodies: a resent one is parsed from the bytes appended to its history.
+        self.bodies = BodyMemo()
 
     def counter(self, encoding: str) -> MessageCounter:
         counter = self._counters.get(encoding)
@@ -152,7 +155,7 @@ class Service:
     ) -> ProxyRequest:
         """Parse ``raw``, learn about a model seen for the first time (``Learner.discover``), and
         make the request value."""
-        body = parse_body(raw)
+        body = parse_body(raw, memo=self.bodies, key=dialect.items_key)
         model = body.get("model")
         if isinstance(model, str) and model:
             await self.learner.discover(model, self.upstream.base_url_for(model))

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from ..core.body_memo import BodyMemo
 from ..core.budget import Policy, PolicyMode
 from ..core.conversation import PRICE_KEY, Conversation
 from ..core.dialect import Dialect
@@ -46,20 +47,27 @@ class RequestOptions:
     cut_target: float | None = None
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a dict; ``InvalidRequest`` for malformed JSON or a non-object."""
+def load_json(raw: bytes) -> Any:
+    """A JSON value; ``ValueError`` (or ``RecursionError``) for malformed JSON."""
     try:
-        body = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         # orjson is stricter than the JSON the upstream accepts (escaped lone surrogates, ...):
         # fall back to the standard library before calling the body malformed.
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise InvalidRequest(
-                f"We could not parse the JSON body of your request ({exc}). "
-                "The body must be a JSON object (Content-Type: application/json)."
-            ) from exc
+        return json.loads(raw)
+
+
+def parse_body(raw: bytes, *, memo: BodyMemo | None = None, key: str = "") -> dict[str, Any]:
+    """The request body as a dict; ``InvalidRequest`` for malformed JSON or a non-object. With
+    ``memo`` and ``key`` (the dialect's ``items_key``), a resent body is parsed from the bytes
+    appended to the one before it (``BodyMemo``); the result is equal either way."""
+    try:
+        body = memo.parse(raw, key=key, loads=load_json) if memo is not None and key else load_json(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request ({exc}). "
+            "The body must be a JSON object (Content-Type: application/json)."
+        ) from exc
     if not isinstance(body, dict):
         raise InvalidRequest(
             f"The request body must be a JSON object, not {type(body).__name__}.", param=None

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import respx
 
+from app.core.body_memo import BodyMemo, array_end
 from app.core.budget import Budget
 from app.core.dialects import MESSAGES
 from app.core.errors import CannotFit, InvalidRequest
@@ -56,6 +57,22 @@ def test_parse_body_accepts_objects_and_what_the_stdlib_accepts() -> None:
     for bad in (b"", b"{", b"[]", b"null", b"\xff"):
         with pytest.raises(InvalidRequest):
             parse_body(bad)
+
+
+def test_parse_body_with_a_memo_parses_a_resent_body_from_what_was_appended() -> None:
+    bodies = BodyMemo(min_bytes=0)
+    history = conversation(turns=4, size=5)
+    raws = [
+        json.dumps({"model": "m", "messages": history[:n], "stream": False}).encode()
+        for n in range(4, len(history) + 1)
+    ]
+    parsed = [parse_body(raw, memo=bodies, key="messages") for raw in raws]
+    assert parsed == [json.loads(raw) for raw in raws]
+    assert parsed[-1]["messages"][0] is parsed[0]["messages"][0]  # the history was not parsed again
+    with pytest.raises(InvalidRequest):  # bytes appended that are not values: the whole body is bad
+        split = array_end(raws[-1], "messages")
+        assert split is not None
+        parse_body(raws[-1][:split] + b"," + raws[-1][split:], memo=bodies, key="messages")
 
 
 def test_dump_body_is_compact_and_survives_lone_surrogates() -> None:
@@ -134,6 +151,22 @@ async def test_unchanged_plan_sends_the_original_bytes_and_changed_plan_sends_th
     assert outcome.plan.changed and outcome.stream is True
     assert sent["messages"] == list(outcome.plan.messages)
     assert sent["stream"] is True
+
+
+async def test_a_resent_conversation_forwards_its_own_bytes_and_plans_as_a_fresh_service_does() -> None:
+    router = respx.Router(assert_all_called=False)
+    route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    svc, fresh = service(router), service(router)
+    history = conversation(turns=40, size=300)  # over the memo's minimum size, under the window
+    for n in (61, 71, 81):
+        raw = json.dumps({"model": "m", "messages": history[:n]}, indent=1).encode()
+        options = RequestOptions(window_tokens=100_000)
+        outcome = await svc.handle_chat(raw, [], options=options)
+        await outcome.response.aclose()
+        assert route.calls[-1].request.content == raw
+        assert not outcome.plan.changed
+        assert outcome.plan == fresh.plan_raw(raw, options)
+    assert len(svc.bodies) == 1 and svc.bodies.parse(raw, key="messages", loads=json.loads) == json.loads(raw)
 
 
 async def test_overflow_that_a_retry_cannot_help_is_returned_after_one_call() -> None:

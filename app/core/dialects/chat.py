@@ -67,6 +67,7 @@ class ChatDialect:
 
     name: str = "chat"
     upstream_path: str = "chat/completions"
+    items_key: str = "messages"
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         """``memo`` is not used: chat messages are already neutral (nothing is built to reuse)."""

@@ -414,6 +414,7 @@ class MessagesDialect:
 
     name: str = "messages"
     upstream_path: str = "messages"
+    items_key: str = "messages"
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         """With ``memo``, the neutral messages of a strictly equal leading run of wire messages are

@@ -70,6 +70,7 @@ class ResponsesDialect:
 
     name: str = "responses"
     upstream_path: str = "responses"
+    items_key: str = "input"
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         parsed = parse_input(body, memo=memo)

@@ -1,0 +1,249 @@
+"""The body memo: a resent body parsed from the bytes appended to its history, equal to a full parse."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.core import body_memo
+from app.core.body_memo import BodyMemo, array_end, common_prefix, common_suffix
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every scalar tagged by its type, key order kept: equal only when the JSON
+    values are the same with the same types (``1``, ``1.0`` and ``True`` differ)."""
+    if isinstance(value, dict):
+        return ("dict", [(k, strict(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("list", [strict(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+def loads(raw: bytes) -> Any:
+    return orjson.loads(raw)
+
+
+def memo() -> BodyMemo:
+    return BodyMemo(min_bytes=0)
+
+
+def chat(n: int, *, extra: str = "") -> bytes:
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} [x] {{y}}"} for i in range(n)
+    ]
+    return orjson.dumps(
+        {"model": "m", "messages": messages, "max_tokens": 10, "tools": [[1, 2], {"a": extra}]}
+    )
+
+
+# -- array_end -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"messages":[1,2]}', b'{"messages":[1,2'),
+        (b'{ "messages" : [ {"a":"]"} , "x\\"]" ]  ,"m":[3]}', b'{ "messages" : [ {"a":"]"} , "x\\"]"'),
+        (
+            b'{"a":{"messages":[9]},"messages":[[1],[2]],"b":"messages"}',
+            b'{"a":{"messages":[9]},"messages":[[1],[2]',
+        ),
+        (b'{"x":"\\\\","messages":[true]}', b'{"x":"\\\\","messages":[true'),
+    ],
+)
+def test_array_end_is_the_end_of_the_last_element(raw: bytes, expected: bytes) -> None:
+    assert raw[: array_end(raw, "messages")] == expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"messages":[]}',  # nothing to append after
+        b'{"messages":[ \n ]}',
+        b'{"messages":"text"}',  # not an array
+        b'{"messages":[1],"messages":[2]}',  # which one a parser keeps is its choice
+        b'{"messages":[1],"\\u006dessages":[2]}',  # the same key, spelled with an escape
+        b'{"other":[1]}',
+    ],
+)
+def test_array_end_refuses_what_is_not_plain(raw: bytes) -> None:
+    assert array_end(raw, "messages") is None
+
+
+def test_common_prefix_and_suffix() -> None:
+    assert common_prefix(b"abcdef", b"abcxef") == 3
+    assert common_suffix(b"abcdef", b"abcxef") == 2
+    assert common_prefix(b"abc", b"abcdef") == 3
+    assert common_suffix(b"def", b"abcdef") == 3
+    assert common_prefix(b"", b"a") == common_suffix(b"x", b"") == 0
+    assert common_prefix(b"same", b"same") == common_suffix(b"same", b"same") == 4
+
+
+# -- parse ---------------------------------------------------------------------------------------
+
+
+def test_an_extended_body_reuses_the_remembered_parse_and_equals_a_full_parse() -> None:
+    bodies = memo()
+    first = bodies.parse(chat(6), key="messages", loads=loads)
+    second = bodies.parse(chat(8), key="messages", loads=loads)  # scanned once here, then extended
+    third = bodies.parse(chat(9), key="messages", loads=loads)
+    assert strict(second) == strict(orjson.loads(chat(8)))
+    assert strict(third) == strict(orjson.loads(chat(9)))
+    # The history and the other values are the remembered objects: they were not parsed again.
+    assert third["messages"][0] is second["messages"][0] is first["messages"][0]
+    assert third["tools"] is first["tools"]
+    assert third is not second and third["messages"] is not second["messages"]
+
+
+def test_only_the_second_body_of_a_conversation_is_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
+    scans: list[int] = []
+    real = body_memo.array_end
+    monkeypatch.setattr(body_memo, "array_end", lambda raw, key: scans.append(len(raw)) or real(raw, key))
+    bodies = memo()
+    for n in range(4, 12):
+        bodies.parse(chat(n), key="messages", loads=loads)
+    assert scans == [len(chat(4))]
+
+
+def test_a_body_that_changes_its_history_is_parsed_whole_and_never_scanned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scans: list[int] = []
+    monkeypatch.setattr(body_memo, "array_end", lambda raw, key: scans.append(1) or None)
+    bodies = memo()
+    for n in range(4, 10):
+        raw = chat(n, extra=f"marker {n}")  # a value after the history changes every turn
+        body = bodies.parse(raw, key="messages", loads=loads)
+        assert strict(body) == strict(orjson.loads(raw))
+    assert scans == []
+
+
+def test_the_same_bytes_parse_to_an_equal_new_dict() -> None:
+    bodies = memo()
+    first = bodies.parse(chat(5), key="messages", loads=loads)
+    bodies.parse(chat(6), key="messages", loads=loads)
+    again = bodies.parse(chat(6), key="messages", loads=loads)
+    assert strict(again) == strict(orjson.loads(chat(6)))
+    assert again["messages"][0] is first["messages"][0]
+
+
+@pytest.mark.parametrize(
+    "appended",
+    [b",", b", ", b",1,", b",]", b",{", b'],"x":[1', b" 7", b",1] [2"],
+)
+def test_appended_bytes_that_are_not_values_fail_as_the_whole_body_does(appended: bytes) -> None:
+    base = b'{"messages":[' + b",".join(b'"%d"' % i for i in range(20)) + b'],"k":1}'
+    split = array_end(base, "messages")
+    assert split is not None
+    bodies = memo()
+    bodies.parse(base, key="messages", loads=loads)
+    bodies.parse(base[:split] + b',"x"' + base[split:], key="messages", loads=loads)
+    raw = base[:split] + b',"x"' + appended + base[split:]
+    try:
+        expected: Any = ("ok", strict(orjson.loads(raw)))
+    except orjson.JSONDecodeError:
+        expected = ("error",)
+    try:
+        got: Any = ("ok", strict(bodies.parse(raw, key="messages", loads=loads)))
+    except orjson.JSONDecodeError:
+        got = ("error",)
+    assert got == expected
+
+
+def test_an_insertion_elsewhere_is_not_taken_for_an_append() -> None:
+    bodies = memo()
+    base = {"messages": [1, 2, 3], "tools": [4]}
+    bodies.parse(orjson.dumps(base), key="messages", loads=loads)
+    grown = orjson.dumps({"messages": [1, 2, 3], "tools": [4, 5]})
+    assert bodies.parse(grown, key="messages", loads=loads) == {"messages": [1, 2, 3], "tools": [4, 5]}
+    inside = orjson.dumps({"messages": [1, 2, [3, 9]], "tools": [4]})
+    assert bodies.parse(inside, key="messages", loads=loads) == {"messages": [1, 2, [3, 9]], "tools": [4]}
+
+
+def test_small_bodies_are_not_remembered() -> None:
+    bodies = BodyMemo(min_bytes=1000)
+    bodies.parse(chat(2), key="messages", loads=loads)
+    assert len(bodies) == 0
+    bodies.parse(chat(40), key="messages", loads=loads)
+    assert len(bodies) == 1
+
+
+def test_the_memo_is_bounded_by_entries_and_bytes() -> None:
+    by_count = BodyMemo(min_bytes=0, max_entries=3)
+    for i in range(6):
+        by_count.parse(chat(5, extra=str(i)), key="messages", loads=loads)
+    assert len(by_count) == 3
+    by_bytes = BodyMemo(min_bytes=0, max_bytes=2 * len(chat(5, extra="0")) + 1)
+    for i in range(6):
+        by_bytes.parse(chat(5, extra=str(i)), key="messages", loads=loads)
+    assert len(by_bytes) == 2
+
+
+def test_another_key_is_never_extended() -> None:
+    bodies = memo()
+    bodies.parse(chat(5), key="messages", loads=loads)
+    bodies.parse(chat(6), key="messages", loads=loads)
+    body = bodies.parse(chat(7), key="input", loads=loads)
+    assert strict(body) == strict(orjson.loads(chat(7)))
+    assert len(bodies) == 1  # the conversation under "messages" only: nothing for "input"
+
+
+# -- property: any body, any appended values, any spacing -----------------------------------------
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**53), max_value=2**53),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(alphabet=st.sampled_from('ab"\\[]{},: \n\u00e9\u2028'), max_size=8),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["a", "messages", "b"]), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def serialize(body: dict[str, Any], style: int) -> bytes:
+    if style == 0:
+        return orjson.dumps(body)
+    if style == 1:
+        return json.dumps(body, indent=2).encode()
+    return json.dumps(body, ensure_ascii=False, separators=(" , ", " : ")).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=st.dictionaries(st.sampled_from(["model", "system", "x"]), values, max_size=2),
+    after=st.dictionaries(st.sampled_from(["tools", "stream", "y"]), values, max_size=2),
+    history=st.lists(values, min_size=1, max_size=4),
+    turns=st.lists(st.tuples(st.lists(values, max_size=3), st.integers(0, 4)), min_size=1, max_size=5),
+    style=st.integers(0, 2),
+)
+def test_every_parse_equals_the_full_parse(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    history: list[Any],
+    turns: list[tuple[list[Any], int]],
+    style: int,
+) -> None:
+    bodies = memo()
+    items = list(history)
+    for added, change in turns:
+        items = [*items, *added]
+        body = {**before, "messages": items, **after}
+        if change == 1 and len(items) > 1:  # the client rewrote its history this turn
+            body["messages"] = [*items[:-2], {"edited": True}, items[-1]]
+        elif change == 2:  # a value after the history changed
+            body = {**before, "messages": items, **after, "y": len(items)}
+        raw = serialize(body, style)
+        got = bodies.parse(raw, key="messages", loads=loads)
+        assert strict(got) == strict(orjson.loads(raw))
