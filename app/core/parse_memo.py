@@ -26,6 +26,7 @@ service owns one per app):
   prefix with ``items`` (``prefix`` 0 and ``state`` None when none does); ``Recalled.reusable(i)``
   says whether item ``i`` is strictly equal to the remembered one, and every item below
   ``Recalled.limit`` is (a dialect takes what it built from that run wholesale).
+  ``remembers(items)`` says whether a list that long is remembered at all.
   ``keep(dialect, items, shapes, state, replacing=...)`` remembers a successful parse
   (``state`` is the dialect's own value: what it built, by descriptor), replacing the entry it
   came from. Lists shorter than
@@ -161,6 +162,11 @@ class ParseMemo:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def remembers(self, items: Sequence[Any]) -> bool:
+        """Whether a parse of ``items`` would be remembered (``keep``) or looked up (``recall``):
+        a dialect skips building the state of a shorter list (it would be thrown away)."""
+        return len(items) >= self._min_items
 
     def recall(self, dialect: str, items: Sequence[Any]) -> Recalled:
         """The remembered parse of ``dialect`` sharing the longest strict prefix with ``items``."""

@@ -168,6 +168,19 @@ def test_the_unchanged_history_of_a_resent_session_is_reused_not_rebuilt() -> No
     assert len(memo) == 1  # the entry it came from was replaced
 
 
+def test_a_list_shorter_than_the_minimum_is_neither_looked_up_nor_remembered() -> None:
+    memo = ParseMemo(min_items=8)
+    short = agent_session(1)
+    assert not memo.remembers(short["input"]) and memo.remembers(agent_session(2)["input"])
+    assert exact(RESPONSES.parse(short, memo=memo)) == exact(RESPONSES.parse(short))
+    assert len(memo) == 0
+    RESPONSES.parse(agent_session(2), memo=memo)
+    assert len(memo) == 1
+    few = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert exact(MESSAGES.parse(few, memo=memo)) == exact(MESSAGES.parse(few))
+    assert len(memo) == 1
+
+
 def test_an_output_that_arrives_later_regroups_its_remembered_call() -> None:
     # call c0, then other items; its output only comes on the next request, after them: the
     # fresh parse keeps the whole span as one opaque message, so the remembered grouping of the

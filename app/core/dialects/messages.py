@@ -421,6 +421,8 @@ class MessagesDialect:
         reused from a remembered parse (``app.core.parse_memo``): those of wire message ``i`` are a
         pure function of ``(i, message, frozen)``, so they are reused under that descriptor."""
         wire = body.get("messages") if isinstance(body, Mapping) else None
+        if memo is not None and not (isinstance(wire, list) and memo.remembers(wire)):
+            memo = None  # too short to be remembered: nothing to recall or keep
         recalled = memo.recall(self.name, wire) if memo is not None and isinstance(wire, list) else NOTHING
         previous = recalled.state if isinstance(recalled.state, _Remembered) else None
         if previous is None:

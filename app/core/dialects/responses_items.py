@@ -669,6 +669,8 @@ def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> Pa
         return ParsedInput(tuple(messages), None)
     if not isinstance(raw, list):
         raise InvalidRequest("'input' must be a string or an array of input items.", param="input")
+    if memo is not None and not memo.remembers(raw):
+        memo = None  # too short to be remembered: nothing to recall or keep
     recalled = memo.recall(MEMO_NAME, raw) if memo is not None else NOTHING
     previous = recalled.state if isinstance(recalled.state, _Remembered) else None
     if previous is None:
