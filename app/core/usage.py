@@ -2,9 +2,12 @@
 
 INTERFACE CONTRACT:
 
-* ``prompt_tokens_from_json(body: bytes) -> int | None``: a non-streaming chat response body.
-* ``input_tokens_from_json(body, extract) -> int | None``: any API's non-streaming answer, read
-  by ``extract`` (a dialect's ``input_tokens_used``) when it mentions ``"usage"``.
+* ``prompt_tokens_from_json(body: bytes, *, loads=json.loads) -> int | None``: a non-streaming
+  chat response body.
+* ``input_tokens_from_json(body, extract, *, loads=json.loads) -> int | None``: any API's
+  non-streaming answer, read by ``extract`` (a dialect's ``input_tokens_used``) when it mentions
+  ``"usage"``. ``loads`` parses JSON bytes, raising ``ValueError`` (the service passes a faster
+  one than the standard library's).
 * ``SseUsageScanner(extract=None, *, needles=..., max_line_bytes=MAX_LINE_BYTES)``: ``feed(chunk)``
   with the raw bytes of a streamed (SSE) response as they pass, in order; ``prompt_tokens`` is the
   last count seen in a ``data:`` event: chat's ``usage.prompt_tokens`` (OpenAI's final usage chunk
@@ -42,20 +45,22 @@ def _prompt_tokens(payload: Any) -> int | None:
     return value
 
 
-def prompt_tokens_from_json(body: bytes) -> int | None:
+def prompt_tokens_from_json(body: bytes, *, loads: Callable[[bytes], Any] = json.loads) -> int | None:
     if not body or len(body) > MAX_JSON_BYTES or b'"prompt_tokens"' not in body:
         return None
     try:
-        return _prompt_tokens(json.loads(body))
+        return _prompt_tokens(loads(body))
     except (ValueError, RecursionError):
         return None
 
 
-def input_tokens_from_json(body: bytes, extract: Extract) -> int | None:
+def input_tokens_from_json(
+    body: bytes, extract: Extract, *, loads: Callable[[bytes], Any] = json.loads
+) -> int | None:
     if not body or len(body) > MAX_JSON_BYTES or b'"usage"' not in body:
         return None
     try:
-        payload = json.loads(body)
+        payload = loads(body)
     except (ValueError, RecursionError):
         return None
     return extract(payload) if isinstance(payload, dict) else None

@@ -51,6 +51,7 @@ from ..core.usage import Extract, SseUsageScanner, input_tokens_from_json, promp
 from ..upstream.client import UpstreamResponse, WrappedResponse
 from .discovery import Discovery
 from .knowledge_share import KnowledgeShare
+from .request import load_json
 
 logger = logging.getLogger("ctxproxy.learning")
 
@@ -257,9 +258,9 @@ class Learner:
             await response.aread()
             answer = response.decoded_body()
             if usage is None:
-                tokens = prompt_tokens_from_json(answer)
+                tokens = prompt_tokens_from_json(answer, loads=load_json)
             else:
-                tokens = input_tokens_from_json(answer, usage)
+                tokens = input_tokens_from_json(answer, usage, loads=load_json)
             if tokens is not None:
                 verdict = self._usage(
                     model,

@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.usage import MAX_LINE_BYTES, SseUsageScanner, prompt_tokens_from_json
+from app.core.usage import MAX_LINE_BYTES, SseUsageScanner, input_tokens_from_json, prompt_tokens_from_json
 
 
 def sse(*payloads: object) -> bytes:
@@ -30,6 +30,24 @@ def test_json_usage() -> None:
     for bad in (b"", b"{", b"[]", b'{"usage": {"prompt_tokens": -1}}', b'{"usage": {"prompt_tokens": true}}'):
         assert prompt_tokens_from_json(bad) is None
     assert prompt_tokens_from_json(b'{"usage": null, "x": "prompt_tokens"}') is None
+
+
+def test_the_json_usage_readers_parse_with_the_loads_they_are_given() -> None:
+    body = b'{"usage": {"prompt_tokens": 42, "input_tokens": 7}}'
+    seen: list[bytes] = []
+
+    def loads(raw: bytes) -> object:
+        seen.append(raw)
+        return json.loads(raw)
+
+    def refuses(raw: bytes) -> object:
+        raise ValueError("not JSON to this parser")
+
+    assert prompt_tokens_from_json(body, loads=loads) == 42
+    assert input_tokens_from_json(body, lambda answer: answer["usage"]["input_tokens"], loads=loads) == 7
+    assert seen == [body, body]
+    assert prompt_tokens_from_json(body, loads=refuses) is None
+    assert input_tokens_from_json(body, lambda answer: 1, loads=refuses) is None
 
 
 def test_the_final_usage_chunk_is_found() -> None:
