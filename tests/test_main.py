@@ -58,9 +58,8 @@ async def test_the_start_up_heap_is_frozen_while_the_app_runs_and_thawed_after()
         # The vocabularies (the real ones: the bulk of the start-up heap) are out of the collector's
         # reach, so a full collection no longer walks them.
         assert gc.get_freeze_count() > 10_000
-        frozen = gc.get_freeze_count()
-        gc.collect()
-        assert gc.get_freeze_count() == frozen
+        gc.collect()  # a collection leaves them frozen (reference counting may still free a few)
+        assert gc.get_freeze_count() > 10_000
     assert gc.get_freeze_count() == 0
 
 
