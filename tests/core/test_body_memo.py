@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core import body_memo
-from app.core.body_memo import BodyMemo, array_end, common_prefix, common_suffix
+from app.core.body_memo import KEEP_ENDS, BodyMemo, array_end, common_prefix, layout
 
 
 def strict(value: Any) -> Any:
@@ -29,7 +29,7 @@ def loads(raw: bytes) -> Any:
 
 
 def memo() -> BodyMemo:
-    return BodyMemo(min_bytes=0)
+    return BodyMemo(min_bytes=0, min_reuse_bytes=0)
 
 
 def chat(n: int, *, extra: str = "") -> bytes:
@@ -75,13 +75,27 @@ def test_array_end_refuses_what_is_not_plain(raw: bytes) -> None:
     assert array_end(raw, "messages") is None
 
 
-def test_common_prefix_and_suffix() -> None:
+def test_common_prefix() -> None:
     assert common_prefix(b"abcdef", b"abcxef") == 3
-    assert common_suffix(b"abcdef", b"abcxef") == 2
     assert common_prefix(b"abc", b"abcdef") == 3
-    assert common_suffix(b"def", b"abcdef") == 3
-    assert common_prefix(b"", b"a") == common_suffix(b"x", b"") == 0
-    assert common_prefix(b"same", b"same") == common_suffix(b"same", b"same") == 4
+    assert common_prefix(b"", b"a") == 0
+    assert common_prefix(b"same", b"same") == 4
+
+
+def test_layout_finds_the_head_keys_and_the_ends_of_the_newest_elements() -> None:
+    raw = b'{"model":"m", "system":[1,{"a":"]"}], "messages":[ [1,2] ,"x,]" , {"k":[3]} ,4],"n":5}'
+    found = layout(raw, "messages")
+    assert found is not None
+    assert found.head_keys == ("model", "system") and found.count == 4
+    assert [raw[found.opened : end] for end in found.ends] == [
+        b" [1,2]",
+        b' [1,2] ,"x,]"',
+        b' [1,2] ,"x,]" , {"k":[3]}',
+        b' [1,2] ,"x,]" , {"k":[3]} ,4',
+    ]
+    assert raw[found.closed : found.closed + 1] == b"]"
+    many = orjson.dumps({"messages": list(range(3 * KEEP_ENDS))})
+    assert len(layout(many, "messages").ends) == KEEP_ENDS  # type: ignore[union-attr]
 
 
 # -- parse ---------------------------------------------------------------------------------------
@@ -102,25 +116,65 @@ def test_an_extended_body_reuses_the_remembered_parse_and_equals_a_full_parse() 
 
 def test_only_the_second_body_of_a_conversation_is_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
     scans: list[int] = []
-    real = body_memo.array_end
-    monkeypatch.setattr(body_memo, "array_end", lambda raw, key: scans.append(len(raw)) or real(raw, key))
+    real = body_memo.layout
+    monkeypatch.setattr(body_memo, "layout", lambda raw, key: scans.append(len(raw)) or real(raw, key))
     bodies = memo()
-    for n in range(4, 12):
+    for n in range(40, 48):
         bodies.parse(chat(n), key="messages", loads=loads)
-    assert scans == [len(chat(4))]
+    assert scans == [len(chat(40))]
 
 
-def test_a_body_that_changes_its_history_is_parsed_whole_and_never_scanned(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_body_sharing_little_is_parsed_whole_and_never_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
     scans: list[int] = []
-    monkeypatch.setattr(body_memo, "array_end", lambda raw, key: scans.append(1) or None)
-    bodies = memo()
-    for n in range(4, 10):
-        raw = chat(n, extra=f"marker {n}")  # a value after the history changes every turn
+    monkeypatch.setattr(body_memo, "layout", lambda raw, key: scans.append(1) or None)
+    bodies = BodyMemo(min_bytes=0)  # the default least shared bytes
+    for n in range(40, 46):
+        raw = orjson.dumps({"seed": n, "messages": orjson.loads(chat(n))["messages"]})
         body = bodies.parse(raw, key="messages", loads=loads)
         assert strict(body) == strict(orjson.loads(raw))
     assert scans == []
+
+
+def test_values_after_the_history_that_change_every_turn_are_parsed_alone() -> None:
+    # Codex: fields after ``input`` (its client metadata) differ on every request.
+    bodies = memo()
+    first = bodies.parse(chat(40, extra="turn 40"), key="messages", loads=loads)
+    for n in range(41, 44):
+        raw = chat(n, extra=f"turn {n}")
+        body = bodies.parse(raw, key="messages", loads=loads)
+        assert strict(body) == strict(orjson.loads(raw))
+        assert body["messages"][0] is first["messages"][0] and body["model"] is first["model"]
+
+
+def test_a_changed_last_element_is_parsed_again_and_the_rest_reused() -> None:
+    # Claude Code: the cache marker moves from the last message to the new last one.
+    def marked(n: int) -> bytes:
+        messages: list[Any] = orjson.loads(chat(n))["messages"]
+        messages[-1] = {**messages[-1], "cache_control": {"type": "ephemeral"}}
+        return orjson.dumps({"model": "m", "messages": messages, "tools": [1] * 50})
+
+    bodies = memo()
+    first = bodies.parse(marked(40), key="messages", loads=loads)
+    for n in range(41, 45):
+        body = bodies.parse(marked(n), key="messages", loads=loads)
+        assert strict(body) == strict(orjson.loads(marked(n)))
+        assert body["messages"][0] is first["messages"][0]
+        assert body["tools"] is first["tools"]  # the same bytes after the history: not parsed
+    assert len(bodies) == 1
+
+
+def test_a_change_older_than_the_remembered_ends_is_parsed_whole() -> None:
+    bodies = memo()
+    base: list[Any] = orjson.loads(chat(40))["messages"]
+    bodies.parse(orjson.dumps({"messages": base}), key="messages", loads=loads)
+    bodies.parse(
+        orjson.dumps({"messages": [*base, {"role": "user", "content": "x"}]}), key="messages", loads=loads
+    )
+    edited = [*base[:20], {"role": "user", "content": "edited"}, *base[21:]]
+    raw = orjson.dumps({"messages": edited})
+    body = bodies.parse(raw, key="messages", loads=loads)
+    assert strict(body) == strict(orjson.loads(raw))
+    assert body["messages"][0] is not base[0]
 
 
 def test_the_same_bytes_parse_to_an_equal_new_dict() -> None:
@@ -157,12 +211,31 @@ def test_appended_bytes_that_are_not_values_fail_as_the_whole_body_does(appended
 
 def test_an_insertion_elsewhere_is_not_taken_for_an_append() -> None:
     bodies = memo()
-    base = {"messages": [1, 2, 3], "tools": [4]}
-    bodies.parse(orjson.dumps(base), key="messages", loads=loads)
-    grown = orjson.dumps({"messages": [1, 2, 3], "tools": [4, 5]})
-    assert bodies.parse(grown, key="messages", loads=loads) == {"messages": [1, 2, 3], "tools": [4, 5]}
-    inside = orjson.dumps({"messages": [1, 2, [3, 9]], "tools": [4]})
-    assert bodies.parse(inside, key="messages", loads=loads) == {"messages": [1, 2, [3, 9]], "tools": [4]}
+    history = list(range(2000))
+    bodies.parse(orjson.dumps({"messages": history, "tools": [4]}), key="messages", loads=loads)
+    for body in (
+        {"messages": history, "tools": [4, 5]},
+        {"messages": [*history[:-1], [history[-1], 9]], "tools": [4]},
+        {"messages": history[:-3], "tools": [4]},
+        {"messages": history, "tools": [4], "messages2": [1]},
+    ):
+        assert strict(bodies.parse(orjson.dumps(body), key="messages", loads=loads)) == strict(body)
+
+
+def test_a_value_after_the_history_that_names_a_key_before_it_is_parsed_whole() -> None:
+    bodies = memo()
+    history = list(range(2000))
+    bodies.parse(orjson.dumps({"model": "a", "messages": history}), key="messages", loads=loads)
+    raw = orjson.dumps({"model": "a", "messages": history})[:-1] + b',"model":"b"}'
+    assert (
+        bodies.parse(raw, key="messages", loads=loads)
+        == orjson.loads(raw)
+        == {"model": "b", "messages": history}
+    )
+    raw = orjson.dumps({"model": "a", "messages": history})[:-1] + b',"messages":[1]}'
+    assert (
+        bodies.parse(raw, key="messages", loads=loads) == orjson.loads(raw) == {"model": "a", "messages": [1]}
+    )
 
 
 def test_small_bodies_are_not_remembered() -> None:
@@ -225,7 +298,7 @@ def serialize(body: dict[str, Any], style: int) -> bytes:
     before=st.dictionaries(st.sampled_from(["model", "system", "x"]), values, max_size=2),
     after=st.dictionaries(st.sampled_from(["tools", "stream", "y"]), values, max_size=2),
     history=st.lists(values, min_size=1, max_size=4),
-    turns=st.lists(st.tuples(st.lists(values, max_size=3), st.integers(0, 4)), min_size=1, max_size=5),
+    turns=st.lists(st.tuples(st.lists(values, max_size=3), st.integers(0, 6)), min_size=1, max_size=6),
     style=st.integers(0, 2),
 )
 def test_every_parse_equals_the_full_parse(
@@ -244,6 +317,54 @@ def test_every_parse_equals_the_full_parse(
             body["messages"] = [*items[:-2], {"edited": True}, items[-1]]
         elif change == 2:  # a value after the history changed
             body = {**before, "messages": items, **after, "y": len(items)}
+        elif change == 3:  # the last element carries a marker (it moves on the next turn)
+            body["messages"] = [*items[:-1], {"last": items[-1], "cache_control": {"type": "ephemeral"}}]
+        elif change == 4 and len(items) > 1:  # the newest element was taken back
+            body["messages"] = items[:-1]
+        elif change == 5:  # a key after the history that is also before it
+            body = {**before, "messages": items, **after, "model": 1}
         raw = serialize(body, style)
         got = bodies.parse(raw, key="messages", loads=loads)
         assert strict(got) == strict(orjson.loads(raw))
+
+
+def outcome(parse: Any, raw: bytes) -> Any:
+    try:
+        return ("ok", strict(parse(raw)))
+    except orjson.JSONDecodeError:
+        return ("error",)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    history=st.lists(values, min_size=2, max_size=6),
+    added=st.lists(values, max_size=2),
+    edits=st.lists(
+        st.tuples(
+            st.floats(0.5, 1.0), st.sampled_from(["insert", "delete", "replace"]), st.binary(max_size=2)
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    style=st.integers(0, 2),
+)
+def test_bytes_edited_near_the_end_parse_or_fail_exactly_as_the_whole_body(
+    history: list[Any], added: list[Any], edits: list[tuple[float, str, bytes]], style: int
+) -> None:
+    """Whatever bytes a client sends after a remembered body (valid JSON or not, a split in the
+    middle of a string, a bracket too many), the memo answers what parsing the whole body does."""
+    bodies = memo()
+    first = serialize({"model": "m", "messages": history, "tools": [1, "]"]}, style)
+    second = serialize({"model": "m", "messages": [*history, *added], "tools": [1, "]"]}, style)
+    bodies.parse(first, key="messages", loads=loads)
+    raw = bytearray(second)
+    for where, how, data in edits:
+        at = min(len(raw), int(where * len(raw)))
+        if how == "insert":
+            raw[at:at] = data
+        elif how == "delete":
+            del raw[at : at + len(data) + 1]
+        else:
+            raw[at : at + len(data)] = data
+    edited = bytes(raw)
+    assert outcome(lambda r: bodies.parse(r, key="messages", loads=loads), edited) == outcome(loads, edited)

@@ -60,7 +60,7 @@ def test_parse_body_accepts_objects_and_what_the_stdlib_accepts() -> None:
 
 
 def test_parse_body_with_a_memo_parses_a_resent_body_from_what_was_appended() -> None:
-    bodies = BodyMemo(min_bytes=0)
+    bodies = BodyMemo(min_bytes=0, min_reuse_bytes=0)
     history = conversation(turns=4, size=5)
     raws = [
         json.dumps({"model": "m", "messages": history[:n], "stream": False}).encode()
