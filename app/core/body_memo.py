@@ -44,7 +44,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 MIN_BYTES = 32 * 1024
@@ -75,6 +75,7 @@ class Layout:
     count: int  # its elements
     ends: tuple[int, ...]  # just after each of its last min(count, KEEP_ENDS) elements
     head_keys: tuple[str, ...]  # the top-level keys before the array, in order
+    keys: int  # top-level keys in all (each once)
 
 
 def _end_before(raw: bytes, start: int, stop: int) -> int:
@@ -198,7 +199,7 @@ def layout(raw: bytes, key: str) -> Layout | None:
             if scanned is None or not scanned[1]:
                 return None
             closed, ends = scanned
-            found = Layout(opened, closed, len(ends), tuple(ends[-KEEP_ENDS:]), tuple(head))
+            found = Layout(opened, closed, len(ends), tuple(ends[-KEEP_ENDS:]), tuple(head), 0)
             position = closed + 1
             continue
         position = at + 1
@@ -206,7 +207,7 @@ def layout(raw: bytes, key: str) -> Layout | None:
             depth += 1
         elif first != 0x2C:
             depth -= 1
-    return found
+    return None if found is None else replace(found, keys=len(seen))
 
 
 def array_end(raw: bytes, key: str) -> int | None:
@@ -290,6 +291,13 @@ class BodyMemo:
     def _scanned(self, entry: _Entry) -> _Entry:
         """``entry`` with its layout looked for (once: the result replaces it in the memo)."""
         found = layout(entry.raw, entry.key)
+        body = entry.body
+        if found is not None and (
+            found.keys != len(body)
+            or found.count != len(body[entry.key])
+            or any(k not in body for k in found.head_keys)
+        ):
+            found = None  # the scan and the parse disagree: never reuse this body
         tail = None
         if found is not None:
             skip = {*found.head_keys, entry.key}
@@ -344,7 +352,7 @@ class BodyMemo:
         body[entry.key] = items if kept == len(items) and not values else [*items[:kept], *values]
         body.update(tail)
         ends = (*found.ends[: index + 1], *new_ends)[-KEEP_ENDS:]
-        grown = Layout(found.opened, closed, kept + len(values), ends, found.head_keys)
+        grown = Layout(found.opened, closed, kept + len(values), ends, found.head_keys, len(body))
         self._keep(_Entry(entry.key, raw, body, grown, True, tail), replacing=entry)
         return body
 
@@ -368,7 +376,9 @@ class BodyMemo:
             tail = loads(b"{" + rest[1:])
         except Exception:  # whatever ``loads`` refuses, the parse of the whole body says
             return None
-        if not isinstance(tail, dict) or entry.key in tail or any(k in tail for k in found.head_keys):
+        if not isinstance(tail, dict) or not tail:  # a comma then nothing: not JSON
+            return None
+        if entry.key in tail or any(k in tail for k in found.head_keys):
             return None
         return tail
 

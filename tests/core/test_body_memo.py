@@ -209,6 +209,19 @@ def test_appended_bytes_that_are_not_values_fail_as_the_whole_body_does(appended
     assert got == expected
 
 
+@pytest.mark.parametrize(
+    "tail",
+    [b",}", b", }", b"}}", b"},", b',"k":}', b"} x", b"", b',"k":1,}', b',"k":1} '],
+)
+def test_what_follows_the_history_is_checked_as_the_whole_body_would_be(tail: bytes) -> None:
+    bodies = memo()
+    history = orjson.dumps({"messages": list(range(300))})  # ends with ]}
+    bodies.parse(history, key="messages", loads=loads)
+    bodies.parse(history[:-2] + b",300]}", key="messages", loads=loads)
+    raw = history[:-2] + b",300,301]" + tail
+    assert outcome(lambda r: bodies.parse(r, key="messages", loads=loads), raw) == outcome(loads, raw)
+
+
 def test_an_insertion_elsewhere_is_not_taken_for_an_append() -> None:
     bodies = memo()
     history = list(range(2000))
