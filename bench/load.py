@@ -63,6 +63,9 @@ class Samples:
     last_headers: dict[str, str] = field(default_factory=dict)
     last_body: bytes = b""
     wall_s: float = 0.0
+    # Requests/s of each batch of ``run_concurrent_rounds`` (their median shrugs off one batch
+    # that shared the two cores with something else).
+    round_rps: list[float] = field(default_factory=list)
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
 
@@ -264,7 +267,8 @@ async def run_concurrent_rounds(
 ) -> tuple[dict[str, Samples], bool]:
     """``requests`` per target at ``concurrency``, in ``rounds`` batches alternating targets.
 
-    Each target's ``wall_s`` is the sum of its own batches, so requests/s = samples / wall_s.
+    Each target's ``wall_s`` is the sum of its own batches, so requests/s = samples / wall_s;
+    ``round_rps`` has each batch's own requests/s.
     ``after_round(r)`` runs after every round (memory snapshots).
     """
     results = {t.name: Samples() for t in targets}
@@ -282,10 +286,14 @@ async def run_concurrent_rounds(
             cpu0 = cpu_of(t) if cpu_of else None
             client0 = _client_cpu_s()
             t0 = time.perf_counter()
+            before = len(s.latency_s)
             complete &= await _concurrent_batch(
                 session, t, body, s, requests=per_round, concurrency=concurrency, deadline=deadline
             )
-            s.wall_s += time.perf_counter() - t0
+            took_s = time.perf_counter() - t0
+            s.wall_s += took_s
+            if took_s > 0:
+                s.round_rps.append((len(s.latency_s) - before) / took_s)
             s.client_cpu_s += _client_cpu_s() - client0
             cpu1 = cpu_of(t) if cpu_of else None
             if cpu0 is not None and cpu1 is not None:

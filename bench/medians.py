@@ -45,8 +45,8 @@ def _route_cpu(scenario: str, route: str) -> Callable[[Results], float]:
     return lambda r: float(r["routes"][scenario]["stats"][f"proxy {route}"]["cpu_ms_per_req"])
 
 
-def _route_rps(route: str) -> Callable[[Results], float]:
-    return lambda r: float(r["routes"]["throughput"]["stats"][f"proxy {route}"]["rps"])
+def _route_rps(route: str, key: str = "rps") -> Callable[[Results], float]:
+    return lambda r: float(r["routes"]["throughput"]["stats"][f"proxy {route}"][key])
 
 
 def _mib(target: str) -> Callable[[Results], float]:
@@ -94,6 +94,10 @@ FIGURES: list[Figure] = [
         for route in routes.ROUTES
     ),
     *((f"(r) req/s, {route.path}", _route_rps(route.name)) for route in routes.ROUTES),
+    *(
+        (f"(r) req/s median of rounds, {route.path}", _route_rps(route.name, "rps_rounds"))
+        for route in routes.ROUTES
+    ),
     ("memory idle, proxy (MiB)", _mib("proxy")),
     ("memory after all scenarios, proxy (MiB)", lambda r: r["memory"]["proxy_after_rounds_kib"][-1] / 1024),
 ]

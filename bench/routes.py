@@ -346,18 +346,21 @@ def markdown(block: Mapping[str, Any]) -> list[str]:
             "",
             "### (r) small requests at concurrency, per route (proxy only)",
             "",
-            "| route | requests | errors | req/s | x chat's req/s | p50 ms | p99 ms | server CPU ms/req |",
+            "| route | requests | errors | req/s: median of rounds (x chat's) |"
+            " req/s: all rounds (x chat's) | p50 ms | p99 ms | server CPU ms/req |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        chat_rps = tp.get("proxy chat", {}).get("rps", math.nan)
+        chat = tp.get("proxy chat", {})
         for route in ROUTES:
             s = tp.get(f"proxy {route.name}")
             if s is None:
                 continue
+            rounds, whole = rps_of(s), s["rps"]
             lines.append(
-                f"| {route.path} | {s['n']} | {s['errors']} | {_f(s['rps'], 0)} |"
-                f" {_f(_ratio(s['rps'], chat_rps))}x | {_f(s['p50_ms'])} | {_f(s['p99_ms'])} |"
-                f" {_f(s.get('cpu_ms_per_req'), 3)} |"
+                f"| {route.path} | {s['n']} | {s['errors']} |"
+                f" {_f(rounds, 0)} ({_f(_ratio(rounds, rps_of(chat)))}x) |"
+                f" {_f(whole, 0)} ({_f(_ratio(whole, chat.get('rps', math.nan)))}x) |"
+                f" {_f(s['p50_ms'])} | {_f(s['p99_ms'])} | {_f(s.get('cpu_ms_per_req'), 3)} |"
             )
     if block.get("note"):
         lines += ["", block["note"]]
@@ -384,14 +387,26 @@ def checks(block: Mapping[str, Any]) -> list[tuple[str, bool | None, str]]:
                 )
             )
     tp = block.get("throughput", {}).get("stats", {})
-    chat_rps = tp.get("proxy chat", {}).get("rps", math.nan)
+    chat = tp.get("proxy chat", {})
+    chat_rps = rps_of(chat)
     for route in ROUTES[1:]:
         s = tp.get(f"proxy {route.name}")
         if s is None:
             continue
-        r = _ratio(s["rps"], chat_rps)
+        r = _ratio(rps_of(s), chat_rps)
+        whole = _ratio(s["rps"], chat.get("rps", math.nan))
         ok = None if not fitted.get(route.name, True) else r >= 0.90
-        out.append(
-            (f"(r) {route.path} req/s >= 0.9x chat's", ok, f"{s['rps']:.0f} vs {chat_rps:.0f} ({r:.2f}x)")
-        )
+        detail = f"{rps_of(s):.0f} vs {chat_rps:.0f} ({r:.2f}x; all rounds {whole:.2f}x)"
+        out.append((f"(r) {route.path} req/s >= 0.9x chat's (median of rounds)", ok, detail))
     return out
+
+
+def rps_of(stats: Mapping[str, Any]) -> float:
+    """A route's requests/s at concurrency: the median of its rounds' (``rps_rounds``), else its
+    requests over all rounds' time. The rounds alternate the routes; a batch that shared the two
+    cores with something else (the harness's own client, another process) swung the all-rounds
+    figure between 0.74x and 1.13x chat's from run to run of the same build."""
+    value = stats.get("rps_rounds")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return float(stats.get("rps", math.nan))
+    return float(value)

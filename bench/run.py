@@ -15,6 +15,7 @@ import datetime as dt
 import importlib.util
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -597,6 +598,7 @@ def _throughput_block(
     for name, s in samples.items():
         st = report.stats_ms(s.latency_s, errors=s.errors, server_cpu_s=s.server_cpu_s)
         st["rps"] = len(s.latency_s) / s.wall_s if s.wall_s else float("nan")
+        st["rps_rounds"] = statistics.median(s.round_rps) if s.round_rps else float("nan")
         st["client_cpu_pct"] = 100 * s.client_cpu_s / s.wall_s if s.wall_s else float("nan")
         stats[name] = st
     return {

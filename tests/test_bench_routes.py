@@ -127,12 +127,29 @@ def test_scenario_r_runs_against_the_fake_upstream_and_reports(tmp_path: Path) -
         "session": {"stats": {n: report.stats_ms(s.latency_s) for n, s in measured["session"].items()}},
         "throughput": {
             "stats": {
-                n: {**report.stats_ms(s.latency_s), "rps": 10.0} for n, s in measured["throughput"].items()
+                n: {**report.stats_ms(s.latency_s), "rps": 10.0, "rps_rounds": 12.0}
+                for n, s in measured["throughput"].items()
             }
         },
         "fitted": measured["fitted"],
     }
     text = "\n".join(routes.markdown(block))
-    assert "/v1/responses" in text and "/v1/messages" in text and "x chat's req/s" in text
+    assert "/v1/responses" in text and "/v1/messages" in text and "median of rounds" in text
+    assert all(len(s.round_rps) == 2 for s in measured["throughput"].values())  # a rate per round
     verdicts = routes.checks(block)
     assert len(verdicts) == 6 and all(ok is None for _, ok, _ in verdicts)  # nothing was fitted
+    assert "12 vs 12 (1.00x; all rounds 1.00x)" in verdicts[-1][2]
+
+
+def test_the_throughput_check_reads_the_median_of_rounds_and_shows_all_rounds() -> None:
+    stats = {
+        "proxy chat": {"rps": 1000.0, "rps_rounds": 1000.0},
+        "proxy responses": {"rps": 800.0, "rps_rounds": 950.0},  # one slow round pulled the total
+        "proxy messages": {"rps": 990.0, "rps_rounds": 850.0},
+    }
+    verdicts = routes.checks({"throughput": {"stats": stats}})
+    assert [(ok, detail) for _, ok, detail in verdicts] == [
+        (True, "950 vs 1000 (0.95x; all rounds 0.80x)"),
+        (False, "850 vs 1000 (0.85x; all rounds 0.99x)"),
+    ]
+    assert routes.rps_of({"rps": 5.0}) == 5.0  # results from before the rounds were kept
