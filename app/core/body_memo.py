@@ -101,6 +101,26 @@ def _string_end(raw: bytes, quote: int) -> int:
         position = close + 1
 
 
+def _token(raw: bytes, position: int, *, deep: bool) -> tuple[int, int]:
+    """The next structural token at or after ``position``: ``(where, where the scan goes on)``,
+    past the whole string for a quote; ``(-1, -1)`` at the end or in an unterminated string.
+    ``deep``: below the array's own level, where commas do not matter (``_DEEP``)."""
+    if deep:
+        match = _DEEP.match(raw, position)
+        at = -1 if match is None else match.end() - 1
+    else:
+        match = _STRUCTURE.search(raw, position)
+        at = -1 if match is None else match.start()
+    if match is None:
+        return -1, -1
+    if raw[at] != 0x22:
+        return at, at + 1
+    if match.end() - at > 1:  # a whole string without escapes
+        return at, match.end()
+    end = _string_end(raw, at)
+    return (at, end) if end >= 0 else (-1, -1)
+
+
 def _elements(raw: bytes, start: int, *, after_element: bool) -> tuple[int, list[int]] | None:
     """Scan ``raw`` from ``start``, inside an array at the top level's depth 2: where the array
     closes and the end of every element that ends on the way. ``after_element``: ``start`` is just
@@ -110,23 +130,12 @@ def _elements(raw: bytes, start: int, *, after_element: bool) -> tuple[int, list
     boundary = -1 if after_element else start  # where the current element began (-1: none open)
     position = start
     while True:
-        if depth > 2:
-            match = _DEEP.match(raw, position)
-            if match is None:
-                return None
-            at = match.end() - 1
-        else:
-            match = _STRUCTURE.search(raw, position)
-            if match is None:
-                return None
-            at = match.start()
+        at, position = _token(raw, position, deep=depth > 2)
+        if at < 0:
+            return None
         first = raw[at]
         if first == 0x22:
-            position = match.end() if match.end() - at > 1 else _string_end(raw, at)
-            if position < 0:
-                return None
             continue
-        position = at + 1
         if first in _OPEN:
             depth += 1
             continue
@@ -167,15 +176,11 @@ def layout(raw: bytes, key: str) -> Layout | None:
     depth = 0
     position = 0
     while True:
-        match = _STRUCTURE.search(raw, position)
-        if match is None:
+        at, position = _token(raw, position, deep=depth > 1)  # keys are at depth 1 only
+        if at < 0:
             break
-        at = match.start()
         first = raw[at]
         if first == 0x22:
-            position = match.end() if match.end() - at > 1 else _string_end(raw, at)
-            if position < 0:
-                return None
             if depth != 1:
                 continue
             colon = _COLON.match(raw, position)
@@ -202,7 +207,6 @@ def layout(raw: bytes, key: str) -> Layout | None:
             found = Layout(opened, closed, len(ends), tuple(ends[-KEEP_ENDS:]), tuple(head), 0)
             position = closed + 1
             continue
-        position = at + 1
         if first in _OPEN:
             depth += 1
         elif first != 0x2C:
