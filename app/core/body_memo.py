@@ -31,12 +31,14 @@ and where each of its last ``KEEP_ENDS`` elements ends, found by a scan of its s
 brackets, commas) that accepts only an unambiguous body (every top-level key once, spelled
 without escapes). A new body ``N`` that has ``R``'s bytes up to such an end ``b`` is, at ``b``,
 inside that array right after a complete element, the lexer between tokens (JSON's grammar is
-context-free). A scan of ``N`` from ``b`` finds where the array closes; ``N`` is then
-``R[:b] + M + "]" + T``, and it is taken only when ``M`` is whitespace or a comma and values (``[``
-+ them + ``]`` parses, to as many values as the scan counted) and ``T`` is the rest of the object
-(``{`` + it parses, with no key of the head or the array's key; or it is ``R``'s own tail, or
-``}``). Then ``N`` is a valid object whose parse is the head's values, the array's first elements
-and the parsed ones, and the tail's values, in that order. Anything else is parsed whole.
+context-free; an element that ``N`` continues, a number ``12`` that is ``123`` in ``N``, leaves
+bytes other than a comma or the close after ``b`` and is refused below). A scan of ``N`` from
+``b`` finds where the array closes; ``N`` is then ``R[:b] + M + "]" + T``, and it is taken only
+when ``M`` is whitespace or a comma and values (``[`` + them + ``]`` parses, to as many values as
+the scan counted) and ``T`` is the rest of the object (``{`` + it parses, with no key of the head
+or the array's key; or it is ``R``'s own tail, or ``}``). Then ``N`` is a valid object whose parse
+is the head's values, the array's first elements and the parsed ones, and the tail's values, in
+that order. Anything else is parsed whole.
 """
 
 from __future__ import annotations

@@ -222,6 +222,15 @@ def test_what_follows_the_history_is_checked_as_the_whole_body_would_be(tail: by
     assert outcome(lambda r: bodies.parse(r, key="messages", loads=loads), raw) == outcome(loads, raw)
 
 
+def test_a_last_element_the_new_body_continues_is_not_taken_for_a_whole_one() -> None:
+    bodies = memo()
+    bodies.parse(b'{"messages":[1,2,12]}', key="messages", loads=loads)
+    bodies.parse(b'{"messages":[1,2,12,"x"]}', key="messages", loads=loads)
+    for raw in (b'{"messages":[1,2,12,"x"5]}', b'{"messages":[1,2,12,"x",7]}', b'{"messages":[1,2,12,"xy"]}'):
+        assert outcome(lambda r: bodies.parse(r, key="messages", loads=loads), raw) == outcome(loads, raw)
+    assert bodies.parse(b'{"messages":[1,2,123]}', key="messages", loads=loads) == {"messages": [1, 2, 123]}
+
+
 def test_an_insertion_elsewhere_is_not_taken_for_an_append() -> None:
     bodies = memo()
     history = list(range(2000))
