@@ -259,7 +259,7 @@ class BodyMemo:
         self,
         *,
         max_entries: int = 16,
-        max_bytes: int = 64 * 1024 * 1024,
+        max_bytes: int = 32 * 1024 * 1024,
         min_bytes: int = MIN_BYTES,
         min_reuse_bytes: int = MIN_REUSE_BYTES,
     ) -> None:
