@@ -7,8 +7,8 @@ INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects
   - ``name``: ``"chat"``, ``"responses"`` or ``"messages"`` (metrics label, headers, plan report);
   - ``upstream_path``: the path under the upstream base URL (``"chat/completions"``, ...);
   - ``items_key``: the top-level key of the array a client's history grows at the end of
-    (``"messages"``, ``"input"``): a resent body is parsed from the bytes appended to it
-    (``body_memo.BodyMemo``);
+    (``"messages"``, ``"input"``): a resent body is parsed only from where it changed near that
+    array's end (``body_memo.BodyMemo``);
   - ``parse(body, *, memo=None) -> Conversation``: validate what planning relies on (raise
     ``InvalidRequest`` with ``param`` naming the field) and build the neutral messages
     (``conversation.py``). Never mutates ``body``; unknown fields are the upstream's business.

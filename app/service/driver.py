@@ -92,7 +92,7 @@ class Service:
         self.prefixes = PrefixMemory()
         # The dialects' parses of recent requests: a resent history is not converted again.
         self.parses = ParseMemo()
-        # Recent bodies: a resent one is parsed from the bytes appended to its history.
+        # Recent bodies: a resent one is parsed only where it changed (its history's newest end).
         self.bodies = BodyMemo()
 
     def counter(self, encoding: str) -> MessageCounter:

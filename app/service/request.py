@@ -59,8 +59,8 @@ def load_json(raw: bytes) -> Any:
 
 def parse_body(raw: bytes, *, memo: BodyMemo | None = None, key: str = "") -> dict[str, Any]:
     """The request body as a dict; ``InvalidRequest`` for malformed JSON or a non-object. With
-    ``memo`` and ``key`` (the dialect's ``items_key``), a resent body is parsed from the bytes
-    appended to the one before it (``BodyMemo``); the result is equal either way."""
+    ``memo`` and ``key`` (the dialect's ``items_key``), a resent body is parsed only where it
+    changed from a remembered one (``BodyMemo``); the result is equal either way."""
     try:
         body = memo.parse(raw, key=key, loads=load_json) if memo is not None and key else load_json(raw)
     except (ValueError, RecursionError) as exc:
