@@ -216,13 +216,6 @@ def layout(raw: bytes, key: str) -> Layout | None:
     return None if found is None else replace(found, keys=len(seen))
 
 
-def array_end(raw: bytes, key: str) -> int | None:
-    """Where the top-level ``key``'s array ends in ``raw``: the offset just after its last
-    element (None as for ``layout``)."""
-    found = layout(raw, key)
-    return None if found is None else found.ends[-1]
-
-
 @dataclass(frozen=True, slots=True)
 class _Entry:
     """A remembered body: its bytes, its parse, whose array it may be reused at, its layout (None

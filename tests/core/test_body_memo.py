@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core import body_memo
-from app.core.body_memo import KEEP_ENDS, BodyMemo, array_end, common_prefix, layout
+from app.core.body_memo import KEEP_ENDS, BodyMemo, common_prefix, layout
 
 
 def strict(value: Any) -> Any:
@@ -41,7 +41,13 @@ def chat(n: int, *, extra: str = "") -> bytes:
     )
 
 
-# -- array_end -----------------------------------------------------------------------------------
+# -- layout --------------------------------------------------------------------------------------
+
+
+def array_end(raw: bytes, key: str) -> int | None:
+    """Where ``key``'s array ends in ``raw`` by its layout: just after its last element."""
+    found = layout(raw, key)
+    return None if found is None else found.ends[-1]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import respx
 
-from app.core.body_memo import BodyMemo, array_end
+from app.core.body_memo import BodyMemo, layout
 from app.core.budget import Budget
 from app.core.dialects import MESSAGES
 from app.core.errors import CannotFit, InvalidRequest
@@ -70,8 +70,9 @@ def test_parse_body_with_a_memo_parses_a_resent_body_from_what_was_appended() ->
     assert parsed == [json.loads(raw) for raw in raws]
     assert parsed[-1]["messages"][0] is parsed[0]["messages"][0]  # the history was not parsed again
     with pytest.raises(InvalidRequest):  # bytes appended that are not values: the whole body is bad
-        split = array_end(raws[-1], "messages")
-        assert split is not None
+        found = layout(raws[-1], "messages")
+        assert found is not None
+        split = found.ends[-1]
         parse_body(raws[-1][:split] + b"," + raws[-1][split:], memo=bodies, key="messages")
 
 
