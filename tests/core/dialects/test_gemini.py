@@ -1,0 +1,429 @@
+"""The Gemini dialect: parsing, rendering, its rules, errors, usage and counting answers; a fitted
+gemini-cli-shaped session checked by the strict fake upstream's own rules."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from app.core.conversation import PRICE_KEY, is_opaque, origin_of
+from app.core.dialect import ErrorInfo, error_info
+from app.core.dialects import DIALECTS
+from app.core.dialects.gemini import (
+    GEMINI,
+    UNFITTABLE_CACHED,
+    array_stream_error,
+    counted_request,
+    parse_gemini,
+    status_name,
+)
+from app.core.dialects.gemini_media import (
+    IMAGE_FLOOR_TOKENS,
+    IMAGE_UNKNOWN_TOKENS,
+    image_tokens,
+    media_tokens,
+)
+from app.core.dialects.gemini_wire import SEPARATOR_TEXT, pair_responses
+from app.core.errors import CannotFit, InvalidRequest
+from app.core.overflow import classify_overflow
+from app.core.strategies import IMAGE_PLACEHOLDER
+from tests.core.dialects.gemini_kit import (
+    PNG_DATA,
+    call_part,
+    dumps,
+    fit,
+    result_part,
+    said,
+    step,
+    strict_check,
+    thought,
+    user,
+    words,
+)
+from tests.core.fakes import FakeMessageCounter
+
+SYSTEM = {"parts": [{"text": "You are a CLI agent."}]}
+
+
+def parse(request: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    return tuple(parse_gemini(request, model="gemini-test", stream=False).messages)
+
+
+def test_parse_maps_contents_onto_neutral_messages() -> None:
+    request = {
+        "systemInstruction": SYSTEM,
+        "contents": [
+            user("context", "read the files"),
+            *step(["read_file", "read_file"], ["one", "two"], tag="s1"),
+            said("done"),
+        ],
+    }
+    system, task, calls, first, second, done = parse(request)
+    assert system["role"] == "system" and origin_of(system) == ((-1, 0),)
+    assert task["role"] == "user" and [p["text"] for p in task["content"]] == ["context", "read the files"]
+    assert calls["role"] == "assistant" and is_opaque(calls)  # the step's first call is signed
+    assert [c["function"]["name"] for c in calls["tool_calls"]] == ["read_file", "read_file"]
+    assert json.loads(calls["tool_calls"][0]["function"]["arguments"]) == {"n": "s1.0"}
+    assert (first["role"], first["content"], first["name"]) == ("tool", "one", "read_file")
+    assert [first["tool_call_id"], second["tool_call_id"]] == [c["id"] for c in calls["tool_calls"]]
+    assert not is_opaque(first)  # results are not signed: prunable
+    assert origin_of(calls) == ((1, 0), (1, 1)) and origin_of(second) == ((2, 1),)
+    assert done["role"] == "assistant" and done["content"] == [{"type": "text", "text": "done"}]
+
+
+def test_pairing_is_by_id_when_both_have_one_else_by_name_in_order() -> None:
+    assert pair_responses([("f", "1"), ("f", "2")], [("f", "2"), ("f", "1")]) == [1, 0]
+    assert pair_responses([("f", None), ("g", None)], [("g", None), ("f", "x")]) == [1, 0]
+    assert pair_responses([("f", "1")], [("f", "2")]) == [None]  # two ids that differ never pair
+    assert pair_responses([("f", None)], [("f", None), ("f", None)]) == [0, None]
+    request = {
+        "contents": [
+            user("go"),
+            {"role": "model", "parts": [call_part("a", {}, signed=False), call_part("b", {}, signed=False)]},
+            {"role": "user", "parts": [result_part("b", "B"), result_part("a", "A"), result_part("c", "C")]},
+        ]
+    }
+    _, calls, b, a, orphan = parse(request)
+    ids = [c["id"] for c in calls["tool_calls"]]
+    assert (a["tool_call_id"], b["tool_call_id"]) == (ids[0], ids[1])
+    assert orphan["tool_call_id"] not in ids
+    assert GEMINI.problems(request) == [
+        "function response 'c' without its function call in the content before"
+    ]
+
+
+def test_signed_and_thought_parts_are_opaque_and_priced_not_counted_as_text() -> None:
+    signed = {"contents": [user("q"), {"role": "model", "parts": [thought("hmm " * 50), {"text": "a"}]}]}
+    _, answer = parse(signed)
+    assert is_opaque(answer)
+    kinds = [p["type"] for p in answer["content"]]
+    assert kinds == ["thinking", "signature", "text"]
+    assert answer["content"][1][PRICE_KEY] == -(
+        -len(signed["contents"][1]["parts"][0]["thoughtSignature"]) // 4
+    )
+    unsigned = {"contents": [user("q"), said("plain")]}
+    assert not is_opaque(parse(unsigned)[1])
+
+
+def test_media_is_priced_by_geminis_rules() -> None:
+    assert image_tokens(300, 300) == IMAGE_FLOOR_TOKENS  # one 258 tile, Gemini 3's floor
+    assert image_tokens(3000, 3000) == 16 * 258
+    assert media_tokens("image/png", PNG_DATA) == IMAGE_FLOOR_TOKENS
+    assert media_tokens("image/png", None) == IMAGE_UNKNOWN_TOKENS
+    assert media_tokens("application/pdf", None) == 258 * 100
+    assert media_tokens("audio/mp3", "A" * 40_000) == 75  # 30,000 bytes at 400 a token
+    request = {
+        "contents": [
+            {
+                "role": "user",
+                "parts": [
+                    {"text": "look"},
+                    {"inlineData": {"mimeType": "image/png", "data": PNG_DATA}},
+                    {"file_data": {"mime_type": "video/mp4", "file_uri": "gs://v"}},
+                ],
+            }
+        ]
+    }
+    (message,) = parse(request)
+    assert [p["type"] for p in message["content"]] == ["text", "image", "media"]
+    assert message["content"][1][PRICE_KEY] == IMAGE_FLOOR_TOKENS
+
+
+def test_snake_case_fields_are_read_like_camel_case_ones() -> None:
+    request = {
+        "system_instruction": {"parts": [{"text": "sys"}]},
+        "generation_config": {"max_output_tokens": 77},
+        "contents": [
+            user("go"),
+            {"role": "model", "parts": [{"function_call": {"name": "f", "args": {}}}]},
+            {"role": "user", "parts": [{"function_response": {"name": "f", "response": {"output": "r"}}}]},
+        ],
+    }
+    conversation = parse_gemini(request, model="m", stream=True)
+    roles = [m["role"] for m in conversation.messages]
+    assert roles == ["system", "user", "assistant", "tool"]
+    assert conversation.requested_output_tokens == 77 and conversation.stream and conversation.model == "m"
+    assert GEMINI.problems(request) == []
+    assert GEMINI.render(request, conversation.messages) == request
+
+
+def test_the_model_and_the_stream_come_from_the_path_and_cached_content_is_not_fittable() -> None:
+    request = {"contents": [user("hi")], "cachedContent": "cachedContents/abc"}
+    conversation = parse_gemini(request, model="gemini-2.5-flash", stream=True)
+    assert conversation.model == "gemini-2.5-flash" and conversation.stream is True
+    assert not conversation.fittable and conversation.unfittable_reason == UNFITTABLE_CACHED
+    assert GEMINI.parse({"model": "models/gemini-x", "contents": []}).model == "gemini-x"
+    inner = {"model": "models/g", "contents": [user("x")]}
+    assert counted_request({"generateContentRequest": inner}) is inner
+    assert counted_request({"contents": []}) == {"contents": []}
+
+
+@pytest.mark.parametrize(
+    ("request_body", "param"),
+    [
+        ({}, "contents"),
+        ({"contents": "hi"}, "contents"),
+        ({"contents": ["hi"]}, "contents[0]"),
+        ({"contents": [{"role": "assistant", "parts": []}]}, "contents[0].role"),
+        ({"contents": [{"parts": {"text": "x"}}]}, "contents[0].parts"),
+        ({"contents": [{"parts": ["x"]}]}, "contents[0].parts[0]"),
+        ({"contents": [{"parts": [{"functionCall": {"args": {}}}]}]}, "contents[0].parts[0].functionCall"),
+        (
+            {"contents": [{"parts": [{"functionCall": {"name": "f", "args": []}}]}]},
+            "contents[0].parts[0].functionCall.args",
+        ),
+        (
+            {"contents": [{"parts": [{"functionResponse": {"response": {}}}]}]},
+            "contents[0].parts[0].functionResponse",
+        ),
+        ({"contents": [], "systemInstruction": "be nice"}, "systemInstruction"),
+        ({"contents": [], "generationConfig": {"maxOutputTokens": 0}}, "generationConfig.maxOutputTokens"),
+        ({"contents": [], "tools": {"functionDeclarations": []}}, "tools"),
+    ],
+)
+def test_bad_bodies_are_invalid_requests_naming_the_field(request_body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_gemini(request_body, model="m", stream=False)
+    assert caught.value.param == param
+
+
+def test_render_of_an_unchanged_parse_is_the_body_itself() -> None:
+    request = {
+        "systemInstruction": SYSTEM,
+        "contents": [user("a"), *step(["f"], ["r"], tag="x", think=True), said("b", signed=True), user("c")],
+        "generationConfig": {"maxOutputTokens": 10},
+    }
+    messages = parse(request)
+    for rendered in (GEMINI.render(request, messages, source=messages), GEMINI.render(request, messages)):
+        assert rendered == request
+        assert all(a is b for a, b in zip(rendered["contents"], request["contents"], strict=True))
+        assert rendered["systemInstruction"] is request["systemInstruction"]
+
+
+def session(files: int, *, lines: int = 60) -> dict[str, Any]:
+    """gemini-cli's shape: context and task in one user content, then one signed read per step."""
+    contents: list[dict[str, Any]] = [user("<session_context>", "Read every file and tell me the secrets.")]
+    for k in range(files):
+        text = "\n".join(f"line {i} of part {k}" for i in range(lines)) + f"\nFACT-part{k}"
+        call = call_part("read_file", {"file_path": f"/p/part{k}.txt"}, call_id=f"read_file_{k}")
+        contents += [
+            {"role": "model", "parts": [call]},
+            {"role": "user", "parts": [result_part("read_file", text, call_id=f"read_file_{k}")]},
+        ]
+    tools = [{"functionDeclarations": [{"name": "read_file", "parametersJsonSchema": {"type": "object"}}]}]
+    return {"systemInstruction": SYSTEM, "contents": contents, "tools": tools}
+
+
+def signed_parts(request: dict[str, Any]) -> list[str]:
+    return [dumps(p) for c in request["contents"] for p in c["parts"] if "thoughtSignature" in p]
+
+
+@pytest.mark.parametrize("cap", [1200, 2000, 3000])
+def test_a_fitted_gemini_cli_session_keeps_every_rule_and_every_signature(cap: int) -> None:
+    request = session(12)
+    strict_check(request)
+    pristine = copy.deepcopy(request)
+    plan, forwarded = fit(request, counter=FakeMessageCounter(), cap_tokens=cap)
+    assert request == pristine
+    assert plan.changed and plan.fits
+    strict_check(forwarded)  # the fake's own rules: alternation, pairing, signatures
+    assert GEMINI.problems(forwarded) == []
+    assert set(signed_parts(forwarded)) <= set(signed_parts(request))
+    newest = request["contents"][-2]["parts"][0]
+    assert forwarded["contents"][-2]["parts"][0] is newest  # the current step's signed call, untouched
+    results = [
+        p["functionResponse"] for c in forwarded["contents"] for p in c["parts"] if "functionResponse" in p
+    ]
+    assert all(r["id"].startswith("read_file_") and r["name"] == "read_file" for r in results)
+
+
+def test_a_pruned_result_keeps_its_part_id_and_name_and_says_what_it_replaced() -> None:
+    request = session(12)
+    plan, forwarded = fit(request, counter=FakeMessageCounter(), cap_tokens=3000)
+    assert [a.kind for a in plan.actions] == ["pruned"]
+    pruned = [
+        p["functionResponse"]
+        for c in forwarded["contents"]
+        for p in c["parts"]
+        if "functionResponse" in p and "tool result removed" in p["functionResponse"]["response"]["output"]
+    ]
+    assert pruned and set(pruned[0]) == {"name", "response", "id"}
+    assert list(pruned[0]["response"]) == ["output"]
+
+
+def test_a_note_joins_the_user_content_before_it_and_the_first_content_stays_the_users() -> None:
+    request = {
+        "contents": [user(words(300)), said(words(300)), user(words(300)), said(words(10)), user("now?")]
+    }
+    plan, forwarded = fit(request, counter=FakeMessageCounter(), cap_tokens=700)
+    assert plan.changed and plan.fits
+    roles = [c["role"] for c in forwarded["contents"]]
+    assert roles[0] == "user" and all(a != b for a, b in itertools.pairwise(roles))
+    notes = [p["text"] for c in forwarded["contents"] for p in c["parts"] if "ctxproxy:" in p.get("text", "")]
+    assert notes and all(
+        c["role"] == "user"
+        for c in forwarded["contents"]
+        if any("ctxproxy:" in p.get("text", "") for p in c["parts"])
+    )
+    strict_check(forwarded)
+
+
+def test_signed_model_contents_are_never_merged_a_separator_goes_between() -> None:
+    signed = said("first", signed=True)
+    messages = parse({"contents": [user("q"), signed, user(words(50)), said("second", signed=True)]})
+    request = {"contents": [user("q"), signed, user(words(50)), said("second", signed=True)]}
+    kept = [m for m in messages if m["role"] != "user" or m is messages[0]]  # drop the middle user
+    rendered = GEMINI.render(request, kept)
+    assert [c["role"] for c in rendered["contents"]] == ["user", "model", "user", "model"]
+    assert rendered["contents"][2] == {"role": "user", "parts": [{"text": SEPARATOR_TEXT}]}
+    assert rendered["contents"][1] is signed
+    opens = GEMINI.render(request, kept[1:])
+    assert opens["contents"][0] == {"role": "user", "parts": [{"text": SEPARATOR_TEXT}]}
+
+
+def test_a_cut_text_keeps_its_part_and_a_pruned_image_becomes_a_placeholder() -> None:
+    image = {"inlineData": {"mimeType": "image/png", "data": PNG_DATA}, "mediaResolution": "high"}
+    text = {"text": words(40), "partMetadata": {"k": 1}}
+    request = {"contents": [{"role": "user", "parts": [text, image]}, said("ok"), user("next")]}
+    (first, *rest) = parse(request)
+    changed = {
+        **first,
+        "content": [{"type": "text", "text": "cut"}, {"type": "text", "text": IMAGE_PLACEHOLDER}],
+    }
+    rendered = GEMINI.render(request, [changed, *rest])
+    assert rendered["contents"][0]["parts"] == [
+        {"text": "cut", "partMetadata": {"k": 1}},
+        {"text": IMAGE_PLACEHOLDER},
+    ]
+    assert rendered["contents"][1] is request["contents"][1]
+
+
+def test_problems_name_the_structural_rules() -> None:
+    assert GEMINI.problems({"contents": []}) == ["contents is not a non-empty list"]
+    assert GEMINI.problems(
+        {"contents": [said("a"), user("b"), user("c"), {"role": "user", "parts": []}]}
+    ) == [
+        "a content has no parts",
+        "the first content is not a user content",
+        "two adjacent user contents",
+    ]
+    unanswered = {"contents": [user("a"), {"role": "model", "parts": [call_part("f", {})]}, user("b")]}
+    assert GEMINI.problems(unanswered) == ["function call 'f' has no function response in the next content"]
+    unsigned = {"contents": [user("a"), *step(["f"], ["r"], tag="1")]}
+    del unsigned["contents"][1]["parts"][0]["thoughtSignature"]
+    unsigned["contents"] += [{"role": "model", "parts": [thought("x"), call_part("g", {}, signed=False)]}]
+    assert "a function call of the current turn has no thought signature" in GEMINI.problems(unsigned)
+
+
+def test_cannot_fit_speaks_geminis_wording_with_our_numbers_in_googles_shape() -> None:
+    over_budget = CannotFit(
+        reason="test", tokens=50_000, budget_tokens=45_000, window_tokens=48_000, reserve_tokens=0
+    )
+    assert GEMINI.error_body(error_info(over_budget)) == {
+        "error": {
+            "code": 400,
+            "message": "The input token count (50000) exceeds the maximum number of tokens allowed (48000).",
+            "status": "INVALID_ARGUMENT",
+        }
+    }
+    inside = CannotFit(
+        reason="test", tokens=46_000, budget_tokens=45_000, window_tokens=48_000, reserve_tokens=0
+    )
+    message = GEMINI.error_body(error_info(inside))["error"]["message"]
+    assert message.endswith("allowed (45000).")
+    found = classify_overflow(400, GEMINI.error_body(error_info(inside)))
+    assert found is not None and (found.prompt_tokens, found.limit_tokens) == (46_000, 45_000)
+    timeout = ErrorInfo(status=504, code="upstream_timeout", message="The upstream timed out.")
+    assert GEMINI.error_body(timeout)["error"] == {
+        "code": 504,
+        "message": "The upstream timed out.",
+        "status": "DEADLINE_EXCEEDED",
+    }
+    assert [status_name(s) for s in (401, 403, 404, 429, 500, 503, 418)] == [
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+        "NOT_FOUND",
+        "RESOURCE_EXHAUSTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "FAILED_PRECONDITION",
+    ]
+
+
+def test_stream_errors_are_crlf_sse_frames_or_the_closing_element_of_an_array() -> None:
+    error = error_info(
+        CannotFit(reason="test", tokens=10, budget_tokens=5, window_tokens=8, reserve_tokens=0)
+    )
+    frame = GEMINI.stream_error(error)
+    assert frame.startswith(b"data: {") and frame.endswith(b"}\r\n\r\n")
+    assert GEMINI.overflow(200, frame) is not None
+    closing = array_stream_error(error)
+    assert json.loads(b"[{}" + closing)[1] == GEMINI.error_body(error)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"error":{"code":400,"message":"The input token count (49276) exceeds the maximum number of tokens '
+        'allowed (48000).","status":"INVALID_ARGUMENT"}}',
+        '[{"error":{"code":400,"message":"The input token count (49276) exceeds the maximum number of tokens '
+        'allowed (48000).","status":"INVALID_ARGUMENT"}}]',
+        'data: {"error":{"code":400,"message":"The input token count (49276) exceeds the maximum number of '
+        'tokens allowed (48000).","status":"INVALID_ARGUMENT"}}\r\n\r\n',
+    ],
+)
+def test_upstream_overflows_are_recognised_in_every_form(answer: str) -> None:
+    found = GEMINI.overflow(400, answer.encode())
+    assert found is not None and (found.prompt_tokens, found.limit_tokens, found.output_tokens) == (
+        49276,
+        48000,
+        0,
+    )
+
+
+def test_other_upstream_errors_are_not_overflows() -> None:
+    quota = (
+        '{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).",'
+        '"status":"RESOURCE_EXHAUSTED"}}'
+    )
+    assert GEMINI.overflow(429, quota) is None
+    assert GEMINI.overflow(200, b'data: {"candidates":[]}\r\n\r\n') is None
+
+
+def test_usage_counting_answers_and_tools() -> None:
+    chunk = {"candidates": [], "usageMetadata": {"promptTokenCount": 123, "totalTokenCount": 130}}
+    assert GEMINI.input_tokens_used(chunk) == 123
+    assert GEMINI.input_tokens_used({"usage_metadata": {"prompt_token_count": 7}}) == 7
+    assert GEMINI.input_tokens_used({"candidates": []}) is None
+    assert GEMINI.count_answer(42) == {"totalTokens": 42}
+    counter = FakeMessageCounter()
+    schema = {"type": "object", "properties": {"path": {"type": "string", "description": "file path"}}}
+    with_json = {
+        "tools": [
+            {
+                "functionDeclarations": [
+                    {"name": "read", "description": "reads", "parametersJsonSchema": schema}
+                ]
+            }
+        ]
+    }
+    with_openapi = {
+        "tools": [{"function_declarations": [{"name": "read", "description": "reads", "parameters": schema}]}]
+    }
+    assert GEMINI.tool_tokens(with_json, counter) == GEMINI.tool_tokens(with_openapi, counter) > 0
+    searched = {
+        "tools": [*with_json["tools"], {"googleSearch": {}}],
+        "generationConfig": {"responseJsonSchema": schema},
+    }
+    assert GEMINI.tool_tokens(searched, counter) > GEMINI.tool_tokens(with_json, counter)
+    assert GEMINI.tool_tokens({"contents": []}, counter) == 0
+
+
+def test_the_budget_facts_and_the_dialect_is_not_registered_yet() -> None:
+    assert GEMINI.output_in_window is False
+    assert GEMINI.items_key == "contents" and GEMINI.name == "gemini"
+    assert "gemini" not in DIALECTS  # registered by the lead once the seam can route it
