@@ -1,10 +1,12 @@
 """The status page (``GET /``): one self-contained HTML document, inline CSS and JS, no assets.
 
 The script polls ``status.json`` (relative, so the page also works behind a path prefix) every
-two seconds and renders with ``textContent`` only (model names come from clients). The chart is
-drawn on a ``<canvas>`` by the script itself: input tokens before vs after fitting for each recent
-chat request, on a log axis. ``CONTENT_SECURITY_POLICY`` allows nothing but the inline code and
-same-origin polling.
+two seconds and renders with ``textContent`` only (model names come from clients). The wire APIs
+come from the server (``apis`` in ``status.json``, the registry's order): the per-API tables have a
+column per API plus ``all``, and a selector narrows the chart and the recent requests to one API.
+The chart is drawn on a ``<canvas>`` by the script itself: input tokens before vs after fitting
+for each recent fitted request, on a log axis. ``CONTENT_SECURITY_POLICY`` allows nothing but the
+inline code and same-origin polling.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .sw { display:inline-block; width:12px; height:12px; border-radius:2px; vertical-align:-2px;
       margin-right:4px; }
 canvas { width:100%; height:260px; display:block; }
+#apis td, #summaries td { text-align:right; font-variant-numeric:tabular-nums; }
+#apis td:first-child, #summaries td:first-child { text-align:left; color:var(--muted); }
+#apis td.text { text-align:left; white-space:normal; overflow-wrap:anywhere; max-width:260px; }
+select { font:inherit; }
 #error { display:none; background:#fff4ed; border-color:#f3c19b; color:var(--bad); }
 .muted { color:var(--muted); }
 </style>
@@ -73,7 +79,19 @@ canvas { width:100%; height:260px; display:block; }
   <div class="kv" id="breakdown"></div>
 </section>
 <section>
-  <h2>Input tokens per chat request: before vs after fitting</h2>
+  <h2>By API</h2>
+  <div class="scroll"><table id="apis"><thead></thead><tbody></tbody></table></div>
+</section>
+<section>
+  <h2>Summaries by API</h2>
+  <div class="scroll"><table id="summaries"><thead></thead><tbody></tbody></table></div>
+  <div class="kv">What stands in for dropped turns: an LLM summary, or the plain note (no summary
+  wanted, or it failed). Summary cache lookups of caches that count their own are in the cards above.</div>
+</section>
+<section>
+  <h2>Input tokens per fitted request: before vs after fitting
+    <label class="muted" style="font-weight:normal; margin-left:12px">API
+      <select id="api-filter"><option value="">all</option></select></label></h2>
   <div class="legend">
     <span><span class="sw" style="background:var(--before)"></span>before (as sent by the client)</span>
     <span><span class="sw" style="background:var(--after)"></span>after (as forwarded)</span>
@@ -149,11 +167,16 @@ function duration(s) {
   return (d ? d + "d " : "") + (d || h ? h + "h " : "") + m + "m " + Math.floor(s % 60) + "s";
 }
 
+const share = (part, whole) => whole ? (100 * part / whole).toFixed(1) + "%" : "–";
+const pairs = (o) => Object.entries(o || {}).filter(([, v]) => v).map(([k, v]) => k + " " + fmt.format(v))
+  .join(", ") || "none";
+const fittedRow = (r) => r.api !== null && r.api !== undefined && r.route === r.api;
+
 function renderCards(data) {
   const c = data.counters, cache = data.summary_cache || {};
-  const saved = c.tokens_before ? (100 * c.tokens_saved / c.tokens_before).toFixed(1) + "%" : "–";
+  const saved = share(c.tokens_saved, c.tokens_before);
   const cards = [
-    ["requests", num(c.requests)], ["chat requests", num(c.chat_requests)],
+    ["requests", num(c.requests)], ["fitted requests", num(c.fitted_requests)],
     ["requests cut", num(c.changed_requests)], ["tokens saved", num(c.tokens_saved)],
     ["share of tokens saved", saved], ["emergency retries", num(c.emergency_retries)],
     ["rejected", num((c.by_outcome || {}).rejected || 0)], ["in flight", num(data.in_flight)],
@@ -167,20 +190,91 @@ function renderCards(data) {
     card.appendChild(el("div", k, "k"));
     box.appendChild(card);
   }
-  const pairs = (o) => Object.entries(o || {}).map(([k, v]) => k + " " + fmt.format(v)).join(", ") || "none";
   document.getElementById("breakdown").textContent =
     "Outcomes: " + pairs(c.by_outcome) + ". Routes: " + pairs(c.by_route) +
     ". Actions: " + pairs(c.actions) + ".";
 }
 
+// Figures of the per-API tables: [key, label, value of one API's counters].
+const API_ROWS = [
+  ["requests", "requests (fitted, counting, dry runs)", (c) => num(c.requests)],
+  ["fitted_requests", "fitted requests", (c) => num(c.fitted_requests)],
+  ["changed_requests", "cut to fit", (c) => num(c.changed_requests)],
+  ["tokens_before", "tokens before", (c) => num(c.tokens_before)],
+  ["tokens_after", "tokens after", (c) => num(c.tokens_after)],
+  ["tokens_saved", "tokens saved",
+   (c) => num(c.tokens_saved) + " (" + share(c.tokens_saved, c.tokens_before) + ")"],
+  ["prefix_reused_tokens", "prefix reused (share of after)",
+   (c) => num(c.prefix_reused_tokens) + " (" + share(c.prefix_reused_tokens, c.tokens_after) + ")"],
+  ["emergency_retries", "emergency retries", (c) => num(c.emergency_retries)],
+  ["rejected", "rejected", (c) => num((c.by_outcome || {}).rejected || 0)],
+  ["actions", "actions", (c) => pairs(c.actions), "text"],
+];
+const SUMMARY_ROWS = [
+  ["memory_summary", "cuts with a summary", (c) => num((c.memory || {}).summary || 0)],
+  ["memory_note", "cuts with the plain note", (c) => num((c.memory || {}).note || 0)],
+  ["calls", "summary calls", (c) => num((c.summaries || {}).calls || 0)],
+  ["failures", "failed", (c) => num((c.summaries || {}).failures || 0)],
+  ["tokens_in", "tokens sent", (c) => num((c.summaries || {}).tokens_in || 0)],
+  ["tokens_out", "summary tokens", (c) => num((c.summaries || {}).tokens_out || 0)],
+  ["cache_hit", "cache hits", (c) => num((c.summaries || {}).cache_hit || 0)],
+  ["cache_miss", "cache misses", (c) => num((c.summaries || {}).cache_miss || 0)],
+];
+
+function apiTable(id, figures, data) {
+  const apis = data.apis || [];
+  const byApi = data.counters.by_api || {};
+  const head = document.querySelector("#" + id + " thead");
+  const tr = document.createElement("tr");
+  tr.appendChild(el("th", ""));
+  for (const name of [...apis, "all"]) tr.appendChild(el("th", name, "num")).dataset.api = name;
+  head.replaceChildren(tr);
+  const body = document.querySelector("#" + id + " tbody");
+  body.replaceChildren();
+  for (const [key, label, value, cls] of figures) {
+    const line = document.createElement("tr");
+    line.dataset.figure = key;
+    line.appendChild(el("td", label));
+    for (const name of apis) {
+      line.appendChild(el("td", value(byApi[name] || {}), cls)).dataset.api = name;
+    }
+    line.appendChild(el("td", value(data.counters), cls)).dataset.api = "all";
+    body.appendChild(line);
+  }
+}
+
+function renderApis(data) {
+  apiTable("apis", API_ROWS, data);
+  apiTable("summaries", SUMMARY_ROWS, data);
+  const select = document.getElementById("api-filter");
+  const wanted = ["", ...(data.apis || [])];
+  if ([...select.options].map((o) => o.value).join() !== wanted.join()) {
+    const chosen = select.value;
+    select.replaceChildren(...wanted.map((name) => {
+      const option = el("option", name || "all");
+      option.value = name;
+      return option;
+    }));
+    select.value = wanted.includes(chosen) ? chosen : "";
+  }
+}
+
+function chosenApi() {
+  return document.getElementById("api-filter").value;
+}
+
 function renderRecent(data) {
   const body = document.querySelector("#recent tbody");
   body.replaceChildren();
-  for (const r of data.recent) {
+  const api = chosenApi();
+  const recent = data.recent.filter((r) => !api || r.api === api);
+  for (const r of recent) {
     const t = new Date(r.at_s * 1000).toLocaleTimeString();
     const bad = r.outcome !== "ok";
+    // A fitted request's route is its API's name; another route of an API says both.
+    const route = r.api && r.route !== r.api ? r.api + " " + r.route : r.route;
     body.appendChild(row([
-      [t], [r.request_id, "clip"], [r.route], [r.model || "–", "clip"], [r.status, "num"],
+      [t], [r.request_id, "clip"], [route], [r.model || "–", "clip"], [r.status, "num"],
       [r.outcome, bad ? "bad" : "good"], [num(r.tokens_before), "num"],
       // A rejected request forwarded nothing: no "after".
       [r.outcome === "rejected" ? "–" : num(r.tokens_after), "num"],
@@ -189,7 +283,7 @@ function renderRecent(data) {
     ]));
   }
   document.getElementById("recent-count").textContent =
-    "(" + data.recent.length + " shown, the last " + data.recent_max +
+    "(" + recent.length + " shown, the last " + data.recent_max +
     " are kept; newest first; no content is ever stored)";
 }
 
@@ -245,8 +339,9 @@ function drawChart(data) {
   const ctx = canvas.getContext("2d");
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.clearRect(0, 0, width, height);
-  const fitted = ["chat", "responses", "messages"];
-  const points = data.recent.filter((r) => fitted.includes(r.route) && r.tokens_before !== null).reverse();
+  const api = chosenApi();
+  const points = data.recent
+    .filter((r) => fittedRow(r) && (!api || r.api === api) && r.tokens_before !== null).reverse();
   const note = document.getElementById("chart-note");
   const left = 64, right = 12, top = 10, bottom = 28;
   const plotW = width - left - right, plotH = height - top - bottom;
@@ -271,7 +366,7 @@ function drawChart(data) {
   canvas.dataset.ticks = ticks.join(" ");
   if (!points.length) {
     ctx.textAlign = "center";
-    ctx.fillText("no chat request yet", left + plotW / 2, top + plotH / 2);
+    ctx.fillText("no fitted request yet", left + plotW / 2, top + plotH / 2);
     note.textContent = "";
     return;
   }
@@ -293,7 +388,7 @@ function drawChart(data) {
   ctx.textAlign = "right";
   ctx.fillText("newest", width - right, top + plotH + 8);
   const cut = points.filter((p) => p.tokens_after !== null && p.tokens_after < p.tokens_before).length;
-  note.textContent = points.length + " chat requests shown, " + cut + " of them cut to fit " +
+  note.textContent = points.length + " fitted requests shown, " + cut + " of them cut to fit " +
     "(tokens on a log scale).";
 }
 
@@ -306,20 +401,29 @@ async function refresh() {
     document.getElementById("version").textContent = "version " + data.version;
     document.getElementById("uptime").textContent = "up " + duration(data.uptime_s);
     renderCards(data);
+    renderApis(data);
     renderRecent(data);
     renderUpstream(data);
     renderModels(data);
     drawChart(data);
     box.style.display = "none";
     document.body.dataset.loaded = "true";
+    return data;
   } catch (err) {
     box.style.display = "block";
     box.textContent = "Could not load the status: " + err.message + " (retrying)";
   }
 }
 
-refresh();
-setInterval(refresh, 2000);
+let last = null;
+async function poll() {
+  last = await refresh() || last;
+}
+document.getElementById("api-filter").addEventListener("change", () => {
+  if (last) { renderRecent(last); drawChart(last); }
+});
+poll();
+setInterval(poll, 2000);
 </script>
 </body>
 </html>
