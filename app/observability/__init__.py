@@ -12,6 +12,7 @@
     observer.py    Observability: the hub create_app builds (hooks for summaries, caches, discovery)
     middleware.py  ObservabilityMiddleware (pure ASGI): X-Request-ID, in-flight, recording
     page.py        the status page's HTML (inline CSS/JS/canvas, no assets)
+    page_script.py its script (per-API tables, the API selector, the chart)
     routes.py      GET /metrics, GET /, GET /status.json
 
 The upstream side is ``app.upstream.instrument.Instrumentation`` (X-Request-ID upstream and the
