@@ -70,12 +70,15 @@ current_request: contextvars.ContextVar[RequestContext | None] = contextvars.Con
 
 
 def api_of(scope: Mapping[str, Any]) -> str | None:
-    """The name of the wire API the route recorded in ``scope`` (:data:`DIALECT_SCOPE_KEY`), or
+    """The name of the wire API the route recorded in ``scope`` (:data:`DIALECT_SCOPE_KEY`): the
+    dialect's ``name``, or its ``dialect``'s for a value that carries one (a matched route), else
     None. A value with no ``name`` string is ignored (bookkeeping never fails a request)."""
-    dialect = scope.get(DIALECT_SCOPE_KEY)
-    if dialect is None:
+    value = scope.get(DIALECT_SCOPE_KEY)
+    if value is None:
         return None
-    name = getattr(dialect, "name", None)
+    name = getattr(value, "name", None)
+    if name is None:
+        name = getattr(getattr(value, "dialect", None), "name", None)
     return name if isinstance(name, str) and name else None
 
 

@@ -19,6 +19,8 @@ def test_the_api_is_the_name_of_the_dialect_the_route_recorded() -> None:
     assert api_of({DIALECT_SCOPE_KEY: SimpleNamespace(name="")}) is None
     assert api_of({DIALECT_SCOPE_KEY: object()}) is None
     assert api_of({DIALECT_SCOPE_KEY: SimpleNamespace(name=42)}) is None
+    matched = SimpleNamespace(dialect=SimpleNamespace(name="gemini"), params={"model": "g"})
+    assert api_of({DIALECT_SCOPE_KEY: matched}) == "gemini"  # a matched route that carries its dialect
 
 
 def test_the_api_layer_uses_the_same_keys() -> None:
