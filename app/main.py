@@ -22,6 +22,7 @@ from fastapi import FastAPI
 
 from . import __version__
 from .api.auth import ProxyKeyMiddleware
+from .api.counting import counting_routes
 from .api.errors import install_error_handlers
 from .api.lane import FittedLane
 from .api.routes import build_router, fitted_route, route_path
@@ -260,7 +261,9 @@ def create_app(
     settings = settings or load_settings()  # bad values: InvalidSettings, one line per setting
     configure_logging(settings)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies()
-    observability = Observability.from_settings(settings)
+    apis = dict(DIALECTS if dialects is None else dialects)
+    counting = frozenset(path for path, _ in counting_routes(apis))
+    observability = Observability.from_settings(settings, apis=tuple(apis), counting=counting)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -304,6 +307,7 @@ def create_app(
                 summaries=summaries,
                 learner=learner,
             )
+            observability.use_knowledge(learner.knowledge.discovered)
             if learner.discovery is not None:
                 learner.discovery.start()
             freeze_startup_heap()
@@ -324,7 +328,6 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-    apis = dict(DIALECTS if dialects is None else dialects)
     app.state.observability = observability
     app.state.dialects = apis
     app.include_router(build_router(apis))

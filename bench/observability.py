@@ -14,11 +14,14 @@ import statistics
 import time
 from typing import Any
 
+from app.core.dialects import CHAT, DIALECTS
 from app.observability import Observability, ObservabilityMiddleware
+from app.observability.context import DIALECT_SCOPE_KEY
 
 
 async def _plain(scope: Any, receive: Any, send: Any) -> None:
     fields = {"model": "gpt-4o", "tokens_before": 120, "tokens_after": 120, "actions": "none", "retries": 0}
+    scope[DIALECT_SCOPE_KEY] = CHAT  # what the fitted route records first
     scope.setdefault("ctxproxy.access", {}).update(fields, upstream_status=200)
     await receive()
     await send(
@@ -40,7 +43,9 @@ async def _call(app: Any, path: str) -> None:
 
 
 async def measure(rounds: int, per_round: int) -> dict[str, float]:
-    observability = Observability(version="bench", upstream_base_url="http://upstream.test/v1")
+    observability = Observability(
+        version="bench", upstream_base_url="http://upstream.test/v1", apis=tuple(DIALECTS)
+    )
     wrapped = ObservabilityMiddleware(_plain, observability=observability)
     times: dict[str, list[float]] = {"plain": [], "observed": []}
     for _ in range(rounds):

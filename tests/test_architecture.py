@@ -109,6 +109,18 @@ def test_service_imports_no_web_framework() -> None:
     assert seen >= 5
 
 
+def test_observability_does_not_import_the_api() -> None:
+    # The API layer records into the scope under keys observability defines (app.observability.context);
+    # observability reads them: one direction, no cycle.
+    seen = 0
+    for name, path in modules().items():
+        if under(name, "app.observability"):
+            seen += 1
+            bad = {i for i in imports_of(path) if under(i, "app.api") or under(i, "app.main")}
+            assert not bad, f"{name} imports {sorted(bad)}"
+    assert seen >= 8
+
+
 def test_core_imports_nothing_of_the_layers_above() -> None:
     above = ("app.api", "app.service", "app.upstream", "app.main", "app.settings", "app.compaction")
     for name, path in modules().items():

@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..core.dialect import Dialect, ErrorInfo, error_info
 from ..core.dialects import CHAT
 from ..core.errors import CannotFit, CtxproxyError, InvalidRequest
+from ..observability.context import DIALECT_SCOPE_KEY as DIALECT_SCOPE_KEY
 from ..observability.context import current_request
 from ..service.outcome import PlanCannotFit
 from ..upstream.errors import (
@@ -52,8 +53,6 @@ from ..upstream.errors import (
 from .responses import context_headers, record_plan
 
 logger = logging.getLogger("ctxproxy.errors")
-
-DIALECT_SCOPE_KEY = "ctxproxy.dialect"
 
 
 class BodyTooLarge(CtxproxyError):

@@ -31,6 +31,7 @@ from ..core.dialect import Dialect, ErrorInfo
 from ..core.dialects import CHAT
 from ..core.plan import Plan
 from ..core.reuse import PrefixReuse
+from ..observability.context import ACCESS_SCOPE_KEY
 from ..service.outcome import Outcome
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
@@ -38,8 +39,6 @@ from ..upstream.errors import UpstreamError, UpstreamTimeout
 from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_headers
 
 logger = logging.getLogger("ctxproxy.stream")
-
-ACCESS_SCOPE_KEY = "ctxproxy.access"
 
 
 def context_headers(

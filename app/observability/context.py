@@ -8,6 +8,16 @@ the same mutable object. Outside a request :func:`current` returns None.
 ``upstream_s`` sums the time spent waiting for upstream response headers (every upstream call of
 the request: retries and summaries included), so that the proxy's own overhead is the time to our
 response start minus the time the request body took to arrive minus ``upstream_s``.
+
+The ASGI scope keys through which the routes tell observability what they did (defined here, on
+the observability side, so that ``app.observability`` never imports ``app.api``; the API layer
+imports them):
+
+* :data:`ACCESS_SCOPE_KEY`: a dict of access fields (model, token figures, actions, retries,
+  upstream status, ...) the routes fill in (``app.api.responses.access_fields``);
+* :data:`DIALECT_SCOPE_KEY`: the dialect of the route that took the request (an object with a
+  ``name``: the wire API), recorded before anything can fail. Observability labels a request by
+  that name, so a new dialect needs no edit here.
 """
 
 from __future__ import annotations
@@ -15,7 +25,12 @@ from __future__ import annotations
 import contextvars
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCESS_SCOPE_KEY = "ctxproxy.access"
+DIALECT_SCOPE_KEY = "ctxproxy.dialect"
 
 _VALID_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -42,6 +57,7 @@ class RequestContext:
     response_start_s: float | None = None
     upstream_s: float = 0.0
     upstream_calls: int = 0
+    scope: Mapping[str, Any] = field(default_factory=dict)
 
     def add_upstream(self, waited_s: float) -> None:
         self.upstream_s += waited_s
@@ -51,6 +67,19 @@ class RequestContext:
 current_request: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
     "ctxproxy_request", default=None
 )
+
+
+def api_of(scope: Mapping[str, Any]) -> str | None:
+    """The name of the wire API the route recorded in ``scope`` (:data:`DIALECT_SCOPE_KEY`): the
+    dialect's ``name``, or its ``dialect``'s for a value that carries one (a matched route), else
+    None. A value with no ``name`` string is ignored (bookkeeping never fails a request)."""
+    value = scope.get(DIALECT_SCOPE_KEY)
+    if value is None:
+        return None
+    name = getattr(value, "name", None)
+    if name is None:
+        name = getattr(getattr(value, "dialect", None), "name", None)
+    return name if isinstance(name, str) and name else None
 
 
 def current() -> RequestContext | None:

@@ -7,10 +7,12 @@ The outermost of the app's own middlewares, so that:
   support asks for) is kept as ``X-Upstream-Request-ID``;
 * the ID is in the contextvar of :mod:`app.observability.context` while the request runs, so log
   records (``ctxproxy.access`` included) and upstream calls carry it;
-* after the last byte, the request is recorded from what the routes put into the access fields
-  (``app.api.responses.access_fields``) and from our ``X-Context-*`` response headers.
+* after the last byte, the request is recorded from what the routes put into the scope (the
+  access fields and the dialect, see :mod:`app.observability.context`) and from our
+  ``X-Context-*`` response headers: its ``route`` and ``api`` labels come from the dialect its
+  route recorded, so every wire API is labelled by its name without a table of paths here.
 
-Timings: ``latency`` is start to last byte; ``overhead`` (chat and pass-through) is the time from
+Timings: ``latency`` is start to last byte; ``overhead`` (fitted and pass-through) is the time from
 the request body's last chunk to our response start, minus the time spent waiting for upstream
 response headers; ``upstream`` is that waiting time summed over the request's upstream calls.
 """
@@ -23,15 +25,15 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..api.responses import ACCESS_SCOPE_KEY
 from ..upstream.headers import REQUEST_ID_HEADER
 from .context import (
+    ACCESS_SCOPE_KEY,
     RequestContext,
     current_request,
     new_request_id,
     valid_request_id,
 )
-from .metrics import FITTED_ROUTES, route_label
+from .labels import PASSTHROUGH, proxied
 from .observer import Observability, parse_actions
 from .status import RecentRequest
 
@@ -44,6 +46,7 @@ _CONTEXT_HEADERS = {
     b"x-context-tokens-after": "tokens_after",
     b"x-context-actions": "actions",
     b"x-context-retries": "retries",
+    b"x-context-memory": "memory",
 }
 
 
@@ -113,10 +116,11 @@ class ObservabilityMiddleware:
         client_id = client_request_id(scope)
         rid = client_id if client_id is not None and valid_request_id(client_id) else new_request_id()
         path = str(scope.get("path") or "")
-        route = route_label(path)
-        ctx = RequestContext(request_id=rid, started_s=time.perf_counter(), route=route)
+        ctx = RequestContext(
+            request_id=rid, started_s=time.perf_counter(), route=obs.routes.before(path), scope=scope
+        )
         token = current_request.set(ctx)
-        tracked = path.startswith("/v1/")
+        tracked = proxied(path)
         status: int | None = None
         completed = False
         answered: dict[str, str] = {}
@@ -158,7 +162,7 @@ class ObservabilityMiddleware:
             try:
                 if self.access_log:
                     self._log_access(scope, ctx, status)
-                self._record(scope, ctx, route, status, answered, tracked, completed)
+                self._record(scope, ctx, status, answered, tracked, completed)
             except Exception:  # bookkeeping must never turn a served request into an error
                 logger.exception("observability: recording the request failed")
             current_request.reset(token)
@@ -180,13 +184,14 @@ class ObservabilityMiddleware:
         self,
         scope: Scope,
         ctx: RequestContext,
-        route: str,
         status: int | None,
         answered: dict[str, str],
         tracked: bool,
         completed: bool,
     ) -> None:
         now = time.perf_counter()
+        route, api = self.observability.labels(scope)
+        ctx.route = route
         fields: dict[str, Any] = scope.get(ACCESS_SCOPE_KEY) or {}
         outcome = outcome_of(status, fields, answered, completed=completed)
         tokens_before = _int(fields.get("tokens_before", answered.get("tokens_before")))
@@ -197,7 +202,8 @@ class ObservabilityMiddleware:
         if outcome == "rejected" and "rejected" not in actions:
             actions["rejected"] = 1
         overhead_s: float | None = None
-        if (route in FITTED_ROUTES or route == "passthrough") and ctx.response_start_s is not None:
+        # Overhead of fitted requests (route == api) and pass-through; not of our own endpoints.
+        if route in (api, PASSTHROUGH) and ctx.response_start_s is not None:
             begin = ctx.body_done_s if ctx.body_done_s is not None else ctx.started_s
             overhead_s = max(0.0, ctx.response_start_s - begin - ctx.upstream_s)
         model = fields.get("model")
@@ -219,11 +225,14 @@ class ObservabilityMiddleware:
             upstream_ms=round(ctx.upstream_s * 1000, 3) if ctx.upstream_calls else None,
             overhead_ms=round(overhead_s * 1000, 3) if overhead_s is not None else None,
             stream=fields.get("stream") is True,
+            api=api,
         )
+        memory = fields.get("memory", answered.get("memory"))
         self.observability.record(
             entry,
             prefix_reused_tokens=_int(fields.get("prefix_reused_tokens")),
             actions=actions,
             final_upstream_status=upstream_status if isinstance(upstream_status, int) else None,
             tracked=tracked,
+            memory=memory if isinstance(memory, str) else None,
         )

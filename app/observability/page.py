@@ -1,13 +1,17 @@
 """The status page (``GET /``): one self-contained HTML document, inline CSS and JS, no assets.
 
 The script polls ``status.json`` (relative, so the page also works behind a path prefix) every
-two seconds and renders with ``textContent`` only (model names come from clients). The chart is
-drawn on a ``<canvas>`` by the script itself: input tokens before vs after fitting for each recent
-chat request, on a log axis. ``CONTENT_SECURITY_POLICY`` allows nothing but the inline code and
-same-origin polling.
+two seconds and renders with ``textContent`` only (model names come from clients). The wire APIs
+come from the server (``apis`` in ``status.json``, the registry's order): the per-API tables have a
+column per API plus ``all``, and a selector narrows the chart and the recent requests to one API.
+The chart is drawn on a ``<canvas>`` by the script itself: input tokens before vs after fitting
+for each recent fitted request, on a log axis. ``CONTENT_SECURITY_POLICY`` allows nothing but the
+inline code and same-origin polling. The script is in :mod:`app.observability.page_script`.
 """
 
 from __future__ import annotations
+
+from .page_script import STATUS_SCRIPT
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -54,6 +58,10 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .sw { display:inline-block; width:12px; height:12px; border-radius:2px; vertical-align:-2px;
       margin-right:4px; }
 canvas { width:100%; height:260px; display:block; }
+#apis td, #summaries td { text-align:right; font-variant-numeric:tabular-nums; }
+#apis td:first-child, #summaries td:first-child { text-align:left; color:var(--muted); }
+#apis td.text { text-align:left; white-space:normal; overflow-wrap:anywhere; max-width:260px; }
+select { font:inherit; }
 #error { display:none; background:#fff4ed; border-color:#f3c19b; color:var(--bad); }
 .muted { color:var(--muted); }
 </style>
@@ -73,7 +81,19 @@ canvas { width:100%; height:260px; display:block; }
   <div class="kv" id="breakdown"></div>
 </section>
 <section>
-  <h2>Input tokens per chat request: before vs after fitting</h2>
+  <h2>By API</h2>
+  <div class="scroll"><table id="apis"><thead></thead><tbody></tbody></table></div>
+</section>
+<section>
+  <h2>Summaries by API</h2>
+  <div class="scroll"><table id="summaries"><thead></thead><tbody></tbody></table></div>
+  <div class="kv">What stands in for dropped turns: an LLM summary, or the plain note (no summary
+  wanted, or it failed). Summary cache lookups of caches that count their own are in the cards above.</div>
+</section>
+<section>
+  <h2>Input tokens per fitted request: before vs after fitting
+    <label class="muted" style="font-weight:normal; margin-left:12px">API
+      <select id="api-filter"><option value="">all</option></select></label></h2>
   <div class="legend">
     <span><span class="sw" style="background:var(--before)"></span>before (as sent by the client)</span>
     <span><span class="sw" style="background:var(--after)"></span>after (as forwarded)</span>
@@ -123,204 +143,7 @@ canvas { width:100%; height:260px; display:block; }
 </section>
 </main>
 <script>
-"use strict";
-const fmt = new Intl.NumberFormat("en-US");
-const num = (v) => (v === null || v === undefined) ? "–" : fmt.format(v);
-const ms = (v) => (v === null || v === undefined) ? "–" : v.toFixed(1);
-
-function el(tag, text, cls) {
-  const e = document.createElement(tag);
-  if (text !== undefined && text !== null) e.textContent = String(text);
-  if (cls) e.className = cls;
-  return e;
-}
-
-function row(cells) {
-  const tr = document.createElement("tr");
-  for (const [text, cls] of cells) {
-    const td = tr.appendChild(el("td", text, cls));
-    if (cls === "clip") td.title = String(text);
-  }
-  return tr;
-}
-
-function duration(s) {
-  const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60);
-  return (d ? d + "d " : "") + (d || h ? h + "h " : "") + m + "m " + Math.floor(s % 60) + "s";
-}
-
-function renderCards(data) {
-  const c = data.counters, cache = data.summary_cache || {};
-  const saved = c.tokens_before ? (100 * c.tokens_saved / c.tokens_before).toFixed(1) + "%" : "–";
-  const cards = [
-    ["requests", num(c.requests)], ["chat requests", num(c.chat_requests)],
-    ["requests cut", num(c.changed_requests)], ["tokens saved", num(c.tokens_saved)],
-    ["share of tokens saved", saved], ["emergency retries", num(c.emergency_retries)],
-    ["rejected", num((c.by_outcome || {}).rejected || 0)], ["in flight", num(data.in_flight)],
-    ["summary cache hits", num(cache.hit || 0)], ["summary cache misses", num(cache.miss || 0)],
-  ];
-  const box = document.getElementById("cards");
-  box.replaceChildren();
-  for (const [k, v] of cards) {
-    const card = el("div", null, "card");
-    card.appendChild(el("div", v, "v"));
-    card.appendChild(el("div", k, "k"));
-    box.appendChild(card);
-  }
-  const pairs = (o) => Object.entries(o || {}).map(([k, v]) => k + " " + fmt.format(v)).join(", ") || "none";
-  document.getElementById("breakdown").textContent =
-    "Outcomes: " + pairs(c.by_outcome) + ". Routes: " + pairs(c.by_route) +
-    ". Actions: " + pairs(c.actions) + ".";
-}
-
-function renderRecent(data) {
-  const body = document.querySelector("#recent tbody");
-  body.replaceChildren();
-  for (const r of data.recent) {
-    const t = new Date(r.at_s * 1000).toLocaleTimeString();
-    const bad = r.outcome !== "ok";
-    body.appendChild(row([
-      [t], [r.request_id, "clip"], [r.route], [r.model || "–", "clip"], [r.status, "num"],
-      [r.outcome, bad ? "bad" : "good"], [num(r.tokens_before), "num"],
-      // A rejected request forwarded nothing: no "after".
-      [r.outcome === "rejected" ? "–" : num(r.tokens_after), "num"],
-      [(r.actions || "–").replaceAll(",", ", "), "actions"], [r.retries, "num"], [ms(r.latency_ms), "num"],
-      [ms(r.upstream_ms), "num"], [ms(r.overhead_ms), "num"],
-    ]));
-  }
-  document.getElementById("recent-count").textContent =
-    "(" + data.recent.length + " shown, the last " + data.recent_max +
-    " are kept; newest first; no content is ever stored)";
-}
-
-function renderUpstream(data) {
-  const u = data.upstream, h = u.health;
-  const box = document.getElementById("upstream-detail");
-  box.replaceChildren();
-  box.appendChild(el("div", "Base URL: " + u.base_url));
-  const routes = Object.entries(u.routes || {});
-  if (routes.length) {
-    box.appendChild(el("div", "Routes: " + routes.map(([k, v]) => k + " → " + v).join(", ")));
-  }
-  const last = h.last_status !== null ? "HTTP " + h.last_status
-    : (h.calls ? "no answer (connection failed)" : "no call yet");
-  const after = h.last_latency_ms !== null ? " after " + ms(h.last_latency_ms) + " ms" : "";
-  box.appendChild(el("div", "Upstream calls: " + num(h.calls) + ", failed or 5xx: " + num(h.errors) +
-    ". Last answer: " + last + after + "."));
-  document.getElementById("upstream").textContent = "upstream " + u.base_url;
-}
-
-function modelRow(name, m) {
-  return row([[name], [num(m.window_tokens), "num"], [num(m.max_output_tokens), "num"],
-              [m.encoding], [m.source]]);
-}
-
-function renderModels(data) {
-  const body = document.querySelector("#models tbody");
-  const rows = data.models.entries || [];
-  // The table is static while the process runs: build it once.
-  if (body.childElementCount !== rows.length + (data.models.default ? 1 : 0) || !rows.length) {
-    body.replaceChildren();
-    if (data.models.default) body.appendChild(modelRow("[default]", data.models.default));
-    for (const m of rows) body.appendChild(modelRow(m.name, m));
-    document.getElementById("model-count").textContent = "(" + rows.length + " entries)";
-  }
-  const learned = data.models.learned || [];
-  const box = document.getElementById("learned-box");
-  box.style.display = learned.length ? "block" : "none";
-  const lbody = document.querySelector("#learned tbody");
-  lbody.replaceChildren();
-  for (const m of learned) {
-    lbody.appendChild(row([[m.name, "clip"], [num(m.window_tokens), "num"], [m.source],
-      [num(m.max_output_tokens), "num"], [m.encoding], [m.correction.toFixed(3), "num"]]));
-  }
-}
-
-function drawChart(data) {
-  const canvas = document.getElementById("chart");
-  const ratio = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth || 1200, height = canvas.clientHeight || 260;
-  canvas.width = Math.round(width * ratio);
-  canvas.height = Math.round(height * ratio);
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  const fitted = ["chat", "responses", "messages"];
-  const points = data.recent.filter((r) => fitted.includes(r.route) && r.tokens_before !== null).reverse();
-  const note = document.getElementById("chart-note");
-  const left = 64, right = 12, top = 10, bottom = 28;
-  const plotW = width - left - right, plotH = height - top - bottom;
-  const max = Math.max(10, ...points.map((p) => Math.max(p.tokens_before, p.tokens_after || 0)));
-  // A log axis: one 100k-token request must not flatten the 2k ones next to it.
-  const top10 = Math.ceil(Math.log10(max));
-  const scale = (v) => (v <= 1 ? 0 : plotH * Math.log10(v) / top10);
-  const style = getComputedStyle(document.documentElement);
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.fillStyle = "#5b6475";
-  ctx.strokeStyle = "#dde2ea";
-  ctx.lineWidth = 1;
-  const ticks = [];
-  for (let e = 0; e <= top10; e++) {
-    const y = top + plotH - scale(10 ** e);
-    ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(width - right, y); ctx.stroke();
-    ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    ticks.push(fmt.format(10 ** e));
-    ctx.fillText(ticks[ticks.length - 1], left - 6, y);
-  }
-  canvas.dataset.scale = "log";
-  canvas.dataset.ticks = ticks.join(" ");
-  if (!points.length) {
-    ctx.textAlign = "center";
-    ctx.fillText("no chat request yet", left + plotW / 2, top + plotH / 2);
-    note.textContent = "";
-    return;
-  }
-  const slot = plotW / points.length;
-  const bar = Math.max(1, Math.min(18, slot * 0.4));
-  points.forEach((p, i) => {
-    const x = left + slot * i + slot / 2;
-    const hb = scale(p.tokens_before);
-    const after = p.outcome === "rejected" ? 0 : (p.tokens_after || 0);
-    const ha = scale(after);
-    ctx.fillStyle = style.getPropertyValue("--before").trim() || "#f0a35e";
-    ctx.fillRect(x - bar, top + plotH - hb, bar, hb);
-    ctx.fillStyle = style.getPropertyValue("--after").trim() || "#2f6fdb";
-    ctx.fillRect(x, top + plotH - ha, bar, ha);
-  });
-  ctx.fillStyle = "#5b6475";
-  ctx.textAlign = "left"; ctx.textBaseline = "top";
-  ctx.fillText("oldest", left, top + plotH + 8);
-  ctx.textAlign = "right";
-  ctx.fillText("newest", width - right, top + plotH + 8);
-  const cut = points.filter((p) => p.tokens_after !== null && p.tokens_after < p.tokens_before).length;
-  note.textContent = points.length + " chat requests shown, " + cut + " of them cut to fit " +
-    "(tokens on a log scale).";
-}
-
-async function refresh() {
-  const box = document.getElementById("error");
-  try {
-    const response = await fetch("status.json", {cache: "no-store"});
-    if (!response.ok) throw new Error("status.json answered HTTP " + response.status);
-    const data = await response.json();
-    document.getElementById("version").textContent = "version " + data.version;
-    document.getElementById("uptime").textContent = "up " + duration(data.uptime_s);
-    renderCards(data);
-    renderRecent(data);
-    renderUpstream(data);
-    renderModels(data);
-    drawChart(data);
-    box.style.display = "none";
-    document.body.dataset.loaded = "true";
-  } catch (err) {
-    box.style.display = "block";
-    box.textContent = "Could not load the status: " + err.message + " (retrying)";
-  }
-}
-
-refresh();
-setInterval(refresh, 2000);
-</script>
+""" + STATUS_SCRIPT + """</script>
 </body>
 </html>
 """

@@ -90,10 +90,11 @@ def alive(pid: object) -> bool:
     return True
 
 
-def _add(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+def add_counts(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    """Add ``other``'s numbers into ``into``, nested dicts key by key (made when missing)."""
     for key, value in other.items():
         if isinstance(value, Mapping):
-            _add(into.setdefault(key, {}), value)
+            add_counts(into.setdefault(key, {}), value)
         elif isinstance(value, int | float) and not isinstance(value, bool):
             into[key] = into.get(key, 0) + value
 
@@ -107,7 +108,7 @@ def merge(own: Mapping[str, Any], others: Iterable[Mapping[str, Any]], *, recent
     workers = 1
     for board in others:
         workers += alive(board.get("pid"))
-        _add(merged["counters"], board.get("counters", {}))
+        add_counts(merged["counters"], board.get("counters", {}))
         merged["recent"] = list(merged["recent"]) + list(board.get("recent", []))
         if alive(board.get("pid")):
             merged["in_flight"] += int(board.get("in_flight", 0))

@@ -1,9 +1,21 @@
-"""What the status page shows: recent requests (a bounded ring buffer), counters since start, the
-upstream and the effective model table, as JSON-ready data (``GET /status.json``).
+"""What the status page shows: recent requests (a bounded ring buffer), counters since start (in
+total and per wire API), the upstream and the effective model table, as JSON-ready data
+(``GET /status.json``).
 
-Only proxied requests (``/v1/...``) are recorded. A record holds the model name (cut to 80
-characters), token figures, the ``X-Context-Actions`` value, status, outcome and timings: never a
-message, a header value or a key. Upstream URLs are shown without user info and query string.
+Only proxied requests (under an API version prefix, ``/v1...``) are recorded. A record holds the
+model name (cut to 80 characters), the wire API, token figures, the ``X-Context-Actions`` value,
+status, outcome and timings: never a message, a header value or a key. Upstream URLs are shown
+without user info and query string.
+
+Counters (``counters`` in the snapshot; the same keys in total and in ``counters.by_api[api]``):
+``requests`` (every proxied request of the API: fitted, counting, dry runs), ``fitted_requests``
+(planned and forwarded, or rejected), ``changed_requests`` (cut), ``tokens_before``,
+``tokens_after`` and ``tokens_saved`` (rejected requests forwarded nothing: no "after", nothing
+saved), ``prefix_reused_tokens``, ``emergency_retries``, ``by_outcome``, ``actions``, ``memory``
+(``summary``/``note``: what stands in for dropped turns) and ``summaries`` (``calls``,
+``failures``, ``tokens_in``, ``tokens_out``, ``cache_hit``, ``cache_miss``, ``cache_error``, from
+the summary hooks). The totals also have ``by_route``. They follow the same rules as the
+Prometheus metrics (``app.observability.metrics``), so the two agree.
 """
 
 from __future__ import annotations
@@ -14,33 +26,22 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
-from .metrics import FITTED_ROUTES
-from .shared import SharedBoard, merge
+from .labels import display_url
+from .shared import SharedBoard, add_counts, merge
 
 RECENT_MAX = 200
 MODEL_NAME_MAX = 80
+NO_API = "no_api"  # the raw counters' bucket of the requests of no API (pass-through)
+SUMMARY_KEYS = ("calls", "failures", "tokens_in", "tokens_out", "cache_hit", "cache_miss", "cache_error")
 
-
-def display_url(url: str) -> str:
-    """``url`` without credentials, query or fragment (operators paste keys into URLs)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "(invalid URL)"
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if port is not None:
-        host = f"{host}:{port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+__all__ = ["RecentRequest", "StatusBoard", "display_url"]
 
 
 class RecentRequest(NamedTuple):
     """One finished proxied request as the status page lists it (a NamedTuple: immutable, and
-    made for every request, where a frozen dataclass costs several times more)."""
+    made for every request, where a frozen dataclass costs several times more). ``api``: the
+    wire API's name, None for a request of no API (pass-through)."""
 
     at_s: float
     request_id: str
@@ -58,6 +59,24 @@ class RecentRequest(NamedTuple):
     upstream_ms: float | None
     overhead_ms: float | None
     stream: bool
+    api: str | None = None
+
+
+def _counters() -> dict[str, Any]:
+    return {
+        "requests": 0,
+        "fitted_requests": 0,
+        "changed_requests": 0,
+        "tokens_before": 0,
+        "tokens_after": 0,
+        "tokens_saved": 0,
+        "prefix_reused_tokens": 0,
+        "emergency_retries": 0,
+        "by_outcome": {},
+        "actions": {},
+        "memory": {"summary": 0, "note": 0},
+        "summaries": dict.fromkeys(SUMMARY_KEYS, 0),
+    }
 
 
 class SpecRow(Protocol):
@@ -88,7 +107,10 @@ def _spec_row(spec: SpecRow) -> dict[str, Any]:
 
 
 class StatusBoard:
-    """Counters since start and the last ``RECENT_MAX`` proxied requests; thread-safe."""
+    """Counters since start and the last ``RECENT_MAX`` proxied requests; thread-safe.
+
+    ``apis``: the registered wire APIs' names, in the registry's order: each has its counters
+    (zero) from the start, and ``apis`` in the snapshot lists them (then any other API seen)."""
 
     def __init__(
         self,
@@ -96,10 +118,12 @@ class StatusBoard:
         version: str,
         upstream_base_url: str,
         upstream_routes: Mapping[str, str] | None = None,
+        apis: Iterable[str] = (),
         recent_max: int = RECENT_MAX,
         shared: SharedBoard | None = None,
     ) -> None:
         self.version = version
+        self.apis = tuple(dict.fromkeys(apis))
         self._shared = shared
         self.started_at_s = time.time()
         self._started_mono = time.monotonic()
@@ -112,17 +136,11 @@ class StatusBoard:
         self._models: list[dict[str, Any]] = []
         self._default_model: dict[str, Any] | None = None
         self.in_flight = 0
+        # Kept per API only (one dict to update per request); the totals are summed when read.
         self._counters: dict[str, Any] = {
-            "requests": 0,
-            "chat_requests": 0,
-            "changed_requests": 0,
-            "tokens_before": 0,
-            "tokens_after": 0,
-            "tokens_saved": 0,
-            "emergency_retries": 0,
-            "by_outcome": {},
             "by_route": {},
-            "actions": {},
+            "by_api": {api: _counters() for api in self.apis},
+            NO_API: _counters(),
         }
         self._upstream: dict[str, Any] = {
             "calls": 0,
@@ -143,12 +161,14 @@ class StatusBoard:
     def started(self) -> None:
         with self._lock:
             self.in_flight += 1
-        if self._shared is not None:
-            self._shared.changed(self._own)
+        self._changed()
 
     def finished(self) -> None:
         with self._lock:
             self.in_flight -= 1
+        self._changed()
+
+    def _changed(self) -> None:
         if self._shared is not None:
             self._shared.changed(self._own)
 
@@ -161,35 +181,60 @@ class StatusBoard:
             u["last_status"] = status
             u["last_latency_ms"] = round(waited_s * 1000, 2)
             u["last_at_s"] = round(time.time(), 3)
-        if self._shared is not None:
-            self._shared.changed(self._own)
+        self._changed()
 
-    def record(self, entry: RecentRequest, *, actions: Mapping[str, int]) -> None:
+    def record(
+        self,
+        entry: RecentRequest,
+        *,
+        actions: Mapping[str, int],
+        fitted: bool = False,
+        prefix_reused_tokens: int | None = None,
+        memory: str | None = None,
+    ) -> None:
+        """One finished proxied request. ``fitted``: a request of ``entry.api`` the proxy planned
+        (its token figures, ``actions``, reuse and ``memory`` count; see the module docstring)."""
         if entry.model is not None and len(entry.model) > MODEL_NAME_MAX:
             entry = entry._replace(model=entry.model[:MODEL_NAME_MAX] + "…")
         with self._lock:
             self._recent.append(entry)
-            c = self._counters
+            _bump(self._counters["by_route"], entry.route)
+            c = self._counters_of(entry.api)
             c["requests"] += 1
             _bump(c["by_outcome"], entry.outcome)
-            _bump(c["by_route"], entry.route)
             c["emergency_retries"] += entry.retries
-            for kind in actions:
-                _bump(c["actions"], kind)
-            if (
-                entry.route in FITTED_ROUTES
-                and entry.tokens_before is not None
-                and entry.tokens_after is not None
-            ):
-                c["chat_requests"] += 1
-                c["tokens_before"] += entry.tokens_before
-                if entry.outcome != "rejected":
-                    c["tokens_after"] += entry.tokens_after
-                    c["tokens_saved"] += max(0, entry.tokens_before - entry.tokens_after)
-                    if entry.tokens_after != entry.tokens_before or actions:
-                        c["changed_requests"] += 1
-        if self._shared is not None:
-            self._shared.changed(self._own)
+            if fitted and entry.tokens_before is not None and entry.tokens_after is not None:
+                _add_fitted(c, entry, actions, prefix_reused_tokens, memory)
+        self._changed()
+
+    def record_summary(self, *, api: str, outcome: str, tokens_in: int = 0, tokens_out: int = 0) -> None:
+        """One summary call for a request of ``api`` (a bounded label): see ``Metrics.record_summary``."""
+        with self._lock:
+            summaries = self._counters_of(api)["summaries"]
+            summaries["calls"] += 1
+            summaries["failures"] += outcome != "ok"
+            summaries["tokens_in"] += max(0, tokens_in)
+            summaries["tokens_out"] += max(0, tokens_out)
+        self._changed()
+
+    def record_summary_cache(self, *, api: str, result: str) -> None:
+        """One summary-cache lookup (``hit``, ``miss`` or ``error``) for a request of ``api``."""
+        with self._lock:
+            summaries = self._counters_of(api)["summaries"]
+            key = f"cache_{result}"
+            summaries[key] = summaries.get(key, 0) + 1
+        self._changed()
+
+    def _counters_of(self, api: str | None) -> dict[str, Any]:
+        """The counters of ``api`` (made when first seen), or of the requests of no API."""
+        if api is None:
+            counters: dict[str, Any] = self._counters[NO_API]
+            return counters
+        by_api: dict[str, dict[str, Any]] = self._counters["by_api"]
+        mine = by_api.get(api)
+        if mine is None:
+            mine = by_api[api] = _counters()
+        return mine
 
     def recent(self) -> list[RecentRequest]:
         with self._lock:
@@ -202,20 +247,23 @@ class StatusBoard:
                 "pid": os.getpid(),
                 "started_at_s": round(self.started_at_s, 3),
                 "in_flight": self.in_flight,
-                "counters": {k: dict(v) if isinstance(v, dict) else v for k, v in self._counters.items()},
+                "counters": _copy(self._counters),
                 "recent": [r._asdict() for r in reversed(self._recent)],
                 "upstream_health": dict(self._upstream),
             }
 
     def snapshot(self, *, summary_cache: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Everything ``GET /status.json`` returns; recent requests newest first. With a
-        :class:`SharedBoard`, every worker of the server is in it (``workers`` says how many)."""
+        :class:`SharedBoard`, every worker of the server is in it (``workers`` says how many).
+        ``apis``: the registered APIs, then any other API the counters have."""
         own = self._own()
         if self._shared is not None:
             own = merge(own, self._shared.others(), recent_max=self._recent.maxlen or RECENT_MAX)
         with self._lock:
             models = list(self._models)
             default = self._default_model
+        counters = with_totals(own["counters"])
+        apis = list(dict.fromkeys([*self.apis, *counters["by_api"]]))
         return {
             "version": self.version,
             "now_s": round(time.time(), 3),
@@ -223,13 +271,54 @@ class StatusBoard:
             "uptime_s": round(time.monotonic() - self._started_mono, 1),
             "workers": own.get("workers", 1),
             "in_flight": own["in_flight"],
+            "apis": apis,
             "upstream": {**self.upstream, "health": own["upstream_health"]},
             "models": {"default": default, "entries": models},
-            "counters": own["counters"],
+            "counters": counters,
             "summary_cache": dict(summary_cache or {}),
             "recent": own["recent"],
             "recent_max": self._recent.maxlen,
         }
+
+
+def _add_fitted(
+    c: dict[str, Any],
+    entry: RecentRequest,
+    actions: Mapping[str, int],
+    prefix_reused_tokens: int | None,
+    memory: str | None,
+) -> None:
+    assert entry.tokens_before is not None and entry.tokens_after is not None
+    c["fitted_requests"] += 1
+    c["tokens_before"] += entry.tokens_before
+    for kind in actions:
+        _bump(c["actions"], kind)
+    if entry.outcome == "rejected":
+        return
+    c["tokens_after"] += entry.tokens_after
+    c["tokens_saved"] += max(0, entry.tokens_before - entry.tokens_after)
+    c["prefix_reused_tokens"] += max(0, prefix_reused_tokens or 0)
+    if entry.tokens_after != entry.tokens_before or actions:
+        c["changed_requests"] += 1
+    if memory is not None:
+        _bump(c["memory"], memory)
+
+
+def with_totals(counters: Mapping[str, Any]) -> dict[str, Any]:
+    """The counters as the snapshot shows them: the totals (the sum over every API and the
+    requests of no API), ``by_route`` and ``by_api``, from a board's (or a merge's) raw counters."""
+    by_api = {api: _copy(c) for api, c in (counters.get("by_api") or {}).items()}
+    totals = _counters()
+    for part in [*by_api.values(), counters.get(NO_API) or {}]:
+        add_counts(totals, part)
+    return {**totals, "by_route": dict(counters.get("by_route") or {}), "by_api": by_api}
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of nested counter dicts (the board's own stay private to its lock)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
 
 
 def _bump(counter: dict[str, int], key: str) -> None:

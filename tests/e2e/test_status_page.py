@@ -2,8 +2,11 @@
 
 The session's real servers (ctxproxy in front of the fake upstream, uvicorn on loopback) serve a
 chat request made with the openai SDK; the page, loaded from the proxy, must show that request
-(found by its X-Request-ID), draw the chart, and log no console error. Chromium must be installed
-(``.ci/run`` installs Debian's ``chromium`` package): a missing browser fails the test.
+(found by its X-Request-ID), draw the chart, and log no console error. Then a proxy in front of
+every registered API's fake (``tests/e2e/all_apis.py``): the page has a column per API with the
+figures of ``status.json``, and its API selector narrows the recent requests and the chart.
+Chromium must be installed (``.ci/run`` installs Debian's ``chromium`` package): a missing browser
+fails the test.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
+from app.core.dialects import DIALECTS
 from app.core.tokens import MessageCounter
+from tests.e2e.all_apis import LONG_TURNS, AllApis, serve_all_apis
 from tests.e2e.conftest import WINDOW_TOKENS, Stack, conversation
 
 CHROMIUM = os.environ.get("CTXPROXY_CHROMIUM", "/usr/bin/chromium")
@@ -159,6 +165,52 @@ def test_the_table_fits_at_1400_px_the_axis_is_logarithmic_and_a_rejection_has_n
         assert chart.get_attribute("data-scale") == "log"
         ticks = (chart.get_attribute("data-ticks") or "").split()
         assert ticks[:4] == ["1", "10", "100", "1,000"]
+    finally:
+        page.close()
+    assert problems == []
+
+
+@pytest.fixture(scope="module")
+def all_apis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AllApis]:
+    with serve_all_apis(list(DIALECTS), tmp_path_factory.mktemp("page-all-apis")) as stack:
+        for sample in stack.samples.values():
+            sample.send(stack.url, turns=1)
+            sample.send(stack.url, turns=LONG_TURNS)
+        yield stack
+
+
+def test_the_page_shows_every_api_with_the_figures_of_status_json(
+    all_apis: AllApis, browser: Browser
+) -> None:
+    status = httpx.get(f"{all_apis.url}/status.json", timeout=10).json()
+    apis = list(DIALECTS)
+    assert status["apis"][: len(apis)] == apis
+    page, problems = open_page(browser, f"{all_apis.url}/")
+    try:
+        page.wait_for_selector("body[data-loaded=true]", timeout=15_000)
+        columns = page.locator("#apis thead th").all_inner_texts()
+        assert columns[1:] == [*status["apis"], "all"]  # from the server, not a list in the page
+        for api in apis:
+            mine = status["counters"]["by_api"][api]
+            assert mine["changed_requests"] == 1 and mine["tokens_saved"] > 0
+            for figure in ("fitted_requests", "changed_requests", "tokens_before", "tokens_after"):
+                cell = page.locator(f'#apis tr[data-figure="{figure}"] td[data-api="{api}"]')
+                assert cell.inner_text() == f"{mine[figure]:,}", (api, figure)
+            saved = page.locator(f'#apis tr[data-figure="tokens_saved"] td[data-api="{api}"]').inner_text()
+            assert saved.startswith(f"{mine['tokens_saved']:,} (")
+            note = page.locator(f'#summaries tr[data-figure="memory_note"] td[data-api="{api}"]').inner_text()
+            assert note == f"{mine['memory']['note']:,}" == "1"
+        total = page.locator('#apis tr[data-figure="tokens_saved"] td[data-api="all"]').inner_text()
+        assert total.startswith(f"{status['counters']['tokens_saved']:,} (")
+        # One API at a time: the recent requests and the chart follow the selector.
+        page.select_option("#api-filter", apis[-1])
+        routes = page.locator("#recent tbody tr td:nth-child(3)").all_inner_texts()
+        assert routes == [apis[-1], apis[-1]]
+        assert page.locator("#chart-note").inner_text().startswith("2 fitted requests shown, 1 of them cut")
+        page.select_option("#api-filter", "")
+        assert page.locator("#recent tbody tr").count() == 2 * len(apis)
+        page.wait_for_timeout(2_500)  # one more poll: the choice is kept, still no error
+        assert page.locator("#chart-note").inner_text().startswith(f"{2 * len(apis)} fitted requests shown")
     finally:
         page.close()
     assert problems == []

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.observability.status import with_totals
 from tests.fake_upstream import FakeModel, FakeUpstream
 from tests.fault_upstream import closed_port
 
@@ -105,8 +106,9 @@ def test_metrics_and_status_count_every_worker(tmp_path: Path) -> None:
         for i in range(6):
             assert chat(url, f"hello {i}").status_code == 200
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
-        assert metric_sum(metrics, "ctxproxy_requests_total", route="chat") == 6
-        assert metric_sum(metrics, "ctxproxy_tokens_before_count") == 6
+        assert metric_sum(metrics, "ctxproxy_requests_total", route="chat", api="chat") == 6
+        assert metric_sum(metrics, "ctxproxy_input_before_tokens_count", api="chat") == 6
+        assert "_created" not in metrics
         deadline = time.monotonic() + 5
         while True:  # another worker's board is written at most 0.2 s after its request
             status = httpx.get(f"{url}/status.json", timeout=10).json()
@@ -115,7 +117,8 @@ def test_metrics_and_status_count_every_worker(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert status["workers"] == 2
         assert status["counters"]["requests"] == 6
-        assert status["counters"]["chat_requests"] == 6
+        assert status["counters"]["fitted_requests"] == 6
+        assert status["counters"]["by_api"]["chat"]["fitted_requests"] == 6
         assert len(status["recent"]) == 6
         assert status["in_flight"] == 0
 
@@ -130,7 +133,7 @@ def test_what_one_worker_learns_reaches_the_other(tmp_path: Path) -> None:
         time.sleep(1.0)  # the worker publishes what it learned within 0.2 s
         for i in range(12):
             assert chat(url, f"again {i} " + long_text).status_code == 200
-        served = [b for b in boards(tmp_path) if b["counters"]["requests"]]  # type: ignore[index]
+        served = [b for b in boards(tmp_path) if with_totals(b["counters"])["requests"]]  # type: ignore[arg-type]
         assert len(served) == 2, "the kernel gave every request to one worker; the test proved nothing"
         # Only the very first request ever overflowed: the other worker knew the window already.
         assert [r.status for r in upstream.client_requests()].count(400) == 1

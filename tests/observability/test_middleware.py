@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from app.core.registry import ModelSpec
 from app.observability import Observability
 from app.observability.context import valid_request_id
-from app.observability.metrics import MAX_MODEL_LABELS
+from app.observability.labels import MAX_MODEL_LABELS
 from app.observability.middleware import outcome_of
 from tests.api import UPSTREAM, chat_ok, openai_overflow, proxy, words
 
@@ -28,8 +28,13 @@ def obs(app: FastAPI) -> Observability:
 
 
 def sample(app: FastAPI, name: str, **labels: str) -> float:
-    value = obs(app).metrics.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else float(value)
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    total = 0.0
+    for family in obs(app).metrics.registry.collect():
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
 
 
 def long_conversation(turns: int, size: int) -> list[dict[str, Any]]:
@@ -53,15 +58,15 @@ async def test_a_fitting_request_counts_once_as_ok_with_equal_tokens_and_no_acti
         body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hello there"}]}
         response = await client.post("/v1/chat/completions", json=body)
         assert response.status_code == 200
-        labels = {"route": "chat", "model": "gpt-test", "outcome": "ok"}
+        labels = {"route": "chat", "api": "chat", "model": "gpt-test", "outcome": "ok"}
         assert sample(app, "ctxproxy_requests_total", **labels) == 1
-        before = sample(app, "ctxproxy_tokens_before_sum", model="gpt-test")
+        before = sample(app, "ctxproxy_input_before_tokens_sum", model="gpt-test")
         assert before == int(response.headers["x-context-tokens-before"]) > 0
-        assert sample(app, "ctxproxy_tokens_after_sum", model="gpt-test") == before
-        assert sample(app, "ctxproxy_tokens_before_count", model="gpt-test") == 1
+        assert sample(app, "ctxproxy_input_after_tokens_sum", model="gpt-test") == before
+        assert sample(app, "ctxproxy_input_before_tokens_count", model="gpt-test") == 1
         assert sample(app, "ctxproxy_tokens_saved_total", model="gpt-test") == 0
-        assert sample(app, "ctxproxy_chat_fits_total", model="gpt-test", result="unchanged") == 1
-        assert sample(app, "ctxproxy_chat_fits_total", model="gpt-test", result="cut") == 0
+        assert sample(app, "ctxproxy_fits_total", model="gpt-test", result="unchanged") == 1
+        assert sample(app, "ctxproxy_fits_total", model="gpt-test", result="cut") == 0
         assert sample(app, "ctxproxy_actions_total", action="dropped_turns", model="gpt-test") == 0
         assert sample(app, "ctxproxy_upstream_latency_seconds_count", status="2xx") == 1
         assert sample(app, "ctxproxy_proxy_overhead_seconds_count", route="chat") == 1
@@ -82,9 +87,9 @@ async def test_a_cut_request_records_its_actions_and_the_tokens_saved() -> None:
         after = int(response.headers["x-context-tokens-after"])
         assert before > after
         assert sample(app, "ctxproxy_tokens_saved_total", model="gpt-test") == before - after
-        assert sample(app, "ctxproxy_chat_fits_total", model="gpt-test", result="cut") == 1
-        assert sample(app, "ctxproxy_tokens_before_sum", model="gpt-test") == before
-        assert sample(app, "ctxproxy_tokens_after_sum", model="gpt-test") == after
+        assert sample(app, "ctxproxy_fits_total", model="gpt-test", result="cut") == 1
+        assert sample(app, "ctxproxy_input_before_tokens_sum", model="gpt-test") == before
+        assert sample(app, "ctxproxy_input_after_tokens_sum", model="gpt-test") == after
         kinds = [item.split("=")[0] for item in response.headers["x-context-actions"].split(",")]
         assert "dropped_turns" in kinds
         for kind in kinds:
@@ -140,7 +145,7 @@ async def test_a_request_the_proxy_refuses_counts_as_rejected_with_its_model() -
         assert route.call_count == 0
         assert sample(app, "ctxproxy_requests_total", route="chat", model="gpt-test", outcome="rejected") == 1
         assert sample(app, "ctxproxy_actions_total", action="rejected", model="gpt-test") == 1
-        assert sample(app, "ctxproxy_chat_fits_total", model="gpt-test", result="rejected") == 1
+        assert sample(app, "ctxproxy_fits_total", model="gpt-test", result="rejected") == 1
         assert sample(app, "ctxproxy_tokens_saved_total", model="gpt-test") == 0
         [entry] = obs(app).board.recent()
         assert entry.outcome == "rejected" and entry.model == "gpt-test"
@@ -355,3 +360,120 @@ async def test_the_apps_own_start_up_discovery_is_counted() -> None:
         await discovery.wait_idle()
         assert sample(app, "ctxproxy_discovery_total", endpoint="models", result="answered") >= 1
         assert sample(app, "ctxproxy_discovery_total", endpoint="props", result="not_found") == 1
+
+
+def responses_user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def responses_ok() -> dict[str, Any]:
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+    return {"id": "resp_1", "object": "response", "status": "completed", "output": [said],
+            "usage": {"input_tokens": 10, "output_tokens": 1, "total_tokens": 11}}  # fmt: skip
+
+
+def messages_ok() -> dict[str, Any]:
+    return {"id": "msg_1", "type": "message", "role": "assistant", "model": "gpt-test",
+            "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 10, "output_tokens": 1}}  # fmt: skip
+
+
+def every_api_router() -> respx.Router:
+    router = respx.Router(assert_all_called=False)
+    router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    router.post(f"{UPSTREAM}/responses").mock(return_value=httpx.Response(200, json=responses_ok()))
+    router.post(f"{UPSTREAM}/messages").mock(return_value=httpx.Response(200, json=messages_ok()))
+    router.post(f"{UPSTREAM}/messages/count_tokens").mock(return_value=httpx.Response(404))
+    return router
+
+
+async def test_every_api_is_labelled_by_its_name_and_the_board_agrees() -> None:
+    long = long_conversation(turns=8, size=150)
+    async with proxy(every_api_router()) as (client, app):
+        chat = await client.post("/v1/chat/completions", json={"model": "gpt-test", "messages": long})
+        items = [responses_user(m["content"]) for m in long if m["role"] == "user"]
+        responses = await client.post("/v1/responses", json={"model": "gpt-test", "input": items})
+        anthropic_body = {"model": "gpt-test", "max_tokens": 50, "messages": long[1:]}
+        messages = await client.post("/v1/messages", json=anthropic_body)
+        counted = await client.post("/v1/messages/count_tokens", json=anthropic_body)
+        dry_run = {"model": "gpt-test", "input": "x"}
+        planned = await client.post("/v1/context/plan?api=responses", json=dry_run)
+        status = obs(app).status()
+    assert [r.status_code for r in (chat, responses, messages, counted, planned)] == [200] * 5
+    for api, response in (("chat", chat), ("responses", responses), ("messages", messages)):
+        before = int(response.headers["x-context-tokens-before"])
+        after = int(response.headers["x-context-tokens-after"])
+        assert before > after, api  # every one of them was cut
+        assert sample(app, "ctxproxy_requests_total", route=api, api=api, outcome="ok") == 1
+        assert sample(app, "ctxproxy_input_before_tokens_sum", api=api) == before
+        assert sample(app, "ctxproxy_input_after_tokens_sum", api=api) == after
+        assert sample(app, "ctxproxy_tokens_saved_total", api=api) == before - after
+        assert sample(app, "ctxproxy_fits_total", api=api, result="cut") == 1
+        assert sample(app, "ctxproxy_actions_total", api=api, action="dropped_turns") == 1
+        assert sample(app, "ctxproxy_cut_memory_total", api=api, kind="note") == 1
+        assert sample(app, "ctxproxy_proxy_overhead_seconds_count", route=api, api=api) == 1
+        assert sample(app, "ctxproxy_upstream_latency_seconds_count", api=api, upstream=UPSTREAM) >= 1
+        mine = status["counters"]["by_api"][api]
+        assert (mine["tokens_before"], mine["tokens_after"]) == (before, after)
+        assert mine["tokens_saved"] == before - after
+        assert mine["actions"]["dropped_turns"] == 1 and mine["memory"] == {"summary": 0, "note": 1}
+    # The counting endpoint and the dry run are requests of their API, not fitted ones.
+    assert sample(app, "ctxproxy_requests_total", route="count", api="messages") == 1
+    assert sample(app, "ctxproxy_requests_total", route="plan", api="responses") == 1
+    assert sample(app, "ctxproxy_input_before_tokens_count", api="messages") == 1
+    assert sample(app, "ctxproxy_input_before_tokens_count", api="responses") == 1
+    assert status["counters"]["by_api"]["messages"]["requests"] == 2
+    assert status["counters"]["by_api"]["messages"]["fitted_requests"] == 1
+    assert status["counters"]["by_api"]["responses"]["requests"] == 2
+    assert status["apis"][:3] == ["chat", "responses", "messages"]
+    assert status["counters"]["fitted_requests"] == 3
+    assert status["counters"]["tokens_saved"] == sample(app, "ctxproxy_tokens_saved_total")
+    routes = {r["route"]: r["api"] for r in status["recent"]}
+    assert routes == {"chat": "chat", "responses": "responses", "messages": "messages", "count": "messages",
+                      "plan": "responses"}  # fmt: skip
+
+
+async def test_a_model_the_upstream_reported_gets_its_own_label() -> None:
+    router, _ = ok_router()
+    router.get(f"{UPSTREAM}/models").mock(
+        return_value=httpx.Response(200, json={"data": [{"id": "unknown-served", "max_model_len": 900}]})
+    )
+    async with proxy(router) as (client, app):
+        await app.state.service.learner.discovery.wait_idle()
+        for model in ("unknown-served", "unknown-typed-by-a-client"):
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+    assert sample(app, "ctxproxy_requests_total", route="chat", model="unknown-served") == 1
+    assert sample(app, "ctxproxy_requests_total", route="chat", model="other") == 1
+    assert sample(app, "ctxproxy_requests_total", model="unknown-typed-by-a-client") == 0
+
+
+async def test_routed_upstreams_are_told_apart() -> None:
+    router, _ = ok_router()
+    llama = router.post("http://llama.test/v1/chat/completions").mock(
+        return_value=httpx.Response(200, json=chat_ok())
+    )
+    routes = {"llama": "http://key:secret@llama.test/v1"}
+    async with proxy(router, upstream_routes=routes) as (client, app):
+        for model in ("gpt-test", "llama-3", "llama-3"):
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+        text = (await client.get("/metrics")).text
+    assert llama.call_count == 2
+    name = "ctxproxy_upstream_latency_seconds_count"
+    assert sample(app, name, api="chat", upstream="http://llama.test/v1", status="2xx") == 2
+    assert sample(app, name, api="chat", upstream=UPSTREAM, status="2xx") == 1
+    assert "secret" not in text
+
+
+async def test_lm_studio_discovery_has_its_own_endpoint_label() -> None:
+    router = respx.Router(assert_all_called=False)
+    router.get(f"{UPSTREAM}/models").mock(return_value=httpx.Response(200, json={"data": []}))
+    router.get("http://upstream.test/props").mock(return_value=httpx.Response(404))
+    router.get("http://upstream.test/api/v0/models").mock(
+        return_value=httpx.Response(200, json={"data": [{"id": "q", "max_context_length": 8192}]})
+    )
+    async with proxy(router) as (_client, app):
+        await app.state.service.learner.discovery.wait_idle()
+    assert sample(app, "ctxproxy_discovery_total", endpoint="lmstudio_models", result="answered") == 1
+    assert sample(app, "ctxproxy_discovery_total", endpoint="models", result="answered") == 1

@@ -15,14 +15,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def exposed_series() -> set[str]:
-    metrics = Metrics(version="t")
+    metrics = Metrics(version="t", apis=["chat"])
     metrics.observe_request(
-        route="chat", model="m", outcome="ok", duration_s=0.1, overhead_s=0.01,
-        tokens_before=10, tokens_after=5, actions={"dropped_turns": 1}, retries=1, final_upstream_status=200,
+        route="chat", api="chat", model="m", outcome="ok", duration_s=0.1, overhead_s=0.01, tokens_before=10,
+        tokens_after=5, actions={"dropped_turns": 1}, retries=1, final_upstream_status=200,
+        prefix_reused_tokens=3, memory="note",
     )  # fmt: skip
-    metrics.observe_upstream(0.1, 200)
+    metrics.observe_upstream(0.1, 200, api="chat", upstream="http://u/v1")
     metrics.record_discovery(endpoint="models", result="found")
+    metrics.record_summary(api="chat", outcome="ok", tokens_in=10, tokens_out=2)
+    metrics.record_summary_cache(api="chat", hit=True)
     return {sample.name for family in metrics.registry.collect() for sample in family.samples}
+
+
+# Series that are not about a request of an API: the dashboard need not break them down by API.
+NOT_PER_API = {"ctxproxy_in_flight_requests", "ctxproxy_discovery_total", "ctxproxy_summary_cache_entries"}
 
 
 def panels() -> list[dict[str, Any]]:
@@ -41,10 +48,26 @@ def test_every_dashboard_query_uses_a_metric_the_app_exposes() -> None:
             used |= names
     assert used and used <= series, used - series
     families = {re.sub(r"_(bucket|sum|count|total)$", "", name) for name in used}
-    for wanted in ("requests", "tokens_before", "tokens_after", "actions", "emergency_retries",
+    for wanted in ("requests", "input_before_tokens", "input_after_tokens", "actions", "emergency_retries",
                    "summary_cache_requests", "upstream_latency_seconds", "proxy_overhead_seconds",
-                   "discovery", "in_flight_requests", "chat_fits"):  # fmt: skip
+                   "discovery", "in_flight_requests", "fits", "tokens_saved", "prefix_reused_tokens",
+                   "cut_memory", "summary_calls", "summary_tokens"):  # fmt: skip
         assert f"ctxproxy_{wanted}" in families, wanted
+
+
+def test_the_dashboard_breaks_every_request_metric_down_or_filters_it_by_api() -> None:
+    dashboard = json.loads((REPO / "config" / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    names = {v["name"] for v in dashboard["templating"]["list"]}
+    assert "api" in names
+    by_api = 0
+    for panel in panels():
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            if set(re.findall(r"\bctxproxy_\w+", expr)) <= NOT_PER_API:
+                continue
+            assert re.search(r"\bapi\b", expr), expr  # "by (api ...)" or an api=~"$api" filter
+            by_api += "by (api" in expr or "le, api)" in expr
+    assert by_api >= 10
 
 
 def test_dashboard_panels_use_the_datasource_variable_and_unique_ids() -> None:

@@ -8,6 +8,8 @@ import httpx
 import orjson
 import respx
 
+from app.core.dialects import DIALECTS
+from app.core.dialects.chat import ChatDialect
 from tests.api import UPSTREAM, chat_ok, openai_overflow, proxy, words
 
 CHAT = f"{UPSTREAM}/chat/completions"
@@ -53,7 +55,7 @@ async def test_status_json_has_the_request_figures_and_never_its_content() -> No
     assert newest["tokens_after"] == int(second.headers["x-context-tokens-after"]) < newest["tokens_before"]
     assert newest["actions"] == second.headers["x-context-actions"]
     assert newest["latency_ms"] > 0 and newest["upstream_ms"] is not None
-    assert data["counters"]["requests"] == 2 and data["counters"]["chat_requests"] == 2
+    assert data["counters"]["requests"] == 2 and data["counters"]["fitted_requests"] == 2
     assert data["counters"]["emergency_retries"] == 1
     assert data["counters"]["by_outcome"] == {"ok": 2}
     assert data["upstream"]["base_url"] == UPSTREAM
@@ -102,10 +104,13 @@ async def test_metrics_is_prometheus_text_with_every_family() -> None:
     expected = {
         "ctxproxy_requests",
         "ctxproxy_request_duration_seconds",
-        "ctxproxy_tokens_before",
-        "ctxproxy_tokens_after",
+        "ctxproxy_input_before_tokens",
+        "ctxproxy_input_after_tokens",
         "ctxproxy_tokens_saved",
-        "ctxproxy_chat_fits",
+        "ctxproxy_fits",
+        "ctxproxy_cut_memory",
+        "ctxproxy_summary_calls",
+        "ctxproxy_summary_tokens",
         "ctxproxy_actions",
         "ctxproxy_emergency_retries",
         "ctxproxy_summary_cache_requests",
@@ -117,7 +122,8 @@ async def test_metrics_is_prometheus_text_with_every_family() -> None:
         "ctxproxy_build_info",
     }
     assert expected <= families, expected - families
-    assert 'ctxproxy_requests_total{model="gpt-test",outcome="ok",route="chat"} 1.0' in text
+    assert not [name for name in families if name.endswith("_created")]
+    assert 'ctxproxy_requests_total{api="chat",model="gpt-test",outcome="ok",route="chat"} 1.0' in text
 
 
 async def test_two_apps_in_one_process_keep_separate_metrics() -> None:
@@ -128,7 +134,7 @@ async def test_two_apps_in_one_process_keep_separate_metrics() -> None:
         for _ in range(3):
             await one.post("/v1/chat/completions", json=body)
         await two.post("/v1/chat/completions", json=body)
-        line = 'ctxproxy_requests_total{model="gpt-test",outcome="ok",route="chat"}'
+        line = 'ctxproxy_requests_total{api="chat",model="gpt-test",outcome="ok",route="chat"}'
         assert f"{line} 3.0" in (await one.get("/metrics")).text
         assert f"{line} 1.0" in (await two.get("/metrics")).text
 
@@ -161,11 +167,13 @@ async def test_summary_cache_hits_and_misses_and_the_summarized_action_are_in_me
     assert "summarized=" in one.headers["x-context-actions"] == two.headers["x-context-actions"]
     assert fake.summary_calls >= 1
     assert all(r.headers["x-request-id"] == "sum-1" for r in fake.summary_requests())
-    hits = re.search(r'^ctxproxy_summary_cache_requests_total\{result="hit"\} (\S+)$', text, re.MULTILINE)
-    misses = re.search(r'^ctxproxy_summary_cache_requests_total\{result="miss"\} (\S+)$', text, re.MULTILINE)
+    lookups = r'^ctxproxy_summary_cache_requests_total\{api="none",result="%s"\} (\S+)$'
+    hits = re.search(lookups % "hit", text, re.MULTILINE)
+    misses = re.search(lookups % "miss", text, re.MULTILINE)
     assert hits and float(hits.group(1)) >= 1  # the second request found the summary
     assert misses and float(misses.group(1)) >= 1  # the first one made it
-    assert 'ctxproxy_actions_total{action="summarized",model="m"} 2.0' in text
+    assert 'ctxproxy_actions_total{action="summarized",api="chat",model="m"} 2.0' in text
+    assert 'ctxproxy_cut_memory_total{api="chat",kind="summary"} 2.0' in text
 
 
 async def test_status_json_lists_what_was_discovered_at_run_time() -> None:
@@ -179,3 +187,32 @@ async def test_status_json_lists_what_was_discovered_at_run_time() -> None:
     [row] = [m for m in data["models"]["learned"] if m["name"] == "unknown-served"]  # not in the table
     assert row["window_tokens"] == 777 and row["source"] == "discovered"
     assert row["sources"]["window"] == "discovered" and row["correction"] == 1.0
+
+
+async def test_every_registered_api_is_in_status_json_and_the_page_names_none() -> None:
+    router = respx.Router(assert_all_called=False)
+    async with proxy(router) as (client, _):
+        data = (await client.get("/status.json")).json()
+        html = (await client.get("/")).text
+    assert data["apis"] == list(DIALECTS)
+    for api in DIALECTS:
+        assert data["counters"]["by_api"][api]["requests"] == 0
+        assert f'"{api}"' not in html  # the page's API list comes from status.json
+    assert 'id="apis"' in html and 'id="summaries"' in html and 'id="api-filter"' in html
+
+
+async def test_a_new_dialect_is_labelled_and_counted_with_no_edit_in_observability() -> None:
+    toy = ChatDialect(name="toy", upstream_path="toy/complete")
+    router = respx.Router(assert_all_called=False)
+    route = router.post(f"{UPSTREAM}/toy/complete").mock(return_value=httpx.Response(200, json=chat_ok()))
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": words(150)} for i in range(11)]
+    async with proxy(router, dialects={**DIALECTS, "toy": toy}) as (client, _):
+        response = await client.post("/v1/toy/complete", json={"model": "gpt-test", "messages": long})
+        text = (await client.get("/metrics")).text
+        data = (await client.get("/status.json")).json()
+    assert response.status_code == 200 and route.call_count == 1
+    saved = int(response.headers["x-context-tokens-before"]) - int(response.headers["x-context-tokens-after"])
+    assert saved > 0
+    assert 'ctxproxy_requests_total{api="toy",model="gpt-test",outcome="ok",route="toy"} 1.0' in text
+    assert f'ctxproxy_tokens_saved_total{{api="toy",model="gpt-test"}} {float(saved)}' in text
+    assert data["apis"] == [*DIALECTS, "toy"] and data["counters"]["by_api"]["toy"]["tokens_saved"] == saved

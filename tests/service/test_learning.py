@@ -195,9 +195,8 @@ async def test_discovered_windows_apply_from_the_first_request() -> None:
             return value
 
         def chat_latency_count() -> float | None:
-            value: float | None = metrics.get_sample_value(
-                "ctxproxy_upstream_latency_seconds_count", {"status": "2xx"}
-            )
+            labels = {"api": "chat", "upstream": UPSTREAM, "status": "2xx"}
+            value: float | None = metrics.get_sample_value("ctxproxy_upstream_latency_seconds_count", labels)
             return value
 
         # Discovery calls are counted by endpoint, and stay out of the chat traffic's upstream latency.
