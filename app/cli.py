@@ -194,7 +194,8 @@ def _print_demo(*, turns: int, window_tokens: int) -> int:
     from . import demo
 
     print(
-        f"ctxproxy demo: a local upstream with a {window_tokens:,}-token window ({demo.DEMO_MODEL}), "
+        f"ctxproxy demo: a local upstream with a {window_tokens:,}-token window "
+        f"({demo.demo_model(window_tokens)}), "
         "and ctxproxy in front of it, both on 127.0.0.1. No API key, no internet.\n"
     )
     print(demo.header_line())
