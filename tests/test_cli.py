@@ -440,3 +440,25 @@ def test_plan_of_a_responses_body_with_api(tmp_path: Path, capsys: pytest.Captur
     assert report["tokens_before"] > 0 and all("ctxproxy_origin" not in m for m in report["messages"])
     # The same body read as chat has no messages: a clear error, not a traceback.
     assert cli.main(["plan", path]) != 0
+
+
+def test_plan_json_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
+    """``ctxproxy plan --json ... | head`` ended in a BrokenPipeError traceback."""
+    body = write_json(tmp_path / "big.json", chat(200, words=200))
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CTXPROXY_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "plan", "--json", str(body)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()  # like head -1: read a line, then close the pipe
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    code = process.wait(timeout=60)
+    process.stderr.close()
+    assert first.strip() == b"{"
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert code == cli.EXIT_BROKEN_PIPE
