@@ -65,7 +65,8 @@ def _non_negative_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
-        description="OpenAI-compatible proxy that keeps every chat request inside the context window.",
+        description="HTTP reverse proxy that keeps every LLM request (OpenAI Chat Completions and "
+        "Responses, Anthropic Messages) inside the model's context window.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -462,3 +462,11 @@ def test_plan_json_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -
     assert first.strip() == b"{"
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert code == cli.EXIT_BROKEN_PIPE
+
+
+def test_help_names_every_wire_api_not_only_chat(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "every LLM request" in out and "Responses" in out and "Anthropic Messages" in out
+    assert "every chat request" not in out
