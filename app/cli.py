@@ -62,6 +62,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
@@ -72,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the proxy server")
     serve.add_argument("--host", help="bind address (default: CTXPROXY_HOST or 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default: CTXPROXY_PORT or 8080)")
+    serve.add_argument("--port", type=_port, help="port, 1-65535 (default: CTXPROXY_PORT or 8080)")
     serve.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
 
     demo = commands.add_parser("demo", help="run the local demo (no API key, no internet)")
@@ -118,20 +128,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings() -> Any:
-    from .settings import InvalidSettings, load_settings
+def _settings(*, warn: bool = True) -> Any:
+    """The settings; bad ones are a ``CliError``. ``warn``: print a warning for every ``CTXPROXY_*``
+    variable that is no setting (``serve`` leaves that to the app, which logs it)."""
+    from .settings import InvalidSettings, load_settings, unknown_variables
 
     try:
-        return load_settings()
+        settings = load_settings()
     except InvalidSettings as exc:
         raise CliError("\nctxproxy: error: ".join(exc.lines)) from None
+    if warn:
+        for warning in unknown_variables():
+            print(f"ctxproxy: warning: {warning}", file=sys.stderr)
+    return settings
 
 
-def _registry(models_file: Path | None) -> Any:
+def _registry(models_file: Path | None, *, warn: bool = True) -> Any:
     from .core.errors import InvalidModelTable
     from .model_table import load_registry
 
-    settings = _settings()
+    settings = _settings(warn=warn)
     operator_file = models_file if models_file is not None else settings.models_file
     if operator_file is not None and not Path(operator_file).is_file():
         where = "--models-file" if models_file is not None else "CTXPROXY_MODELS_FILE"
@@ -158,10 +174,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .settings import worker_environment
 
-    settings = _settings()
+    settings = _settings(warn=False)  # the app logs them, with its start-up lines
     # Everything create_app would stop on, checked here where it can be one clean line and exit
     # code 2 (uvicorn would print a traceback and exit 3).
-    _registry(None)
+    _registry(None, warn=False)
     # On SIGTERM uvicorn stops accepting, drains in-flight requests for up to the grace period,
     # then re-raises the signal to whatever handler was there before it: with this one, a stop
     # that was asked for ends with exit code 0 instead of death by signal.
@@ -169,6 +185,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Several workers share a fresh directory (metrics, status board, learned knowledge), fresh
     # because multiprocess metric files of an earlier run would be counted again.
     worker_dir = Path(tempfile.mkdtemp(prefix="ctxproxy-workers-")) if args.workers > 1 else None
+    logs: dict[str, Any] = {}
+    if settings.log_json:  # uvicorn's own lines as JSON too, in every process
+        from .main import uvicorn_log_config
+
+        logs["log_config"] = uvicorn_log_config()
     try:
         with worker_environment(worker_dir):
             uvicorn.run(
@@ -180,6 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 log_level=settings.log_level.lower(),
                 access_log=False,  # ctxproxy.access logs every request, with its request ID
                 timeout_graceful_shutdown=settings.shutdown_grace_s,
+                **logs,
             )
     finally:
         if worker_dir is not None:
@@ -247,7 +269,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.model_window is not None:
         spec = dataclasses.replace(spec, window_tokens=args.model_window, source="cli")
     policy = (
-        _settings()
+        _settings(warn=False)  # warned by _registry already
         .fit_policy()
         .refined(mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve)
     )
@@ -420,7 +442,7 @@ async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -
     from .service.discovery import Discovery
     from .upstream.client import UpstreamClient
 
-    settings = _settings()
+    settings = _settings(warn=False)  # warned by _registry already
     knowledge = Knowledge()
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         upstream = UpstreamClient(http, base_url=base_url, api_key=settings.upstream_key())
