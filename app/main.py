@@ -25,6 +25,7 @@ from . import __version__
 from .api.auth import ProxyKeyMiddleware
 from .api.errors import install_error_handlers
 from .api.lane import FittedLane
+from .api.login import StatusLogin, session_granted
 from .api.routes import build_router, fitted_route, route_path
 from .core.dialect import Dialect
 from .core.dialects import DIALECTS
@@ -394,6 +395,9 @@ def create_app(
     install_error_handlers(app)
     if settings.proxy_api_keys():
         routes = {route_path(dialect): dialect for dialect in apis.values()}
-        app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys(), routes=routes)
+        app.add_middleware(
+            ProxyKeyMiddleware, keys=settings.proxy_api_keys(), routes=routes, granted=session_granted
+        )
+        app.add_middleware(StatusLogin, keys=settings.proxy_api_keys())  # a person's way in
     app.add_middleware(ObservabilityMiddleware, observability=observability, access_log=True)
     return app
