@@ -44,7 +44,7 @@ MAX_FORM_BYTES = 4096
 _VERSION = "v1"
 
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; base-uri 'none'; "
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; base-uri 'none'; "
     "frame-ancestors 'none'"
 )
 
