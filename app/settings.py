@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     summary_concurrency: int = Field(default=2, ge=1)
 
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    compress_aside_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="POST /v1/compress: tokens left for what the gateway keeps aside (system prompt, "
+        "tools) when the request does not say (X-Context-Aside-Tokens); unset: 10% of the window.",
+    )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_json: bool = False

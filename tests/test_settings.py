@@ -208,7 +208,9 @@ def test_the_start_up_summary_names_upstreams_policy_and_table_never_a_key() -> 
     )
     lines = settings.summary_lines(table="built-in merged with the operator file /etc/models.toml")
     text = "\n".join(lines)
-    assert lines[0].startswith("upstream http://vllm.local:8000/v1; routes llama- -> http://llama.local:8080/v1")
+    assert lines[0].startswith(
+        "upstream http://vllm.local:8000/v1; routes llama- -> http://llama.local:8080/v1"
+    )
     assert "clients must send a proxy key" in lines[0]
     assert lines[1].startswith("policy truncate: keep the newest 3 turns") and "cut to 0.7" in lines[1]
     assert "summaries off" in lines[1] and "output reserve 2048 tokens" in lines[1]

@@ -117,9 +117,7 @@ def _wants_html(scope: Scope) -> bool:
 
 def login_page(*, failed: bool = False) -> str:
     """The login form (relative action, so it works behind a path prefix)."""
-    notice = (
-        '<p class="bad" role="alert">That is not one of this proxy\'s keys.</p>' if failed else ""
-    )
+    notice = '<p class="bad" role="alert">That is not one of this proxy\'s keys.</p>' if failed else ""
     return f"""<!doctype html>
 <html lang="en">
 <head>
