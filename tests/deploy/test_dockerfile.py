@@ -147,6 +147,6 @@ def test_the_image_tag_is_the_same_everywhere_and_is_the_package_version() -> No
     assert built == [wanted] and run_tags == [wanted], (built, run_tags)
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     assert compose["x-ctxproxy"]["image"] == wanted
-    kustomization = yaml.safe_load((REPO / "deploy" / "k8s" / "kustomization.yaml").read_text())
-    (image,) = kustomization["images"]
-    assert f"{image['newName']}:{image['newTag']}" == wanted
+    for path in sorted((REPO / "deploy" / "k8s").rglob("kustomization.yaml")):
+        (image,) = yaml.safe_load(path.read_text())["images"]
+        assert f"{image['newName']}:{image['newTag']}" == wanted, path
