@@ -152,3 +152,23 @@ def test_the_llm_d_example_calls_the_chat_whole_body_endpoint_of_the_engines_ser
     assert address.hostname == f"ctxproxy-engine.{namespace}.svc.cluster.local"
     assert address.port == service()["ports"][0]["port"]
     assert address.path == compact_path(CHAT)
+
+
+def readme_gateway_snippets() -> list[Any]:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Behind a gateway: ctxproxy as the compression engine", 1)[1].split("\n## ", 1)[0]
+    return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, flags=re.DOTALL)]
+
+
+def test_the_readmes_gateway_snippets_parse_and_call_the_routes_the_code_serves() -> None:
+    standalone, policy, coordinator = readme_gateway_snippets()
+    (model,) = standalone["llm"]["models"]
+    compression = model["contextCompression"]
+    assert urlsplit(compression["path"]).path == COMPRESS_PATH
+    assert compression["target"]["host"] == f"ctxproxy-engine:{service()['ports'][0]['port']}"
+    example = objects(EXAMPLES / "agentgateway-policy.yaml")[("AgentgatewayPolicy", "ctxproxy-compression")]
+    assert policy["spec"] == example["spec"]  # the README shows the example file's policy
+    (step, *_rest) = coordinator["pipeline"]["steps"]
+    config = objects(EXAMPLES / "llm-d-coordinator.yaml")[("ConfigMap", "llm-d-coordinator-config")]
+    example_step = yaml.safe_load(config["data"]["coordinator.yaml"])["pipeline"]["steps"][0]
+    assert step == example_step
