@@ -161,14 +161,18 @@ class Settings(BaseSettings):
                 f"CTXPROXY_RESERVE_MAX_TOKENS ({self.reserve_max_tokens}): the output reserve is clamped "
                 "between them, so the minimum must not exceed the maximum"
             )
-        if self.stream_idle_timeout_s > self.read_timeout_s:
+        # Each pair below is refused only when the operator set the larger one: a default above a
+        # lowered bound changes nothing (the read timeout ends a silent stream first; the cap on
+        # concurrency follows a smaller pool, app.main.build_limiter).
+        explicit = self.model_fields_set
+        if "stream_idle_timeout_s" in explicit and self.stream_idle_timeout_s > self.read_timeout_s:
             problems.append(
                 f"CTXPROXY_STREAM_IDLE_TIMEOUT_S ({self.stream_idle_timeout_s:g}) is longer than "
                 f"CTXPROXY_READ_TIMEOUT_S ({self.read_timeout_s:g}), which ends a silent stream first: "
                 "lower the idle timeout or raise the read timeout"
             )
-        explicit_cap = "max_concurrent_upstream" in self.model_fields_set
-        if explicit_cap and self.max_concurrent_upstream > self.upstream_max_connections:
+        over_pool = self.max_concurrent_upstream > self.upstream_max_connections
+        if "max_concurrent_upstream" in explicit and over_pool:
             problems.append(
                 f"CTXPROXY_MAX_CONCURRENT_UPSTREAM ({self.max_concurrent_upstream}) is above "
                 f"CTXPROXY_UPSTREAM_MAX_CONNECTIONS ({self.upstream_max_connections}): requests over "

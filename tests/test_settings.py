@@ -155,6 +155,7 @@ def test_consistent_bounds_and_a_lowered_pool_under_the_default_cap_are_accepted
     from app.main import build_limiter
 
     Settings(reserve_min_tokens=100, reserve_max_tokens=100, stream_idle_timeout_s=600.0)
+    Settings(read_timeout_s=60.0)  # the default idle timeout (300) above it changes nothing
     Settings(max_concurrent_upstream=100, upstream_max_connections=100)
     lowered = Settings(upstream_max_connections=50)  # the cap (default 1000) follows the pool
     limiter = build_limiter(lowered)
