@@ -27,7 +27,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable, Sequence
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qs
 
 from starlette.responses import Response
@@ -96,7 +96,7 @@ def _cookie_of(scope: Scope) -> str | None:
             jar: SimpleCookie = SimpleCookie()
             try:
                 jar.load(value.decode("latin-1"))
-            except Exception:  # a malformed Cookie header is no session (http.cookies.CookieError)
+            except CookieError:  # a malformed Cookie header is no session
                 return None
             morsel = jar.get(COOKIE)
             if morsel is not None:

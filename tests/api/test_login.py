@@ -144,3 +144,12 @@ async def test_a_bad_login_form_is_the_form_again(body: bytes) -> None:
             "/login", content=body, headers={**HTML, "Content-Type": "application/x-www-form-urlencoded"}
         )
     assert response.status_code == 401 and "set-cookie" not in response.headers
+
+
+@pytest.mark.parametrize(
+    "cookie", ['ctxproxy_status="unterminated', "a b=c; ctxproxy_status=v1.1.x", "\x7f=1"]
+)
+async def test_a_malformed_cookie_header_is_no_session(cookie: str) -> None:
+    async with proxy(router(), **settings()) as (client, _):
+        response = await client.get("/status.json", headers={"Cookie": cookie})
+    assert response.status_code == 401
