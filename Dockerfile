@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # ctxproxy: the proxy that keeps every LLM request inside the model's context window.
-# Build: docker build -t ctxproxy .      Run: docker run -p 127.0.0.1:8080:8080 -e CTXPROXY_UPSTREAM_BASE_URL=... ctxproxy
+# Build: docker build -t ctxproxy:0.1.0 .   (the tag deploy/k8s/kustomization.yaml and docker-compose.yml use)
+# Run:   docker run -p 127.0.0.1:8080:8080 -e CTXPROXY_UPSTREAM_BASE_URL=... ctxproxy:0.1.0
 #
 # Reproducible: every Python package (the build backend included) comes at the version pinned in
 # constraints.txt, the lock that `bash .ci/lint-deploy` keeps consistent with pyproject.toml. The

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -61,16 +62,27 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
-        description="OpenAI-compatible proxy that keeps every chat request inside the context window.",
+        description="HTTP reverse proxy that keeps every LLM request (OpenAI Chat Completions and "
+        "Responses, Anthropic Messages) inside the model's context window.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the proxy server")
     serve.add_argument("--host", help="bind address (default: CTXPROXY_HOST or 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default: CTXPROXY_PORT or 8080)")
+    serve.add_argument("--port", type=_port, help="port, 1-65535 (default: CTXPROXY_PORT or 8080)")
     serve.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
 
     demo = commands.add_parser("demo", help="run the local demo (no API key, no internet)")
@@ -116,20 +128,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings() -> Any:
-    from .settings import InvalidSettings, load_settings
+def _settings(*, warn: bool = True) -> Any:
+    """The settings; bad ones are a ``CliError``. ``warn``: print a warning for every ``CTXPROXY_*``
+    variable that is no setting (``serve`` leaves that to the app, which logs it)."""
+    from .settings import InvalidSettings, load_settings, unknown_variables
 
     try:
-        return load_settings()
+        settings = load_settings()
     except InvalidSettings as exc:
         raise CliError("\nctxproxy: error: ".join(exc.lines)) from None
+    if warn:
+        for warning in unknown_variables():
+            print(f"ctxproxy: warning: {warning}", file=sys.stderr)
+    return settings
 
 
-def _registry(models_file: Path | None) -> Any:
+def _registry(models_file: Path | None, *, warn: bool = True) -> Any:
     from .core.errors import InvalidModelTable
     from .model_table import load_registry
 
-    settings = _settings()
+    settings = _settings(warn=warn)
     operator_file = models_file if models_file is not None else settings.models_file
     if operator_file is not None and not Path(operator_file).is_file():
         where = "--models-file" if models_file is not None else "CTXPROXY_MODELS_FILE"
@@ -156,10 +174,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .settings import worker_environment
 
-    settings = _settings()
+    settings = _settings(warn=False)  # the app logs them, with its start-up lines
     # Everything create_app would stop on, checked here where it can be one clean line and exit
     # code 2 (uvicorn would print a traceback and exit 3).
-    _registry(None)
+    _registry(None, warn=False)
     # On SIGTERM uvicorn stops accepting, drains in-flight requests for up to the grace period,
     # then re-raises the signal to whatever handler was there before it: with this one, a stop
     # that was asked for ends with exit code 0 instead of death by signal.
@@ -167,6 +185,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Several workers share a fresh directory (metrics, status board, learned knowledge), fresh
     # because multiprocess metric files of an earlier run would be counted again.
     worker_dir = Path(tempfile.mkdtemp(prefix="ctxproxy-workers-")) if args.workers > 1 else None
+    logs: dict[str, Any] = {}
+    if settings.log_json:  # uvicorn's own lines as JSON too, in every process
+        from .main import uvicorn_log_config
+
+        logs["log_config"] = uvicorn_log_config()
     try:
         with worker_environment(worker_dir):
             uvicorn.run(
@@ -178,6 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 log_level=settings.log_level.lower(),
                 access_log=False,  # ctxproxy.access logs every request, with its request ID
                 timeout_graceful_shutdown=settings.shutdown_grace_s,
+                **logs,
             )
     finally:
         if worker_dir is not None:
@@ -194,7 +218,8 @@ def _print_demo(*, turns: int, window_tokens: int) -> int:
     from . import demo
 
     print(
-        f"ctxproxy demo: a local upstream with a {window_tokens:,}-token window ({demo.DEMO_MODEL}), "
+        f"ctxproxy demo: a local upstream with a {window_tokens:,}-token window "
+        f"({demo.demo_model(window_tokens)}), "
         "and ctxproxy in front of it, both on 127.0.0.1. No API key, no internet.\n"
     )
     print(demo.header_line())
@@ -244,7 +269,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.model_window is not None:
         spec = dataclasses.replace(spec, window_tokens=args.model_window, source="cli")
     policy = (
-        _settings()
+        _settings(warn=False)  # warned by _registry already
         .fit_policy()
         .refined(mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve)
     )
@@ -417,7 +442,7 @@ async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -
     from .service.discovery import Discovery
     from .upstream.client import UpstreamClient
 
-    settings = _settings()
+    settings = _settings(warn=False)  # warned by _registry already
     knowledge = Knowledge()
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         upstream = UpstreamClient(http, base_url=base_url, api_key=settings.upstream_key())
@@ -438,9 +463,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        # Output that fit in the pipe's buffer meets a closed reader only here.
+        sys.stdout.flush()
+        return code
     except CliError as exc:
         print(f"ctxproxy: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`ctxproxy plan --json ... | head`): stop quietly, like cat.
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for cat cut short the same way
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what is left in its buffer
+    does not raise a second BrokenPipeError at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (captured, closed): nothing will be flushed
+        pass

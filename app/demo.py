@@ -1,7 +1,8 @@
 """``ctxproxy demo``: the proxy and a small-window upstream on loopback, one growing agent conversation.
 
 Nothing leaves the machine and no API key is needed: the demo starts the local upstream of
-:mod:`app.demo_upstream` (a 4,096-token window, exact counting) and a real ctxproxy server in front
+:mod:`app.demo_upstream` (a 4,096-token window by default, exact counting; the model is named
+after its window, ``demo-4k``) and a real ctxproxy server in front
 of it (both uvicorn servers on free 127.0.0.1 ports, in background threads), then plays an
 agent-style conversation (the user asks, the assistant calls a tool, the tool returns a big file)
 that grows by about a thousand tokens a turn. Each turn is sent twice, directly to the upstream and
@@ -24,9 +25,10 @@ from typing import Any, Literal
 import httpx
 import uvicorn
 
-DEMO_MODEL = "demo-4k"
 DEMO_WINDOW_TOKENS = 4096
+DEMO_MODEL = "demo-4k"  # demo_model(DEMO_WINDOW_TOKENS)
 DEMO_TURNS = 8
+DEMO_MAX_OUTPUT_TOKENS = 1024
 SYSTEM_PROMPT = "You are a careful coding agent. Read files with the read_file tool before answering."
 READ_FILE_TOOL = {
     "type": "function",
@@ -36,6 +38,20 @@ READ_FILE_TOOL = {
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
     },
 }
+
+
+def demo_model(window_tokens: int) -> str:
+    """The demo model's name, from its window: ``demo-4k`` for 4,096 tokens, ``demo-1000`` for
+    1,000 (so the header and the table say which window the demo upstream has)."""
+    if window_tokens % 1024 == 0:
+        return f"demo-{window_tokens // 1024}k"
+    return f"demo-{window_tokens}"
+
+
+def demo_max_output_tokens(window_tokens: int) -> int:
+    """The demo model's max output: 1,024 tokens, at most a quarter of a smaller window (a model
+    table refuses a max output over the window)."""
+    return max(1, min(DEMO_MAX_OUTPUT_TOKENS, window_tokens // 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +76,8 @@ def fake_file(turn: int, *, lines: int = 22) -> str:
     )
 
 
-def agent_requests(turns: int) -> Iterator[dict[str, Any]]:
-    """The request of each turn: the history so far, ending with a new tool result.
+def agent_requests(turns: int, *, model: str = DEMO_MODEL) -> Iterator[dict[str, Any]]:
+    """The request of each turn (to ``model``): the history so far, ending with a new tool result.
 
     The caller appends the assistant's answer to ``request["messages"]`` before asking for the next
     turn, as an agent loop does.
@@ -85,7 +101,7 @@ def agent_requests(turns: int) -> Iterator[dict[str, Any]]:
             },
             {"role": "tool", "tool_call_id": call_id, "content": fake_file(turn)},
         ]
-        yield {"model": DEMO_MODEL, "messages": messages, "tools": [READ_FILE_TOOL]}
+        yield {"model": model, "messages": messages, "tools": [READ_FILE_TOOL]}
 
 
 @contextmanager
@@ -142,13 +158,14 @@ def run_demo(
     from .tokenizer import counter_for
 
     counter = MessageCounter(counter_for("o200k_base"))
-    upstream_app = create_demo_upstream(model=DEMO_MODEL, window_tokens=window_tokens, counter=counter)
+    model = demo_model(window_tokens)
+    upstream_app = create_demo_upstream(model=model, window_tokens=window_tokens, counter=counter)
     rows: list[TurnResult] = []
     with tempfile.TemporaryDirectory(prefix="ctxproxy-demo-") as tmp:
         models_file = Path(tmp) / "models.toml"
         models_file.write_text(
-            f'[models."{DEMO_MODEL}"]\nwindow = {window_tokens}\nmax_output = 1024\n'
-            'encoding = "o200k_base"\n',
+            f'[models."{model}"]\nwindow = {window_tokens}\n'
+            f'max_output = {demo_max_output_tokens(window_tokens)}\nencoding = "o200k_base"\n',
             encoding="utf-8",
         )
         with serve_in_thread(upstream_app, lifespan="off") as upstream_url:
@@ -156,7 +173,7 @@ def run_demo(
                 upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING"
             )
             with serve_in_thread(create_app(settings)) as proxy_url, httpx.Client(timeout=30) as http:
-                for turn, request in enumerate(agent_requests(turns), start=1):
+                for turn, request in enumerate(agent_requests(turns, model=model), start=1):
                     direct = http.post(f"{upstream_url}/v1/chat/completions", json=request)
                     proxied = http.post(
                         f"{proxy_url}/v1/chat/completions",

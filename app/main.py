@@ -8,6 +8,7 @@ HTTP client, preloads the vocabularies and closes the client on shutdown. All st
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import logging
@@ -25,6 +26,7 @@ from .api.auth import ProxyKeyMiddleware
 from .api.counting import counting_routes
 from .api.errors import install_error_handlers
 from .api.lane import FittedLane
+from .api.login import StatusLogin, session_granted
 from .api.routes import build_router, fitted_route, route_path
 from .core.dialect import Dialect
 from .core.dialects import DIALECTS
@@ -39,12 +41,13 @@ from .service.knowledge_share import KnowledgeShare
 from .service.learning import Learner
 from .service.ports import ModelResolver, Vocabularies
 from .service.worker_store import WorkerStore
-from .settings import Settings, load_settings
+from .settings import Settings, load_settings, unknown_variables
 from .upstream.client import UpstreamClient
 from .upstream.limits import ConcurrencyLimiter
 from .upstream.senders import HttpxSender, Sender
 
 _HANDLER_MARK = "_ctxproxy_handler"
+startup_logger = logging.getLogger("ctxproxy.startup")
 
 
 class TiktokenVocabularies:
@@ -64,6 +67,20 @@ class TiktokenVocabularies:
         from .tokenizer import loaded_encodings
 
         return loaded_encodings()
+
+
+def describe_table(settings: Settings, models: ModelResolver) -> str:
+    """Where the model table came from, and what an unknown model gets, for the start-up log."""
+    where = "built-in"
+    if settings.models_file is not None:
+        where = f"built-in merged with the operator file {settings.models_file}"
+    default = getattr(models, "default", None)
+    if default is None:
+        return where
+    return (
+        f"{where}; unknown models: window {default.window_tokens}, max output "
+        f"{default.max_output_tokens} ({default.source})"
+    )
 
 
 def load_model_registry(settings: Settings) -> ModelResolver:
@@ -161,10 +178,14 @@ def build_httpx_transport(settings: Settings) -> httpx.AsyncBaseTransport:
 
 
 def build_limiter(settings: Settings) -> ConcurrencyLimiter | None:
+    """The cap on concurrent upstream requests; never above the connection pool (a default cap over
+    a lowered ``upstream_max_connections`` follows it; an explicit one above it is refused by the
+    settings), so a request over the cap queues here instead of waiting for a connection."""
     if not settings.max_concurrent_upstream:
         return None
     return ConcurrencyLimiter(
-        max_concurrent=settings.max_concurrent_upstream, queue_timeout_s=settings.queue_timeout_s
+        max_concurrent=min(settings.max_concurrent_upstream, settings.upstream_max_connections),
+        queue_timeout_s=settings.queue_timeout_s,
     )
 
 
@@ -232,8 +253,34 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+_SAVED_FORMATTER = "_ctxproxy_saved_formatter"
+
+
+def json_log_formatter() -> logging.Formatter:
+    """The JSON formatter of our own lines, for a logging ``dictConfig`` (``"()"`` factory)."""
+    return _Formatter(as_json=True)
+
+
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's own logging configuration with our JSON formatter in place of its text ones, for
+    ``uvicorn.run(log_config=...)`` under ``CTXPROXY_LOG_JSON=true``: its lines ("Started server
+    process", "Uvicorn running on", the worker supervisor's) come out as JSON objects like ours, in
+    the parent process and in every worker."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    factory = f"{__package__}.main.json_log_formatter"
+    config["formatters"] = {name: {"()": factory} for name in config["formatters"]}
+    return config
+
+
 def configure_logging(settings: Settings) -> None:
-    """Our handler on the ``ctxproxy`` logger (replaced, never stacked, when called again)."""
+    """Our handler on the ``ctxproxy`` logger (replaced, never stacked, when called again). Under
+    ``log_json`` the handlers uvicorn installed on its own loggers write JSON too (their formatter is
+    swapped, and put back when called again without it), so ``uvicorn ctxproxy.main:create_app
+    --factory`` logs one format; ``ctxproxy serve`` also configures uvicorn so from the start
+    (:func:`uvicorn_log_config`)."""
     logger = logging.getLogger("ctxproxy")
     logger.setLevel(settings.log_level)
     for handler in list(logger.handlers):
@@ -244,6 +291,15 @@ def configure_logging(settings: Settings) -> None:
     handler.addFilter(RequestIdFilter())
     setattr(handler, _HANDLER_MARK, True)
     logger.addHandler(handler)
+    for name in UVICORN_LOGGERS:
+        for theirs in logging.getLogger(name).handlers:
+            swapped = hasattr(theirs, _SAVED_FORMATTER)
+            if settings.log_json and not swapped:
+                setattr(theirs, _SAVED_FORMATTER, theirs.formatter)
+                theirs.setFormatter(_Formatter(as_json=True))
+            elif not settings.log_json and swapped:
+                theirs.setFormatter(getattr(theirs, _SAVED_FORMATTER))
+                delattr(theirs, _SAVED_FORMATTER)
 
 
 def create_app(
@@ -260,6 +316,8 @@ def create_app(
     dialect of ``app.core.dialects.DIALECTS`` gets its route."""
     settings = settings or load_settings()  # bad values: InvalidSettings, one line per setting
     configure_logging(settings)
+    for warning in unknown_variables():  # a mistyped variable must not be silently ignored
+        startup_logger.warning(warning)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies()
     apis = dict(DIALECTS if dialects is None else dialects)
     counting = frozenset(path for path, _ in counting_routes(apis))
@@ -269,6 +327,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         models = registry or load_model_registry(settings)
         observability.use_registry(models)
+        table = "given to create_app" if registry is not None else describe_table(settings, models)
+        for line in settings.summary_lines(table=table):
+            startup_logger.info(line)
         await anyio.to_thread.run_sync(vocab.preload)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
         sender = build_sender(settings, transport=upstream_transport)
@@ -337,6 +398,9 @@ def create_app(
     install_error_handlers(app)
     if settings.proxy_api_keys():
         routes = {route_path(dialect): dialect for dialect in apis.values()}
-        app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys(), routes=routes)
+        app.add_middleware(
+            ProxyKeyMiddleware, keys=settings.proxy_api_keys(), routes=routes, granted=session_granted
+        )
+        app.add_middleware(StatusLogin, keys=settings.proxy_api_keys())  # a person's way in
     app.add_middleware(ObservabilityMiddleware, observability=observability, access_log=True)
     return app

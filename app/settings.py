@@ -3,17 +3,26 @@
 ``Settings()`` reads the environment when it is *constructed* (never at import time);
 ``create_app`` builds it once and passes it down. The budget engine never sees it:
 :meth:`Settings.fit_policy` turns it into an ``app.core.budget.Policy`` value.
+
+Loud, not quiet: a bad value, or two settings that contradict each other (a minimum above its
+maximum, a stream idle timeout the read timeout would always cut first, a concurrency cap above the
+connection pool), is refused with one line per problem (:func:`describe_settings_error`); a
+``CTXPROXY_*`` variable that is no setting is a warning naming the nearest one
+(:func:`unknown_variables`); :meth:`Settings.summary_lines` says at start-up what the proxy will do
+(upstreams, policy, model table), never a key.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, get_args, get_origin
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -83,11 +92,17 @@ class Settings(BaseSettings):
     summary_concurrency: int = Field(default=2, ge=1)
 
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    compress_aside_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="POST /v1/compress: tokens left for what the gateway keeps aside (system prompt, "
+        "tools) when the request does not say (X-Context-Aside-Tokens); unset: 10% of the window.",
+    )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_json: bool = False
     host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    port: int = Field(default=8080, ge=1, le=65535)
     shutdown_grace_s: float = Field(default=30.0, gt=0)
     worker_dir: Path | None = Field(
         default=None,
@@ -137,6 +152,48 @@ class Settings(BaseSettings):
         return value.upper() if isinstance(value, str) else value
 
     @model_validator(mode="after")
+    def _consistent_bounds(self) -> Settings:
+        """Pairs of settings that bound one another, each problem on its own line."""
+        problems = []
+        if self.reserve_min_tokens > self.reserve_max_tokens:
+            problems.append(
+                f"CTXPROXY_RESERVE_MIN_TOKENS ({self.reserve_min_tokens}) is above "
+                f"CTXPROXY_RESERVE_MAX_TOKENS ({self.reserve_max_tokens}): the output reserve is clamped "
+                "between them, so the minimum must not exceed the maximum"
+            )
+        # Each pair below is refused only when the operator set the larger one: a default above a
+        # lowered bound changes nothing (the read timeout ends a silent stream first; the cap on
+        # concurrency follows a smaller pool, app.main.build_limiter).
+        explicit = self.model_fields_set
+        if "stream_idle_timeout_s" in explicit and self.stream_idle_timeout_s > self.read_timeout_s:
+            problems.append(
+                f"CTXPROXY_STREAM_IDLE_TIMEOUT_S ({self.stream_idle_timeout_s:g}) is longer than "
+                f"CTXPROXY_READ_TIMEOUT_S ({self.read_timeout_s:g}), which ends a silent stream first: "
+                "lower the idle timeout or raise the read timeout"
+            )
+        over_pool = self.max_concurrent_upstream > self.upstream_max_connections
+        if "max_concurrent_upstream" in explicit and over_pool:
+            problems.append(
+                f"CTXPROXY_MAX_CONCURRENT_UPSTREAM ({self.max_concurrent_upstream}) is above "
+                f"CTXPROXY_UPSTREAM_MAX_CONNECTIONS ({self.upstream_max_connections}): requests over "
+                "the pool would wait for a connection instead of the queue; keep the cap at most the "
+                "connections"
+            )
+        if (
+            self.default_window_tokens is not None
+            and self.default_max_output_tokens is not None
+            and self.default_max_output_tokens > self.default_window_tokens
+        ):
+            problems.append(
+                f"CTXPROXY_DEFAULT_MAX_OUTPUT_TOKENS ({self.default_max_output_tokens}) is above "
+                f"CTXPROXY_DEFAULT_WINDOW_TOKENS ({self.default_window_tokens}): a model cannot write "
+                "more than its window holds"
+            )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _proxy_keys_need_an_upstream_key(self) -> Settings:
         if self.proxy_api_keys() and self.upstream_key() is None:
             raise ValueError(
@@ -168,6 +225,86 @@ class Settings(BaseSettings):
     def upstream_key(self) -> str | None:
         """The upstream API key in clear, for the Authorization header only (never logged)."""
         return self.upstream_api_key.get_secret_value() if self.upstream_api_key is not None else None
+
+    def summary_lines(self, *, table: str) -> list[str]:
+        """What the proxy will do, for the start-up log: the upstreams (without credentials), who
+        authenticates, the fit policy and where the model table came from (``table``, worded by the
+        caller, which loaded it). Never a key, nor how many there are."""
+        routes = ", ".join(f"{model} -> {display_url(url)}" for model, url in self.upstream_routes.items())
+        if self.proxy_api_keys():
+            auth = "clients must send a proxy key (CTXPROXY_API_KEYS); the operator's upstream key is sent"
+        elif self.upstream_api_key is not None:
+            auth = "the operator's upstream key (CTXPROXY_UPSTREAM_API_KEY) replaces the clients' keys"
+        else:
+            auth = "the clients' own keys are forwarded"
+        if self.reserve_tokens is not None:
+            reserve = f"{self.reserve_tokens} tokens"
+        else:
+            reserve = (
+                f"{self.reserve_ratio:.0%} of the window, within "
+                f"[{self.reserve_min_tokens}, {self.reserve_max_tokens}] tokens"
+            )
+        summaries = "off"
+        if self.summarize:
+            writer = self.summary_model or "each request's own"
+            summaries = f"on (model: {writer})"
+        return [
+            f"upstream {display_url(self.upstream_base_url)}"
+            + (f"; routes {routes}" if routes else "")
+            + f"; {auth}",
+            f"policy {self.policy_mode}: keep the newest {self.keep_turns} turns (at most "
+            f"{self.protect_max_share:.0%} of the budget), cut to {self.cut_target:g} of the budget, "
+            f"summaries {summaries}, output reserve {reserve} when a request sets none",
+            f"model table: {table}; discovery {'on' if self.discovery else 'off'}",
+        ]
+
+
+def display_url(url: str) -> str:
+    """``url`` without user info, query or fragment (operators paste keys into URLs)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "(invalid URL)"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if port is not None:
+        host = f"{host}:{port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+ENV_PREFIX = "CTXPROXY_"
+# Read by the test suite, not by the proxy: known, so never warned about.
+TEST_VARIABLES = frozenset({"CTXPROXY_FUZZ_EXAMPLES", "CTXPROXY_CHROMIUM"})
+
+
+def setting_variables() -> frozenset[str]:
+    """The environment variable of every setting (``CTXPROXY_WORKER_DIR`` included)."""
+    return frozenset(f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``CTXPROXY_*`` variable of ``environ`` (default: the process environment)
+    that is no setting, so it is silently ignored otherwise: its name and the nearest setting's
+    (``CTXPROXY_UPSTREAM_BASEURL`` -> did you mean ``CTXPROXY_UPSTREAM_BASE_URL``?). Never its
+    value. Names compare case-insensitively, as the settings are read."""
+    env = os.environ if environ is None else environ
+    known = setting_variables()
+    suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
+    warnings = []
+    for variable in sorted(env):
+        upper = variable.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in TEST_VARIABLES:
+            continue
+        near = difflib.get_close_matches(upper.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.6)
+        hint = (
+            f"did you mean {ENV_PREFIX}{near[0]}?"
+            if near
+            else "every setting is listed in config/ctxproxy.env.example"
+        )
+        warnings.append(f"{variable} is not a ctxproxy setting and is ignored: {hint}")
+    return warnings
 
 
 _ROUTES_EXPECTED = 'a JSON object {"model name or prefix": "http(s)://base-url", ...}'
@@ -241,8 +378,8 @@ def describe_settings_error(exc: Exception) -> list[str]:
         loc = [str(part) for part in error.get("loc", ())]
         message = str(error.get("msg", "invalid value"))
         message = message.removeprefix("Value error, ")
-        if not loc:  # a rule across settings: its message names them
-            lines.append(message)
+        if not loc:  # rules across settings: their messages name them, one line each
+            lines.extend(message.splitlines())
             continue
         name = loc[0]
         where = f" (at {'.'.join(loc[1:])})" if len(loc) > 1 else ""

@@ -360,7 +360,7 @@ def test_a_real_start_with_bad_routes_exits_2_with_one_line(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CTXPROXY_")}
     env["CTXPROXY_UPSTREAM_ROUTES"] = "gpt-4o=http://x"
     done = subprocess.run(
-        [sys.executable, "-m", "app", "serve", "--port", "0"],
+        [sys.executable, "-m", "app", "serve", "--port", "65535"],  # never bound: refused before
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -440,3 +440,70 @@ def test_plan_of_a_responses_body_with_api(tmp_path: Path, capsys: pytest.Captur
     assert report["tokens_before"] > 0 and all("ctxproxy_origin" not in m for m in report["messages"])
     # The same body read as chat has no messages: a clear error, not a traceback.
     assert cli.main(["plan", path]) != 0
+
+
+def test_plan_json_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
+    """``ctxproxy plan --json ... | head`` ended in a BrokenPipeError traceback."""
+    body = write_json(tmp_path / "big.json", chat(200, words=200))
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CTXPROXY_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "plan", "--json", str(body)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()  # like head -1: read a line, then close the pipe
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    code = process.wait(timeout=60)
+    process.stderr.close()
+    assert first.strip() == b"{"
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert code == cli.EXIT_BROKEN_PIPE
+
+
+def test_help_names_every_wire_api_not_only_chat(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "every LLM request" in out and "Responses" in out and "Anthropic Messages" in out
+    assert "every chat request" not in out
+
+
+@pytest.mark.parametrize("port", ["0", "99999", "eighty"])
+def test_serve_refuses_a_port_out_of_range(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--port 99999`` bound a random port."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--port", port])
+    assert exc.value.code == 2
+    assert "expected a port number from 1 to 65535" in capsys.readouterr().err
+
+
+def test_an_unknown_variable_is_a_warning_naming_the_nearest_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_BASEURL", "http://127.0.0.1:9/v1")
+    assert cli.main(["models"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "ctxproxy: warning: CTXPROXY_UPSTREAM_BASEURL is not a ctxproxy setting and is ignored: "
+        "did you mean CTXPROXY_UPSTREAM_BASE_URL?\n"
+    )
+
+
+def test_serve_leaves_the_unknown_variable_warning_to_the_app(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append(k))
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_BASEURL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("CTXPROXY_LOG_JSON", "true")
+    assert cli.main(["serve"]) == 0
+    assert "warning" not in capsys.readouterr().err  # logged by each app at start-up instead
+    config = calls[0]["log_config"]
+    assert isinstance(config, dict)
+    assert {f["()"] for f in config["formatters"].values()} == {"app.main.json_log_formatter"}

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from app.core.messages import pairing_problems
-from app.demo import DEMO_WINDOW_TOKENS, TurnResult, agent_requests, format_row, header_line, run_demo
+from app.demo import (
+    DEMO_WINDOW_TOKENS,
+    TurnResult,
+    agent_requests,
+    demo_max_output_tokens,
+    demo_model,
+    format_row,
+    header_line,
+    run_demo,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,3 +99,34 @@ def test_ctxproxy_demo_command_exits_0_and_prints_the_table() -> None:
     assert [line.split()[0] for line in table] == ["1", "2", "3", "4", "5", "6"]
     assert any("context error" in line for line in table)
     assert "Through ctxproxy: 6 of 6 ok" in done.stdout
+
+
+def test_the_model_is_named_after_its_window_and_its_max_output_fits_in_it() -> None:
+    assert demo_model(4096) == "demo-4k" and demo_model(8192) == "demo-8k"
+    assert demo_model(1000) == "demo-1000"
+    assert demo_max_output_tokens(4096) == 1024
+    assert demo_max_output_tokens(1000) == 250
+    assert demo_max_output_tokens(2) == 1
+
+
+def test_a_window_smaller_than_the_default_max_output_runs() -> None:
+    """``--window 1000`` crashed: the demo's table said max_output 1024, over the window."""
+    rows = run_demo(turns=2, window_tokens=1000, on_row=lambda row: None)
+    assert [r.proxied for r in rows] == ["ok", "ok"]
+    assert rows[1].direct == "context error"
+    assert all(r.tokens_forwarded is not None and r.tokens_forwarded < 1000 for r in rows)
+
+
+def test_the_commands_header_names_the_window_it_was_given() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CTXPROXY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "demo", "--turns", "1", "--window", "2048"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a 2,048-token window (demo-2k)" in done.stdout
+    assert "demo-4k" not in done.stdout

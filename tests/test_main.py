@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import io
 import json
 import logging
@@ -200,3 +201,58 @@ def test_create_app_names_a_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None
         str(caught.value)
         == "CTXPROXY_KEEP_TURNS: input should be greater than or equal to 0; expected an integer >= 0"
     )
+
+
+def test_uvicorns_own_handlers_write_json_under_log_json_and_text_again_without() -> None:
+    stream = io.StringIO()
+    theirs = logging.StreamHandler(stream)
+    plain = logging.Formatter("%(levelname)s:     %(message)s")
+    theirs.setFormatter(plain)
+    uvicorn_logger = logging.getLogger("uvicorn")
+    uvicorn_logger.addHandler(theirs)
+    try:
+        configure_logging(make_settings(log_json=True))
+        configure_logging(make_settings(log_json=True))  # twice: still one swap, the original kept
+        logging.getLogger("uvicorn.error").warning("Started server process [%d]", 42)
+        line = json.loads(stream.getvalue().splitlines()[-1])
+        assert line["logger"] == "uvicorn.error" and line["message"] == "Started server process [42]"
+        configure_logging(make_settings(log_json=False))
+        assert theirs.formatter is plain
+    finally:
+        uvicorn_logger.removeHandler(theirs)
+        configure_logging(make_settings())
+
+
+def test_uvicorn_log_config_formats_every_uvicorn_line_as_json() -> None:
+    from app.main import uvicorn_log_config
+
+    config = uvicorn_log_config()
+    assert set(config["loggers"]) == {"uvicorn", "uvicorn.error", "uvicorn.access"}
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Running on %s", ("x",), None)
+    for formatter in config["formatters"].values():
+        module, _, name = formatter["()"].rpartition(".")
+        made = getattr(importlib.import_module(module), name)()
+        assert json.loads(made.format(record))["message"] == "Running on x"
+
+
+async def test_start_up_logs_the_configuration_and_warns_of_unknown_variables(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CTXPROXY_UPSTREAM_BASEURL", "http://typo.example/v1")
+    caplog.set_level(logging.INFO, logger="ctxproxy.startup")
+    app = create_app(
+        make_settings(), upstream_transport=RecordingTransport(), vocabularies=WordVocabularies()
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "CTXPROXY_UPSTREAM_BASEURL is not a ctxproxy setting and is ignored: did you mean "
+        "CTXPROXY_UPSTREAM_BASE_URL?"
+    ]
+    async with app.router.lifespan_context(app):
+        pass
+    startup = [r for r in caplog.records if r.name == "ctxproxy.startup" and r.levelno == logging.INFO]
+    lines = [r.getMessage() for r in startup]
+    assert len(lines) == 3
+    assert lines[0].startswith("upstream http://upstream.test/v1")
+    assert lines[1].startswith("policy auto:")
+    assert lines[2].startswith("model table: built-in; unknown models: window ")

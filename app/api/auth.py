@@ -13,7 +13,7 @@ the settings refuse proxy keys without an upstream key. Neither key is ever logg
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import orjson
 from starlette.responses import Response
@@ -69,17 +69,26 @@ class ProxyKeyMiddleware:
     fitted API's route (``routes``: path -> dialect) the 401 is in that API's error shape."""
 
     def __init__(
-        self, app: ASGIApp, *, keys: Sequence[str], routes: Mapping[str, Dialect] | None = None
+        self,
+        app: ASGIApp,
+        *,
+        keys: Sequence[str],
+        routes: Mapping[str, Dialect] | None = None,
+        granted: Callable[[Scope], bool] | None = None,
     ) -> None:
         self.app = app
         self.keys = tuple(key.encode("utf-8") for key in keys)
         self.routes: Mapping[str, Dialect] = routes or {}
+        # Another way in for some requests (the status page's session, app.api.login): it decides.
+        self.granted = granted
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or scope.get("path") in OPEN_PATHS or _probe(scope):
             await self.app(scope, receive, send)
             return
-        if key_matches(presented_key(scope.get("headers", [])), self.keys):
+        if key_matches(presented_key(scope.get("headers", [])), self.keys) or (
+            self.granted is not None and self.granted(scope)
+        ):
             await self.app(scope, receive, send)
             return
         message = (

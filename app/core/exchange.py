@@ -100,7 +100,7 @@ class Exchange:
         self._expect("new")
         if not plan.fits and self.mode != "off":
             self.state = "done"
-            return Fail(plan, reason=self._reason())
+            return Fail(plan, reason=self._reason(plan))
         self.plan, self.state = plan, "sending"
         return Send(plan)
 
@@ -166,7 +166,19 @@ class Exchange:
         self.state = "done"
         return Deliver(overflow)
 
-    def _reason(self) -> str:
+    def _reason(self, plan: Plan) -> str:
+        budget = plan.budget
+        if budget.tool_tokens > 0 and budget.input_budget_tokens == 0:
+            # No cut of the conversation can help: say what is too big.
+            room = budget.window_tokens - budget.reserve_tokens - budget.margin_tokens
+            if budget.cap_tokens is not None:
+                room = min(room, budget.cap_tokens)
+            too_big = "exceed" if budget.tool_tokens > room else "use up"
+            return (
+                f"the tool definitions alone ({budget.tool_tokens} tokens) {too_big} the input budget, "
+                "so shortening the conversation cannot help: send fewer or shorter tool definitions, "
+                "or use a model with a larger context window"
+            )
         if self.mode == "reject":
             return "the context policy is 'reject', so the proxy does not shorten conversations"
         return "shortening the conversation as far as the policy allows does not bring it under"

@@ -3,16 +3,19 @@
 INTERFACE CONTRACT (the service and the API rely on these):
 
 * ``PrefixReuse`` (frozen): ``reused_tokens``, ``total_tokens``, ``share`` (0..1).
-* ``PrefixMemory(*, max_conversations=256)``: ``observe(messages, tokens) -> PrefixReuse`` compares
-  the forwarded ``messages`` (with their per-message ``tokens``) with the previous forwarded request
-  of the same conversation and remembers them as its latest. ``reused_tokens`` are the tokens of
-  the leading messages equal to the previous request's (a prefix it already sent, which a prompt
-  cache holds); ``share = reused / total``, 0 for a conversation seen the first time.
+* ``PrefixMemory(*, max_conversations=256)``: ``observe(messages, tokens, *, model, api) ->
+  PrefixReuse`` compares the forwarded ``messages`` (with their per-message ``tokens``) with the
+  previous forwarded request of the same conversation and remembers them as its latest.
+  ``reused_tokens`` are the tokens of the leading messages equal to the previous request's (a
+  prefix it already sent, which a prompt cache holds); ``share = reused / total``, 0 (``0.000``
+  in ``X-Context-Prefix-Reuse``) for a conversation seen the first time: nothing of it is cached.
 
-A conversation is recognised by its first two forwarded messages (the system prompt and the first
-user message stay the same while the proxy cuts: they are pinned). Bounded: the least recently
-seen conversations are forgotten first. Thread-safe; pure standard library; the messages are
-never mutated (the memory keeps references to them).
+A conversation is recognised by its model, its wire API (``chat``, ``responses``, ...) and its first
+two forwarded messages (the system prompt and the first user message stay the same while the proxy
+cuts: they are pinned). Prompt caches are per model, so the same opening sent to another model, or
+through another API, is another conversation. Bounded: the least recently seen conversations are
+forgotten first. Thread-safe; pure standard library; the messages are never mutated (the memory
+keeps references to them).
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ class PrefixReuse:
         return self.reused_tokens / self.total_tokens if self.total_tokens > 0 else 0.0
 
 
-def _anchor(messages: Sequence[Message]) -> str | None:
+def _anchor(messages: Sequence[Message], *, model: str, api: str) -> str | None:
     try:
-        return json.dumps(list(messages[:2]), sort_keys=True, ensure_ascii=False, default=repr)
+        return json.dumps([model, api, *messages[:2]], sort_keys=True, ensure_ascii=False, default=repr)
     except (TypeError, ValueError, RecursionError):
         return None
 
@@ -65,9 +68,11 @@ class PrefixMemory:
         self._latest: OrderedDict[str, tuple[Message, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def observe(self, messages: Sequence[Message], tokens: Sequence[int]) -> PrefixReuse:
+    def observe(
+        self, messages: Sequence[Message], tokens: Sequence[int], *, model: str, api: str
+    ) -> PrefixReuse:
         total = sum(tokens)
-        anchor = _anchor(messages) if messages else None
+        anchor = _anchor(messages, model=model, api=api) if messages else None
         if anchor is None:
             return PrefixReuse(0, total)
         with self._lock:

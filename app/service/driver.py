@@ -393,7 +393,7 @@ class Service:
             raise
         # What an upstream prompt cache could reuse: the previous forwarded request of this
         # conversation, compared message by message (``X-Context-Prefix-Reuse``).
-        reuse = self.prefixes.observe(plan.messages, plan.message_tokens)
+        reuse = self.prefixes.observe(plan.messages, plan.message_tokens, model=plan.model, api=plan.api)
         return Outcome(
             plan=plan,
             response=observed,

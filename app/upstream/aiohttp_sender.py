@@ -22,6 +22,7 @@ byte string (obs-text, never sent by an SDK) goes out as the UTF-8 of its latin-
 
 from __future__ import annotations
 
+import errno
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator
 
@@ -148,7 +149,10 @@ class AiohttpSender:
         self, exc: BaseException, *, base_url: str | None, reading: bool = False
     ) -> UpstreamError | None:
         """The upstream error for an aiohttp (or socket) error, by type; None for anything else.
-        ``reading``: raised while reading the body (the upstream had answered: a broken answer)."""
+        ``reading``: raised while reading the body (the upstream had answered: a broken answer).
+        The message says what happened in plain words (:func:`connect_failure`,
+        :func:`broken_connection`), never aiohttp's own text (``ssl:default`` on a plain http
+        upstream, connector internals)."""
         where = f" ({base_url})" if base_url else ""
         if isinstance(exc, TimeoutError):  # aiohttp's connect/read timeouts are TimeoutErrors too
             return UpstreamTimeout(f"The upstream did not answer in time{where}.", base_url=base_url)
@@ -159,14 +163,16 @@ class AiohttpSender:
             | aiohttp.InvalidURL
             | aiohttp.NonHttpUrlClientError,
         ):
-            return UpstreamUnreachable(f"The upstream is unreachable{where}: {exc}", base_url=base_url)
+            return UpstreamUnreachable(
+                f"The upstream is unreachable{where}: {connect_failure(exc)}.", base_url=base_url
+            )
         if isinstance(exc, aiohttp.ClientResponseError):
             return UpstreamProtocolError(
                 f"The upstream's answer was not valid HTTP{where}.", base_url=base_url
             )
         if isinstance(exc, aiohttp.ClientError | OSError):
             return UpstreamProtocolError(
-                f"The upstream broke the connection{where}: {exc}", base_url=base_url
+                f"The upstream broke the connection{where}: {broken_connection(exc)}.", base_url=base_url
             )
         return None
 
@@ -174,3 +180,49 @@ class AiohttpSender:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+_OS_REASONS = {
+    errno.ECONNREFUSED: "the connection was refused (nothing listens on that port?)",
+    errno.EHOSTUNREACH: "no route to its host",
+    errno.ENETUNREACH: "its network is unreachable",
+    errno.ECONNRESET: "the connection was reset",
+    errno.EPIPE: "the connection was closed while sending",
+}
+
+
+def _os_reason(error: OSError | None) -> str | None:
+    if error is None:
+        return None
+    known = _OS_REASONS.get(error.errno or 0)
+    if known is not None:
+        return known
+    return error.strerror.lower() if error.strerror else None
+
+
+def connect_failure(exc: BaseException) -> str:
+    """Why a connection to the upstream could not be made, in words (no aiohttp internals)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name does not resolve"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "its TLS certificate was not accepted"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return _os_reason(exc.os_error) or "the connection could not be made"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "it closed the connection before answering"
+    if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
+        return "the URL is not a valid http(s) URL"
+    return "the connection could not be made"
+
+
+def broken_connection(exc: BaseException) -> str:
+    """How an exchange with the upstream broke off, in words (no aiohttp internals)."""
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "its answer ended before it was complete"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "it closed the connection midway"
+    if isinstance(exc, OSError):
+        return _os_reason(exc) or "the connection failed"
+    return "the connection failed"

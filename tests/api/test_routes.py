@@ -140,6 +140,23 @@ async def test_reject_policy_over_budget_is_a_400_context_length_exceeded_and_no
     assert int(response.headers["x-context-tokens-after"]) > int(response.headers["x-context-budget"])
 
 
+async def test_tool_definitions_alone_over_the_budget_are_what_the_400_names() -> None:
+    router = respx.Router(assert_all_called=False)
+    route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    tool = {
+        "type": "function",
+        "function": {"name": "read", "description": words(WINDOW_TOKENS), "parameters": {"type": "object"}},
+    }
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    async with proxy(router) as (client, _):
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "the tool definitions alone (" in message and "exceed the input budget" in message
+    assert "shortening the conversation as far as" not in message
+    assert route.call_count == 0
+
+
 async def test_off_policy_forwards_an_over_budget_request_unchanged() -> None:
     router = respx.Router(assert_all_called=False)
     route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))

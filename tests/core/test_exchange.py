@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -66,6 +67,28 @@ def test_a_plan_that_does_not_fit_fails_unless_the_policy_is_off() -> None:
     rejected = exchange("reject").start(over)
     assert isinstance(rejected, Fail) and "'reject'" in rejected.reason
     assert exchange("off").start(over) == Send(over)
+
+
+@pytest.mark.parametrize(("tool_tokens", "words"), [(9_500, "exceed"), (8_900, "use up")])
+def test_tool_definitions_alone_over_the_budget_are_named_not_the_conversation(
+    tool_tokens: int, words: str
+) -> None:
+    budget = Budget(window_tokens=10_000, reserve_tokens=1_000, margin_tokens=100, tool_tokens=tool_tokens)
+    over = replace(plan(tool_tokens + 50, fits=False), budget=budget)
+    for mode in ("auto", "reject"):
+        command = exchange(mode).start(over)
+        assert isinstance(command, Fail)
+        assert f"the tool definitions alone ({tool_tokens} tokens) {words} the input budget" in command.reason
+        assert "shortening the conversation cannot help" in command.reason
+    capped = Budget(
+        window_tokens=10_000, reserve_tokens=1_000, margin_tokens=100, tool_tokens=600, cap_tokens=500
+    )
+    command = exchange().start(replace(plan(700, fits=False), budget=capped))
+    assert isinstance(command, Fail) and "(600 tokens) exceed" in command.reason
+    # Tools that leave room: the conversation is what is too long.
+    roomy = Budget(window_tokens=10_000, reserve_tokens=1_000, margin_tokens=100, tool_tokens=2_000)
+    command = exchange().start(replace(plan(20_000, fits=False), budget=roomy))
+    assert isinstance(command, Fail) and "does not bring it under" in command.reason
 
 
 def test_an_overflow_is_replanned_under_a_smaller_cap_and_resent() -> None:

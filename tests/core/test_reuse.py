@@ -8,6 +8,10 @@ from typing import Any
 from app.core.reuse import PrefixMemory, PrefixReuse
 
 
+def observe(memory: PrefixMemory, messages: Any, tokens: list[int], *, model: str = "gpt-4o") -> PrefixReuse:
+    return memory.observe(messages, tokens, model=model, api="chat")
+
+
 def chat(n: int, *, note: str | None = None) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "sys"},
@@ -21,17 +25,17 @@ def chat(n: int, *, note: str | None = None) -> list[dict[str, Any]]:
 
 def test_a_new_conversation_reuses_nothing_and_a_grown_one_its_whole_previous_request() -> None:
     memory = PrefixMemory()
-    first = memory.observe(chat(4), [10] * 6)
+    first = observe(memory, chat(4), [10] * 6)
     assert first == PrefixReuse(0, 60) and first.share == 0.0
-    grown = memory.observe(chat(6), [10] * 8)
+    grown = observe(memory, chat(6), [10] * 8)
     assert grown == PrefixReuse(60, 80) and grown.share == 0.75
 
 
 def test_a_changed_message_ends_the_reused_prefix() -> None:
     memory = PrefixMemory()
-    memory.observe(chat(4), [10, 20, 1, 1, 1, 1])
+    observe(memory, chat(4), [10, 20, 1, 1, 1, 1])
     cut = chat(2, note="[ctxproxy: earlier messages were removed]")
-    reuse = memory.observe(cut, [10, 20, 5, 1, 1])
+    reuse = observe(memory, cut, [10, 20, 5, 1, 1])
     assert reuse.reused_tokens == 30  # the pinned system prompt and task only
     assert reuse.total_tokens == 37
 
@@ -39,18 +43,18 @@ def test_a_changed_message_ends_the_reused_prefix() -> None:
 def test_conversations_are_told_apart_by_their_start_and_forgotten_oldest_first() -> None:
     memory = PrefixMemory(max_conversations=2)
     other = [{"role": "system", "content": "other"}, {"role": "user", "content": "x"}]
-    memory.observe(chat(2), [1] * 4)
-    memory.observe(other, [1, 1])
-    assert memory.observe(chat(3), [1] * 5).reused_tokens == 4
-    memory.observe([{"role": "user", "content": "third"}], [1])  # evicts `other`
-    assert memory.observe([*other, {"role": "user", "content": "y"}], [1, 1, 1]).reused_tokens == 0
+    observe(memory, chat(2), [1] * 4)
+    observe(memory, other, [1, 1])
+    assert observe(memory, chat(3), [1] * 5).reused_tokens == 4
+    observe(memory, [{"role": "user", "content": "third"}], [1])  # evicts `other`
+    assert observe(memory, [*other, {"role": "user", "content": "y"}], [1, 1, 1]).reused_tokens == 0
 
 
 def test_messages_that_are_not_json_are_never_remembered_and_counts_stay_exact() -> None:
     memory = PrefixMemory()
     odd: list[dict[str, Any]] = [{"role": "user", "content": float("nan")}]
-    assert memory.observe(odd, [3]) == PrefixReuse(0, 3)
-    assert memory.observe([], []) == PrefixReuse(0, 0)
+    assert observe(memory, odd, [3]) == PrefixReuse(0, 3)
+    assert observe(memory, [], []) == PrefixReuse(0, 0)
 
 
 def test_concurrent_observers_do_not_break_it() -> None:
@@ -61,7 +65,7 @@ def test_concurrent_observers_do_not_break_it() -> None:
         try:
             for n in range(50):
                 messages = [{"role": "system", "content": f"s{k % 12}"}, *chat(n)[1:]]
-                reuse = memory.observe(messages, [1] * len(messages))
+                reuse = observe(memory, messages, [1] * len(messages))
                 assert 0 <= reuse.reused_tokens <= reuse.total_tokens
         except BaseException as exc:  # collected, asserted empty in the test thread
             errors.append(exc)
@@ -72,3 +76,16 @@ def test_concurrent_observers_do_not_break_it() -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_the_same_opening_to_another_model_or_through_another_api_is_another_conversation() -> None:
+    memory = PrefixMemory()
+    observe(memory, chat(4), [10] * 6)
+    # A brand-new model's first request: nothing of it is in that model's prompt cache.
+    other_model = observe(memory, chat(6), [10] * 8, model="gpt-4o-mini")
+    assert other_model == PrefixReuse(0, 80) and other_model.share == 0.0
+    other_api = memory.observe(chat(6), [10] * 8, model="gpt-4o", api="responses")
+    assert other_api.reused_tokens == 0
+    # Each conversation still continues by itself.
+    assert observe(memory, chat(6), [10] * 8).reused_tokens == 60
+    assert observe(memory, chat(8), [10] * 10, model="gpt-4o-mini").reused_tokens == 80

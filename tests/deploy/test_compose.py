@@ -136,3 +136,11 @@ def test_the_proxy_is_hardened() -> None:
         assert service["build"] == "." and service["read_only"] is True and service["cap_drop"] == ["ALL"]
         assert "no-new-privileges:true" in service["security_opt"]
         assert shlex.split(healthcheck_command(service))[0] == "python"
+
+
+def test_inline_configs_come_with_the_compose_version_they_need() -> None:
+    """``configs: content:`` exists since Docker Compose 2.23.1: the README and the file say so."""
+    inline = [name for name, config in compose()["configs"].items() if "content" in config]
+    assert inline, "no inline config left: drop the version note from README and the compose file"
+    assert "Compose 2.23.1 or newer" in (REPO / "README.md").read_text()
+    assert "Compose 2.23.1 or newer" in (REPO / "docker-compose.yml").read_text()

@@ -10,6 +10,9 @@ import shlex
 import tomllib
 from pathlib import Path
 
+import yaml
+
+from app import __version__
 from tests.deploy.repo import REPO, run, tool
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -133,3 +136,17 @@ def test_both_stages_are_the_same_pinned_python_image() -> None:
     (base,) = [args for name, args in steps if name == "ARG" and args.startswith("PYTHON_IMAGE=")]
     assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base)
     assert [args.split()[0] for name, args in steps if name == "FROM"] == ["${PYTHON_IMAGE}"] * 2
+
+
+def test_the_image_tag_is_the_same_everywhere_and_is_the_package_version() -> None:
+    """The Dockerfile's build comment, docker-compose.yml and the kustomization name one image:
+    ctxproxy:<version of the package>."""
+    wanted = f"ctxproxy:{__version__}"
+    built = re.findall(r"docker build -t (\S+) \.", DOCKERFILE.read_text())
+    run_tags = re.findall(r"docker run .* (ctxproxy\S*)$", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    assert built == [wanted] and run_tags == [wanted], (built, run_tags)
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    assert compose["x-ctxproxy"]["image"] == wanted
+    for path in sorted((REPO / "deploy" / "k8s").rglob("kustomization.yaml")):
+        (image,) = yaml.safe_load(path.read_text())["images"]
+        assert f"{image['newName']}:{image['newTag']}" == wanted, path

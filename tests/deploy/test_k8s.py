@@ -55,8 +55,16 @@ def proxy_container() -> dict[str, Any]:
 
 
 def config() -> dict[str, str]:
+    """The settings ConfigMap (loaded whole into the environment by envFrom)."""
     data: dict[str, str] = objects()[("ConfigMap", "ctxproxy")]["data"]
     return data
+
+
+def model_table() -> str:
+    """The operator model table, from the ConfigMap the config volume mounts."""
+    (volume,) = [v for v in proxy_pod()["volumes"] if v["name"] == "config"]
+    data: dict[str, str] = objects()[("ConfigMap", volume["configMap"]["name"])]["data"]
+    return data["models.toml"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -166,5 +174,21 @@ def test_every_ctxproxy_variable_is_a_real_setting_with_a_valid_value() -> None:
 def test_the_mounted_model_table_is_where_the_setting_points_and_parses() -> None:
     (mount,) = [m for m in proxy_container()["volumeMounts"] if m["name"] == "config"]
     assert config()["CTXPROXY_MODELS_FILE"] == f"{mount['mountPath']}/models.toml"
-    table = ModelRegistry.from_toml(config()["models.toml"], source="operator")
+    table = ModelRegistry.from_toml(model_table(), source="operator")
     assert table.resolve("Qwen/Qwen2.5-7B-Instruct").source == "operator"
+
+
+def test_every_key_loaded_into_the_environment_is_a_variable_name() -> None:
+    """A ConfigMap or Secret loaded through envFrom turns every key into an environment variable:
+    a file key there (models.toml) would put a variable named "models.toml" into the pod."""
+    found = objects()
+    pods = [d["spec"]["template"]["spec"] for (kind, _), d in found.items() if kind == "Deployment"]
+    sources = [s for pod in pods for c in pod["containers"] for s in c.get("envFrom", [])]
+    assert sources
+    for source in sources:
+        kind = "ConfigMap" if "configMapRef" in source else "Secret"
+        name = (source.get("configMapRef") or source["secretRef"])["name"]
+        document = found[(kind, name)]
+        keys = {*document.get("data", {}), *document.get("stringData", {})}
+        bad = {key for key in keys if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key)}
+        assert not bad, f"{kind} {name} is loaded by envFrom but holds keys that are not variables: {bad}"

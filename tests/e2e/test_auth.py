@@ -113,7 +113,7 @@ def test_serve_refuses_to_start_with_proxy_keys_and_no_upstream_key() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
     env["CTXPROXY_API_KEYS"] = "team-key-zzz"
     done = subprocess.run(
-        [sys.executable, "-m", "app", "serve", "--port", "0"],
+        [sys.executable, "-m", "app", "serve", "--port", "65535"],  # refused before binding
         cwd=REPO,
         env=env,
         capture_output=True,

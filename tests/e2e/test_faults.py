@@ -135,6 +135,7 @@ def test_read_timeout_is_504_and_the_upstream_request_is_closed(
         upstream_transport=transport,
         connect_timeout_s=60.0,
         read_timeout_s=0.5,
+        stream_idle_timeout_s=0.5,  # never above the read timeout (the settings refuse that)
     ) as url:
         response = httpx.post(
             f"{url}/v1/chat/completions", json=BODY, headers={"X-Fault": "stall_headers"}, timeout=15

@@ -283,3 +283,19 @@ async def test_prefix_reuse_of_a_growing_conversation_and_the_same_bytes_from_tw
     await outcome.response.aclose()
     assert outcome.plan.changed and route.calls[-1].request.content == seen_by_one
     assert outcome.prefix_reuse is not None and outcome.prefix_reuse.reused_tokens == 0
+
+
+async def test_prefix_reuse_is_per_model_a_new_models_first_request_reuses_nothing() -> None:
+    router = respx.Router(assert_all_called=False)
+    router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    svc = service(router)
+    shares = []
+    for model, turns in (("m", 4), ("m", 5), ("m2", 5), ("m2", 6)):
+        raw = json.dumps({"model": model, "messages": conversation(turns=turns, size=20)}).encode()
+        outcome = await svc.handle_chat(raw, [], options=RequestOptions())
+        await outcome.response.aclose()
+        assert outcome.prefix_reuse is not None
+        shares.append(outcome.prefix_reuse.share)
+    assert shares[0] == 0.0 and shares[1] > 0.5
+    assert shares[2] == 0.0  # the same conversation's first request to another model
+    assert shares[3] > 0.5

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 
+import aiohttp
 import httpx
 import pytest
 
-from app.upstream.aiohttp_sender import AiohttpSender
+from app.upstream.aiohttp_sender import AiohttpSender, broken_connection, connect_failure
 from app.upstream.client import UpstreamClient
 from app.upstream.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 
@@ -187,8 +190,12 @@ async def test_errors_are_translated() -> None:
     sender = AiohttpSender()
     try:
         upstream = UpstreamClient(sender, base_url=f"http://127.0.0.1:{closed_port()}/v1")
-        with pytest.raises(UpstreamUnreachable):
+        with pytest.raises(UpstreamUnreachable) as refused:
             await upstream.send("GET", "models", content=None, headers=[])
+        # Plain words, the upstream named, none of aiohttp's own text ("ssl:default", "Cannot
+        # connect to host") for a plain http upstream.
+        assert "the connection was refused" in str(refused.value)
+        assert "ssl" not in str(refused.value).lower() and "Cannot connect" not in str(refused.value)
 
         async def garbage(_request: bytes, writer: asyncio.StreamWriter) -> None:
             writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
@@ -218,3 +225,29 @@ async def test_errors_are_translated() -> None:
                 await quick.send("GET", "x", content=None, headers=[])
     finally:
         await sender.aclose()
+
+
+def test_connect_and_broken_connection_reasons_are_worded_without_aiohttp_internals() -> None:
+    key = SimpleNamespace(host="upstream.example", port=443, ssl=True)
+    refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
+    assert connect_failure(aiohttp.ClientConnectorError(key, refused)) == (  # type: ignore[arg-type]
+        "the connection was refused (nothing listens on that port?)"
+    )
+    dns = aiohttp.ClientConnectorDNSError(key, OSError(-2, "Name or service not known"))  # type: ignore[arg-type]
+    assert connect_failure(dns) == "its host name does not resolve"
+    odd = aiohttp.ClientConnectorError(key, OSError(errno.EACCES, "Permission denied"))  # type: ignore[arg-type]
+    assert connect_failure(odd) == "permission denied"
+    assert connect_failure(aiohttp.ServerDisconnectedError()) == "it closed the connection before answering"
+    assert broken_connection(aiohttp.ClientPayloadError("Response payload is not completed")) == (
+        "its answer ended before it was complete"
+    )
+    assert broken_connection(ConnectionResetError(errno.ECONNRESET, "reset")) == "the connection was reset"
+    error = AiohttpSender().translate(
+        aiohttp.ClientConnectorError(key, refused),  # type: ignore[arg-type]
+        base_url="http://upstream.example/v1",
+    )
+    assert isinstance(error, UpstreamUnreachable)
+    assert str(error) == (
+        "The upstream is unreachable (http://upstream.example/v1): the connection was refused "
+        "(nothing listens on that port?)."
+    )

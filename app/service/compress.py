@@ -1,0 +1,241 @@
+"""The proxy's engine for a gateway that does its own forwarding (agentgateway, llm-d).
+
+Two contracts (``docs/gateways.md`` has their sources; ``app.api.compress`` serves them over HTTP):
+
+* **Messages** (agentgateway's ``contextCompression``, Headroom's ``POST /v1/compress``):
+  :meth:`Compressor.compress_messages` takes the provider-native message objects of one request and
+  its model, and returns the fitted message objects in the same API's shape plus
+  ``tokens_saved``. The gateway keeps aside what it does not send (the system prompt of an
+  Anthropic or Responses request, every request's tool definitions and output cap): the budget
+  leaves ``aside_tokens`` for it (:func:`aside_tokens_for`): the caller's figure (the
+  ``X-Context-Aside-Tokens`` header), else ``CTXPROXY_COMPRESS_ASIDE_TOKENS``, else 10% of the
+  model's window. The output reserve is the policy's (the request's own cap is not sent).
+* **Whole body** (llm-d's request-inline compaction): :meth:`Compressor.compact_body` takes a
+  whole request body of one API and returns a body of the same shape: the client's own bytes when
+  it fits, else the body the proxy would forward. Everything the budget needs is in the body.
+
+Both run the proxy's own engine on the proxy's own request value (``Service.request``): exact
+counts where the tokenizer is public, the calibrated estimate elsewhere, cuts anchored at the
+conversation's start (the same history gives the same bytes on every replica, so prompt caches
+keep hitting), LLM summaries when they are on, and every structural guarantee of the dialect
+(a call is never parted from its results, signed reasoning and compaction items are never edited,
+pinned messages stay). A request that cannot fit raises ``PlanCannotFit`` (the gateway then fails
+open and forwards the original, or fails closed, as configured); bad input ``InvalidRequest``.
+
+Which API a bare message list is in (:func:`messages_api`): named by the caller (``?api=`` or
+``X-Context-Api``), else ``messages`` when the request carries ``anthropic-version`` (agentgateway
+forwards it by default), else what the items show (a top-level ``type``: Responses items; Anthropic
+content blocks such as ``tool_use``/``tool_result``/``thinking``; ``tool_calls``/``role: tool``:
+chat), else chat. Items that show two APIs are refused: name the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from ..core.budget import budget_for
+from ..core.dialect import Dialect
+from ..core.errors import InvalidRequest
+from ..core.plan import Plan
+from ..upstream.headers import Header
+from .fastpath import run_plan
+from .outcome import PlanCannotFit
+from .request import Forwarded, RequestOptions
+
+if TYPE_CHECKING:
+    from .driver import Service
+
+DEFAULT_ASIDE_SHARE = 0.10
+"""Share of the window left for what a gateway keeps aside when nobody says how much: a coding
+agent's system prompt and tools are ~15-20K tokens, about 10% of a 128-200K window."""
+
+_REASON = "shortening the conversation as far as the policy allows does not bring it under"
+
+# What a message list shows of its API: one marker set per dialect name. These are wire facts of
+# the three APIs (kept here, next to the only code that needs to guess an API from bare items).
+_RESPONSES_PARTS = frozenset({"input_text", "output_text", "input_image", "input_file", "refusal"})
+_MESSAGES_BLOCKS = frozenset(
+    {
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+        "document",
+        "search_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "container_upload",
+    }
+)
+_CHAT_PARTS = frozenset({"image_url", "input_audio"})
+_CHAT_ROLES = frozenset({"tool", "function"})
+
+
+@dataclass(frozen=True, slots=True)
+class Compressed:
+    """What compressing one request decided: ``plan`` (every figure and action), ``dialect``,
+    ``items`` (the fitted message objects, for the messages contract), ``body`` and ``content``
+    (the whole body and its bytes, for the whole-body contract: the caller's own bytes when nothing
+    changed) and ``aside_tokens`` (left for what the caller kept aside)."""
+
+    plan: Plan
+    dialect: Dialect
+    items: Sequence[Any]
+    body: Mapping[str, Any]
+    content: bytes
+    aside_tokens: int = 0
+
+    @property
+    def tokens_saved(self) -> int:
+        """Input tokens the fitted request has fewer than the one received (0 when unchanged)."""
+        return max(0, self.plan.tokens_before - self.plan.tokens_after) if self.plan.changed else 0
+
+
+def _evidence(item: Any) -> set[str]:
+    """The APIs one message object shows it belongs to (empty: any of them)."""
+    if not isinstance(item, Mapping):
+        return set()
+    found: set[str] = set()
+    if "type" in item or "role" not in item:
+        found.add("responses")  # Responses items are typed; chat and Anthropic messages never are
+    if "tool_calls" in item or "tool_call_id" in item or item.get("role") in _CHAT_ROLES:
+        found.add("chat")
+    content = item.get("content")
+    if isinstance(content, list):
+        for part in content:
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind in _RESPONSES_PARTS:
+                found.add("responses")
+            elif kind in _MESSAGES_BLOCKS or (isinstance(part, Mapping) and "cache_control" in part):
+                found.add("messages")
+            elif kind in _CHAT_PARTS:
+                found.add("chat")
+            elif kind == "image" and isinstance(part, Mapping) and "source" in part:
+                found.add("messages")
+    return found
+
+
+def messages_api(
+    messages: Sequence[Any], *, named: str | None, headers: Mapping[str, str], known: Sequence[str]
+) -> str:
+    """The API a bare message list is in (see the module docstring); ``InvalidRequest`` when it is
+    named wrong or cannot be told."""
+    if named is not None:
+        name = named.strip().lower()
+        if name not in known:
+            raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(known))}.", param="api")
+        return name
+    if "anthropic-version" in headers and "messages" in known:
+        return "messages"
+    shown: set[str] = set()
+    for item in messages:
+        shown |= _evidence(item)
+    shown &= set(known)
+    if len(shown) > 1:
+        raise InvalidRequest(
+            f"These messages look like more than one API ({', '.join(sorted(shown))}): name theirs "
+            "with ?api=NAME or the X-Context-Api header.",
+            param="messages",
+        )
+    return shown.pop() if shown else "chat"
+
+
+def aside_tokens_for(window_tokens: int, *, requested: int | None, configured: int | None) -> int:
+    """Tokens left for what the gateway keeps aside (system prompt, tool definitions): the
+    request's figure, else the operator's, else ``DEFAULT_ASIDE_SHARE`` of the window."""
+    if requested is not None:
+        return requested
+    if configured is not None:
+        return configured
+    return round(window_tokens * DEFAULT_ASIDE_SHARE)
+
+
+class Compressor:
+    """The two contracts on one ``Service`` (its model table, knowledge, counters, summaries)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def compress_messages(
+        self,
+        messages: Any,
+        *,
+        model: Any,
+        dialect: Dialect,
+        options: RequestOptions,
+        headers: Sequence[Header] = (),
+        aside_tokens: int | None = None,
+        size_bytes: int = 0,
+    ) -> Compressed:
+        """Fit ``messages`` (``dialect``'s message objects) for ``model``; see the module doc.
+        ``size_bytes``: the size of the JSON they came in (large ones are planned off the loop)."""
+        if not isinstance(messages, list):
+            raise InvalidRequest("'messages' must be an array of message objects.", param="messages")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
+        body = {"model": model, dialect.items_key: messages}
+        service = self.service
+        await service.learner.discover(model, service.upstream.base_url_for(model))
+        request = service.request(body, options, headers=headers, dialect=dialect)
+        aside = aside_tokens_for(
+            request.spec.window_tokens,
+            requested=aside_tokens,
+            configured=service.settings.compress_aside_tokens,
+        )
+        # The input budget the full request would have, less what the gateway keeps aside.
+        room = budget_for(request.spec, {}, request.policy, tool_tokens=0, exact=request.counter.exact)
+        cap_tokens = max(0, room.window_tokens - room.reserve_tokens - room.margin_tokens - aside)
+        plan = await run_plan(partial(request.plan, cap_tokens=cap_tokens), size_bytes=size_bytes)
+        plan = await service.summarized(request, plan, cap_tokens=cap_tokens)
+        if not plan.fits:
+            raise PlanCannotFit(plan, reason=_REASON)
+        if not plan.changed:
+            return Compressed(plan, dialect, messages, body, b"", aside_tokens=aside)
+        fitted = plan.body(body)
+        return Compressed(plan, dialect, fitted[dialect.items_key], fitted, b"", aside_tokens=aside)
+
+    async def compact_body(
+        self, raw: bytes, *, dialect: Dialect, options: RequestOptions, headers: Sequence[Header] = ()
+    ) -> Compressed:
+        """Fit a whole request body of ``dialect``'s API; see the module doc."""
+        service = self.service
+        request = await service.prepare(raw, headers, options=options, dialect=dialect)
+        plan = await run_plan(request.plan, size_bytes=len(raw))
+        plan = await service.summarized(request, plan)
+        if not plan.fits:
+            raise PlanCannotFit(plan, reason=_REASON)
+        if not plan.changed:
+            items = request.body.get(dialect.items_key) or []
+            return Compressed(plan, dialect, items, request.body, raw)
+        forwarded = Forwarded.of(request, plan)
+        items = forwarded.body.get(dialect.items_key) or []
+        return Compressed(plan, dialect, items, forwarded.body, forwarded.content)
+
+
+def compress_answer(result: Compressed) -> dict[str, Any]:
+    """The messages contract's JSON answer: ``messages`` and ``tokens_saved`` (what agentgateway
+    reads), plus ctxproxy's own figures (unknown fields, which the gateway ignores)."""
+    plan = result.plan
+    return {
+        "messages": list(result.items),
+        "tokens_saved": result.tokens_saved,
+        "model": plan.model,
+        "api": result.dialect.name,
+        "tokens_before": plan.tokens_before,
+        "tokens_after": plan.tokens_after if plan.changed else plan.tokens_before,
+        "aside_tokens": result.aside_tokens,
+        "actions": plan.actions_header(),
+    }
+
+
+__all__ = [
+    "DEFAULT_ASIDE_SHARE",
+    "Compressed",
+    "Compressor",
+    "aside_tokens_for",
+    "compress_answer",
+    "messages_api",
+]
