@@ -23,11 +23,12 @@ from fastapi import FastAPI
 from . import __version__
 from .api.auth import ProxyKeyMiddleware
 from .api.errors import install_error_handlers
-from .api.lane import FittedLane
-from .api.routes import build_router, fitted_route, route_path
+from .api.lane import DialectLane
+from .api.routes import build_router
 from .core.dialect import Dialect
 from .core.dialects import DIALECTS
 from .core.knowledge import Knowledge
+from .core.routes import RouteTable, key_slots
 from .core.tokens import TokenCounter
 from .observability import Observability, ObservabilityMiddleware, RequestIdFilter
 from .observability import router as observability_router
@@ -255,12 +256,17 @@ def create_app(
 ) -> FastAPI:
     """The ASGI app. ``upstream_transport``, ``registry``, ``vocabularies`` and ``dialects`` are
     test seams; by default the transport follows ``settings.upstream_transport``, the model table
-    is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and every
-    dialect of ``app.core.dialects.DIALECTS`` gets its route."""
+    is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and the wire
+    APIs are ``app.core.dialects.DIALECTS``. Everything that lists APIs is derived from that
+    registry here: the routes (served by ``DialectLane``) and the pass-through prefixes, the key
+    slots auth accepts and the upstream clears, the dry run's choices."""
     settings = settings or load_settings()  # bad values: InvalidSettings, one line per setting
     configure_logging(settings)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies()
     observability = Observability.from_settings(settings)
+    apis = dict(DIALECTS if dialects is None else dialects)
+    table = RouteTable.of(apis)  # ValueError for a registry whose routes clash
+    slots = key_slots(apis.values())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -279,6 +285,7 @@ def create_app(
                 limiter=build_limiter(settings),
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 instrumentation=observability.instrumentation(),
+                key_slots=slots,
             )
             from .service.summaries import Summaries
 
@@ -292,6 +299,7 @@ def create_app(
                     api_key=settings.upstream_key(),
                     routes=settings.upstream_routes,
                     timeout=timeout,
+                    key_slots=slots,
                 ),
                 observability=observability,
                 cache=summaries.cache,
@@ -324,16 +332,14 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-    apis = dict(DIALECTS if dialects is None else dialects)
     app.state.observability = observability
     app.state.dialects = apis
-    app.include_router(build_router(apis))
+    app.state.routes = table
+    app.include_router(build_router(table))
     app.include_router(observability_router)
-    lane = {route_path(dialect): fitted_route(dialect) for dialect in apis.values()}
-    app.add_middleware(FittedLane, routes=lane)  # innermost: inside the error handling installed next
+    app.add_middleware(DialectLane, table=table)  # innermost: inside the error handling installed next
     install_error_handlers(app)
     if settings.proxy_api_keys():
-        routes = {route_path(dialect): dialect for dialect in apis.values()}
-        app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys(), routes=routes)
+        app.add_middleware(ProxyKeyMiddleware, keys=settings.proxy_api_keys(), slots=slots, table=table)
     app.add_middleware(ObservabilityMiddleware, observability=observability, access_log=True)
     return app
