@@ -75,12 +75,12 @@ async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse 
 def plan_dialect(request: Request, dialects: Mapping[str, Dialect], body: Mapping[str, object]) -> Dialect:
     """The API of a dry-run body (see the module docstring)."""
     named = request.query_params.get("api") or request.headers.get(API)
-    if named is not None:
-        dialect = dialects.get(named.strip().lower())
-        if dialect is None:
-            raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(dialects))}.", param="api")
-        return dialect
-    return detect(dialects, body, request.headers)
+    if named is None:
+        return detect(dialects, body, request.headers)
+    key = named.strip().lower()
+    if key not in dialects:
+        raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(dialects))}.", param="api")
+    return dialects[key]
 
 
 async def context_plan(request: Request) -> Response:
