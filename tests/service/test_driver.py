@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -12,8 +14,10 @@ import respx
 from app.core.body_memo import BodyMemo, layout
 from app.core.budget import Budget
 from app.core.dialects import MESSAGES
+from app.core.dialects.chat import ChatDialect
 from app.core.errors import CannotFit, InvalidRequest
 from app.core.registry import ModelRegistry
+from app.core.routes import KeySlot, Route, RouteTable, key_slots
 from app.service.driver import Service
 from app.service.report import plan_report, request_budget_tokens
 from app.service.request import RequestOptions, dump_body, parse_body
@@ -283,3 +287,44 @@ async def test_prefix_reuse_of_a_growing_conversation_and_the_same_bytes_from_tw
     await outcome.response.aclose()
     assert outcome.plan.changed and route.calls[-1].request.content == seen_by_one
     assert outcome.prefix_reuse is not None and outcome.prefix_reuse.reused_tokens == 0
+
+
+@dataclass(frozen=True, slots=True)
+class PathModelChat(ChatDialect):
+    """Chat's wire under a versioned path that names the model (Gemini's shape of route)."""
+
+    name: str = "path-model"
+    routes: tuple[Route, ...] = (Route("/v1beta/models/{model}:stream", stream=True),)
+    key_slots: tuple[KeySlot, ...] = (KeySlot("key", in_query=True),)
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        return params["model"]
+
+
+async def test_the_model_streaming_and_where_it_goes_come_from_the_matched_route() -> None:
+    dialect = PathModelChat()
+    router = respx.Router()
+    sent = router.post(url__regex=r"http://upstream\.test/v1beta/.*").mock(
+        return_value=httpx.Response(
+            200, content=b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"}
+        )
+    )
+    http = httpx.AsyncClient(transport=httpx.MockTransport(router.handler))
+    svc = Service(
+        settings=make_settings(),
+        registry=OneModelRegistry(),
+        vocabularies=WordVocabularies(),
+        upstream=UpstreamClient(http, base_url=UPSTREAM, api_key="op", key_slots=key_slots([dialect])),
+    )
+    match = RouteTable.of({"p": dialect}).match("/v1beta/models/gm-1:stream", "alt=sse&key=client")
+    assert match is not None
+    raw = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = svc.request(json.loads(raw), RequestOptions(), route=match)
+    assert request.model == request.conversation.model == "gm-1" and request.stream
+    outcome = await svc.handle(raw, [], options=RequestOptions(), route=match)
+    await outcome.response.aclose()
+    assert outcome.plan.model == "gm-1" and outcome.stream
+    # Unchanged: the client's bytes, at its own path on the base URL's origin, its query kept and
+    # its key replaced by the operator's in the dialect's slot.
+    assert sent.calls[0].request.content == raw
+    assert sent.calls[0].request.url.raw_path == b"/v1beta/models/gm-1:stream?alt=sse&key=op"
