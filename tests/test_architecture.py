@@ -281,3 +281,34 @@ def test_no_api_name_nor_identity_branch_outside_the_dialects_and_the_compositio
         if found:
             bad[rel] = found
     assert not bad, bad
+
+
+def test_no_import_cycle_between_modules() -> None:
+    # Every import counts, lazy and type-only ones too: a cycle hidden by a lazy import is a cycle.
+    names = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        deps: set[str] = set()
+        for imported in imports_of(path):
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in names:
+                parts.pop()
+            target = ".".join(parts)
+            if target and target != name and not name.startswith(target + "."):
+                deps.add(target)
+        graph[name] = deps
+
+    def reaches(start: str, goal: str) -> bool:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(graph.get(node, ()))
+        return False
+
+    cycles = sorted(f"{a} <-> {b}" for a, deps in graph.items() for b in deps if a < b and reaches(b, a))
+    assert not cycles, cycles

@@ -42,17 +42,19 @@ def presented_key(
     """The key in the first of ``slots`` the request fills (its first header of that name, or its
     query parameter); None when it fills none, or the first one it fills is malformed (a
     ``Authorization`` that is not ``Bearer``, an empty value)."""
+    first: dict[bytes, bytes] = {}
+    for name, value in headers:
+        first.setdefault(name.lower(), value)
     for slot in slots:
-        raw: bytes | None = None
+        raw: bytes | None
         if slot.in_query:
             raw = _query_value(query, slot.name) if query else None
         else:
-            name = slot.name.encode("latin-1")
-            raw = next((value for key, value in headers if key.lower() == name), None)
+            raw = first.get(slot.name.encode("latin-1"))
         if raw is None:
             continue
-        key = slot.key_in(raw.decode("latin-1"))
-        return key.encode("latin-1") if key is not None else None
+        found = slot.key_in(raw.decode("latin-1"))
+        return found.encode("latin-1") if found is not None else None
     return None
 
 

@@ -1,6 +1,6 @@
 """The token-counting endpoints of the fitted APIs: every route of kind ``count`` of a dialect.
 
-A count route (``app.core.routes.Route``, ``kind="count"``) is answered in one of two ways, as
+A count route (``app.core.endpoints.Route``, ``kind="count"``) is answered in one of two ways, as
 its ``upstream_first`` says:
 
 * ``upstream_first=False`` (OpenAI's ``/v1/responses/input_tokens``): our count

@@ -7,7 +7,7 @@ composition root names an API or branches on which dialect it holds (``tests/tes
 * ``Dialect`` (a protocol; implementations are stateless, frozen, pure). Where it lives on HTTP:
 
   - ``name``: the registry key (metrics label, headers, plan report): ``"chat"``, ...;
-  - ``routes``: its POST endpoints as ``app.core.routes.Route`` templates (kind ``"fit"`` or
+  - ``routes``: its POST endpoints as ``app.core.endpoints.Route`` templates (kind ``"fit"`` or
     ``"count"``, streaming chosen by the body or by the path, where each goes upstream: under the
     base URL or the client's own path at its origin). The API layer serves exactly these;
   - ``key_slots``: where its clients put their key (``routes.KeySlot``: a header such as
@@ -91,12 +91,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .conversation import Conversation
+from .endpoints import KeySlot, Route
 from .errors import CannotFit, CoreError, InvalidRequest
 from .messages import Message
 from .overflow import ContextOverflow
 from .parse_memo import ParseMemo
 from .registry import ModelSpec
-from .routes import KeySlot, Route
 from .tokens import MessageCounter
 
 Headers = Sequence[tuple[str, str]]

@@ -1,9 +1,9 @@
 """Where a wire API lives on HTTP: its routes, where its requests go upstream, where keys travel.
 
-Pure values and matching, standard library only; every fact in them is a dialect's
-(``app.core.dialects``): the API layer matches requests against the registry's routes, the
-upstream package builds URLs and key headers from what a matched route says, and neither names an
-API.
+Pure values (``app.core.endpoints``, re-exported here) and matching, standard library only; every
+fact in them is a dialect's (``app.core.dialects``): the API layer matches requests against the
+registry's routes, the upstream package builds URLs and key headers from what a matched route says,
+and neither names an API.
 
 INTERFACE CONTRACT:
 
@@ -60,73 +60,26 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 from urllib.parse import unquote
 
+from .dialect import Dialect
+from .endpoints import AUTHORIZATION, KeySlot, Route, RouteKind, UpstreamTarget
 from .errors import InvalidRequest
 
-if TYPE_CHECKING:
-    from .dialect import Dialect
-
-RouteKind = Literal["fit", "count"]
+__all__ = [
+    "AUTHORIZATION",
+    "KeySlot",
+    "Route",
+    "RouteKind",
+    "RouteMatch",
+    "RouteTable",
+    "UpstreamTarget",
+    "detect",
+    "key_slots",
+]
 
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One POST endpoint of a wire API (see the module docstring)."""
-
-    template: str
-    stream: bool | None = None
-    kind: RouteKind = "fit"
-    upstream: str = ""
-    upstream_first: bool = False
-
-    @property
-    def literal(self) -> bool:
-        """True when the template has no parameter (matched by a dict lookup)."""
-        return "{" not in self.template
-
-    @property
-    def prefix(self) -> str:
-        """The template's first segment (``/v1``): the pass-through serves the rest under it."""
-        return "/" + self.template.lstrip("/").split("/", 1)[0]
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamTarget:
-    """Where one request goes: ``path`` under the base URL, or from its origin (``at_origin``)."""
-
-    path: str
-    at_origin: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class KeySlot:
-    """Where a key travels: a header (``scheme`` prefixes the value: ``Bearer KEY``) or a query
-    parameter (``in_query``). ``name`` is lower case."""
-
-    name: str
-    in_query: bool = False
-    scheme: str = ""
-
-    def value(self, key: str) -> str:
-        """``key`` as this slot carries it."""
-        return f"{self.scheme} {key}" if self.scheme else key
-
-    def key_in(self, value: str) -> str | None:
-        """The key a value of this slot carries (None when it is malformed: wrong scheme, empty)."""
-        text = value.strip()
-        if self.scheme:
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() != self.scheme.lower():
-                return None
-            text = token.strip()
-        return text or None
-
-
-AUTHORIZATION = KeySlot("authorization", scheme="Bearer")
 
 
 @dataclass(frozen=True, slots=True)

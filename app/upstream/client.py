@@ -29,7 +29,7 @@ from types import TracebackType
 
 import httpx
 
-from ..core.routes import KeySlot
+from ..core.endpoints import KeySlot
 from .errors import UpstreamError, UpstreamTimeout
 from .headers import DEFAULT_KEY_SLOTS, Header, upstream_query, upstream_request_headers
 from .instrument import Instrumentation

@@ -4,7 +4,7 @@ Hop-by-hop headers (RFC 9110 §7.6.1, plus ``host`` and ``content-length`` which
 recomputes) never pass in either direction, nor does any header the ``Connection`` header names.
 Our own ``X-Context-*`` request headers are for the proxy and are never forwarded upstream, nor
 is ``Expect`` (answered here). Where keys travel is not this module's to know: the caller
-passes the key slots (``app.core.routes.KeySlot``) of every API the proxy serves. The client's key
+passes the key slots (``app.core.endpoints.KeySlot``) of every API the proxy serves. The client's key
 in any of them passes as is, unless the operator configured an upstream key: then every slot is
 cleared (headers here, query parameters by ``upstream_query``) and the key is sent in the slot
 the request asks for (``key_slot``, its API's), else in the one the client used when it used
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from urllib.parse import quote, unquote_plus
 
-from ..core.routes import AUTHORIZATION, KeySlot
+from ..core.endpoints import AUTHORIZATION, KeySlot
 
 Header = tuple[str, str]
 

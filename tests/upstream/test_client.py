@@ -12,7 +12,7 @@ import pytest
 import respx
 from httpx_aiohttp import AiohttpTransport
 
-from app.core.routes import AUTHORIZATION, KeySlot
+from app.core.endpoints import AUTHORIZATION, KeySlot
 from app.upstream.client import (
     UpstreamClient,
     UpstreamResponse,

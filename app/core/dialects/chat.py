@@ -24,11 +24,11 @@ from typing import Any
 from ..budget import requested_output_tokens
 from ..conversation import Conversation
 from ..dialect import ErrorInfo, Headers, model_from_body
+from ..endpoints import AUTHORIZATION, KeySlot, Route
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
 from ..registry import ModelSpec
-from ..routes import AUTHORIZATION, KeySlot, Route
 from ..tokens import MessageCounter
 
 _AT_INDEX = re.compile(r" at \d+\b")

@@ -77,13 +77,13 @@ from typing import Any
 
 from ..conversation import PRICE_KEY, Conversation, neutral
 from ..dialect import ErrorInfo, Headers, model_from_body
+from ..endpoints import AUTHORIZATION, KeySlot, Route
 from ..errors import InvalidRequest
 from ..media import image_size_from_data_url
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import NOTHING, ParseMemo, Recalled, item_shapes
 from ..registry import ModelSpec
-from ..routes import AUTHORIZATION, KeySlot, Route
 from ..tokens import MessageCounter
 from .chat import positive_count
 from .messages_wire import SYSTEM_INDEX, render_messages, wire_problems

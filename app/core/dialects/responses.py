@@ -51,12 +51,12 @@ from typing import Any
 
 from ..conversation import Conversation
 from ..dialect import ErrorInfo, Headers, model_from_body
+from ..endpoints import AUTHORIZATION, KeySlot, Route
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
 from ..registry import ModelSpec
-from ..routes import AUTHORIZATION, KeySlot, Route
 from ..tokens import MessageCounter
 from .chat import positive_count
 from .responses_items import (
