@@ -59,13 +59,14 @@ class DialectLane:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        query: bytes = scope.get("query_string", b"")
+        raw_query: bytes = scope.get("query_string", b"")
+        query = raw_query.decode("latin-1") if raw_query else ""
         path = route_path(scope)
         response: Response | UpstreamStreamResponse | NoResponse
         try:
-            match = self.table.literal(path, query.decode("latin-1"))
+            match = self.table.literal(path, query)
             if match is None:
-                match = self.table.match(path, query.decode("latin-1"), _raw_path(scope))
+                match = self.table.match(path, query, _raw_path(scope))
         except InvalidRequest as exc:  # a dot segment in a templated path
             response = await handle_known(Request(scope, receive), exc)
             await response(scope, receive, send)

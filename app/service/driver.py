@@ -2,7 +2,7 @@
 
 ``Service.handle(raw, headers, *, options, route) -> Outcome`` is the whole path of one request of
 any wire API (``route``: the matched ``app.core.routes.RouteMatch``, its dialect and path
-parameters; ``dialect=`` alone stands for that dialect's first literal route):
+parameters; ``dialect=`` alone stands for that dialect's first route):
 
 1. parse the body (bad JSON, a non-object body or a bad model -> ``InvalidRequest``);
 2. make the request value once (``Service.prepare`` -> ``app.service.request.ProxyRequest``):
@@ -128,7 +128,7 @@ class Service:
     ) -> ProxyRequest:
         """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad model first, then
         for what the dialect refuses in the conversation. ``route`` (else ``dialect``'s first
-        literal route) gives the dialect, the path's parameters and where the request goes."""
+        route) gives the dialect, the path's parameters and where the request goes."""
         match = route if route is not None else RouteMatch.first(dialect)
         dialect = match.dialect
         model = dialect.model_of(body, match.params)
@@ -254,7 +254,7 @@ class Service:
         dialect: Dialect = DEFAULT_DIALECT,
         route: RouteMatch | None = None,
     ) -> Outcome:
-        """Plan and send one request of ``route`` (else of ``dialect``'s first literal route); see
+        """Plan and send one request of ``route`` (else of ``dialect``'s first route); see
         the module docstring.
 
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.

@@ -68,7 +68,7 @@ class ToyDialect:
         Route("/toy/models/{model}:chat", stream=False),
         Route("/toy/models/{model}:count", kind="count", upstream_first=True),
     )
-    key_slots: tuple[KeySlot, ...] = (KeySlot("x-toy-key"),)
+    key_slots: tuple[KeySlot, ...] = (KeySlot("x-toy-key"), KeySlot("toykey", in_query=True))
     items_key: str = "turns"
     chat_shaped: bool = False
     preamble_events: frozenset[str] = frozenset()
@@ -256,7 +256,7 @@ def served() -> Iterator[tuple[FakeToyUpstream, str]]:
             upstream_base_url=f"{upstream_url}/v1",  # the toy goes at its own path, at the origin
             upstream_api_key=OPERATOR_KEY,
             api_keys=PROXY_KEY,
-            log_level="WARNING",
+            log_level="INFO",  # the access lines too: no key may be in any of them
             discovery=False,
         )
         with serve_in_thread(create_app(settings, dialects={**DIALECTS, "toy": TOY})) as proxy_url:
@@ -264,7 +264,7 @@ def served() -> Iterator[tuple[FakeToyUpstream, str]]:
 
 
 def test_a_toy_dialect_registered_with_no_other_edit_is_fitted_counted_and_keyed(
-    served: tuple[FakeToyUpstream, str],
+    served: tuple[FakeToyUpstream, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     upstream, proxy_url = served
     body = {"turns": long_turns(), "limit": 20}
@@ -281,6 +281,9 @@ def test_a_toy_dialect_registered_with_no_other_edit_is_fitted_counted_and_keyed
         bad = client.post("/toy/models/toy-1:chat", json={"turns": "nope"}, headers=key)
         anonymous = client.post("/toy/models/toy-1:chat", json=body)
         listed = client.get("/toy/models", headers=key)
+        in_query = client.post(
+            f"/toy/models/toy-1:chat?toykey={PROXY_KEY}&x=1", json={"turns": [{"who": "user", "text": "q"}]}
+        )
         chat_401 = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
 
     # Its fit route: planned, cut, forwarded at the client's own path with its query, answered.
@@ -308,3 +311,10 @@ def test_a_toy_dialect_registered_with_no_other_edit_is_fitted_counted_and_keyed
     assert listed.status_code == 200 and listed.json() == {"models": ["toy-1"]}
     assert ("GET", "/toy/models") in [(m, p) for m, p, _h, _r in upstream.requests]
     assert not [r for r in upstream.requests if r[1].startswith("/v1/")]
+    # A key in its query slot: accepted, replaced upstream by the operator's in its first slot.
+    assert in_query.status_code == 200 and upstream.queries[-1] == "x=1"
+    assert upstream.requests[-1][2]["x-toy-key"] == OPERATOR_KEY
+    # Neither key is ever logged (access lines included).
+    access = [r for r in caplog.records if r.name == "ctxproxy.access"]
+    assert len(access) >= 7 and all(PROXY_KEY not in str(r.__dict__) for r in access)
+    assert PROXY_KEY not in caplog.text and OPERATOR_KEY not in caplog.text
