@@ -29,6 +29,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..core.dialect import Dialect
+from ..core.dialects import DEFAULT_DIALECT
 from ..core.errors import InvalidRequest
 from ..core.routes import RouteMatch, RouteTable, detect
 from ..service.outcome import Outcome
@@ -202,7 +203,7 @@ async def passthrough(request: Request, path: str, *, prefix: str, at_origin: bo
     access_fields(request.scope)["model"] = model
     forwarded_path = _raw_path(request, path, prefix=prefix, at_origin=at_origin)
     table: RouteTable = request.app.state.routes
-    owner = table.owner(request.url.path)
+    owner = table.owner(f"{prefix}/{path}")
     try:
         upstream = await service.passthrough(
             request.method,
@@ -219,7 +220,8 @@ async def passthrough(request: Request, path: str, *, prefix: str, at_origin: bo
         if limited is not None and limited.over:
             raise BodyTooLarge(limit_bytes=limit_bytes) from None
         raise
-    return UpstreamStreamResponse(upstream)
+    # A stream the upstream breaks off ends with an error event in the owning API's shape.
+    return UpstreamStreamResponse(upstream, dialect=owner or DEFAULT_DIALECT)
 
 
 def passthrough_route(prefix: str, *, at_origin: bool) -> Callable[[Request, str], Awaitable[Response]]:
