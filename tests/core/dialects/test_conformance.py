@@ -45,6 +45,9 @@ class Kit:
     usage: Callable[[], list[tuple[Mapping[str, Any], int]]]  # answers/events and their prompt count
     error_keys: frozenset[str]  # the top-level keys of its error shape
     headers: Mapping[str, str] = field(default_factory=dict)  # what its clients send (detection)
+    # Its strict fake upstream's status for a body (structure, pairing, signatures), when the fake
+    # checks structure (chat's fake does not: ``Dialect.problems`` is the check there).
+    upstream_status: Callable[[dict[str, Any]], int] | None = None
 
 
 CAP_TOKENS = 600
@@ -140,6 +143,11 @@ def responses_not_overflow() -> list[Answer]:
     return [(missing.status, missing.body)]
 
 
+def responses_status(body: dict[str, Any]) -> int:
+    fake = FakeResponsesUpstream([FakeModel(str(body["model"]), window_tokens=1_000_000)])
+    return fake.answer("POST", "/v1/responses", {}, json.dumps(body).encode()).status
+
+
 def responses_usage() -> list[tuple[Mapping[str, Any], int]]:
     fake = FakeResponsesUpstream([FakeModel("gpt-big", window_tokens=100_000)])
     answer = json.loads(
@@ -213,6 +221,12 @@ def messages_not_overflow() -> list[Answer]:
     return [(status, json.dumps(answer).encode())]
 
 
+def messages_status(body: dict[str, Any]) -> int:
+    return FakeAnthropic(models=[FakeClaude(str(body["model"]), window_tokens=1_000_000)]).respond(
+        "/v1/messages", body
+    )[0]
+
+
 def messages_usage() -> list[tuple[Mapping[str, Any], int]]:
     fake = anthropic_fake()
     body = {"model": "claude-big", "max_tokens": 5, "messages": [{"role": "user", "content": "hello there"}]}
@@ -238,6 +252,7 @@ KITS: dict[str, Kit] = {
         not_overflow=responses_not_overflow,
         usage=responses_usage,
         error_keys=frozenset({"error"}),
+        upstream_status=responses_status,
     ),
     "messages": Kit(
         samples=messages_samples,
@@ -247,6 +262,7 @@ KITS: dict[str, Kit] = {
         usage=messages_usage,
         error_keys=frozenset({"type", "error"}),
         headers={"anthropic-version": "2023-06-01"},
+        upstream_status=messages_status,
     ),
 }
 
@@ -304,6 +320,18 @@ def test_a_fitted_output_has_no_new_structural_problems(api: tuple[Dialect, Kit]
     assert plan.tokens_after < plan.tokens_before
     # What it sends is a body of its own API, read again as the same conversation.
     assert dialect.parse(fitted).messages
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if KITS[name].upstream_status is not None])
+def test_a_fitted_output_is_taken_by_the_apis_strict_fake_upstream(name: str) -> None:
+    dialect, kit = DIALECTS[name], KITS[name]
+    assert kit.upstream_status is not None
+    body = kit.long()
+    assert kit.upstream_status(body) == 200  # the input itself is valid
+    plan = plan_request(
+        body, spec=SPEC, policy=Policy(), counter=FakeMessageCounter(), dialect=dialect, cap_tokens=CAP_TOKENS
+    )
+    assert plan.changed and kit.upstream_status(plan.body(body)) == 200
 
 
 def test_samples_are_detected_as_their_own_api(api: tuple[Dialect, Kit]) -> None:
