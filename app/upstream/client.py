@@ -298,14 +298,15 @@ class UpstreamClient:
         instrumentation = self.instrumentation
         rid = instrumentation.request_id() if instrumentation is not None else None
         api_key = self._api_key
-        headers = headers if isinstance(headers, list | tuple) else list(headers)
-        forwarded = upstream_request_headers(
-            headers, api_key=api_key, request_id=rid, key_slot=key_slot, key_slots=self.key_slots, query=query
-        )
         if api_key is not None:
-            query = upstream_query(
-                query, headers, api_key=api_key, key_slot=key_slot, key_slots=self.key_slots
+            headers = list(headers)
+            slots = self.key_slots
+            forwarded = upstream_request_headers(
+                headers, api_key=api_key, request_id=rid, key_slot=key_slot, key_slots=slots, query=query
             )
+            query = upstream_query(query, headers, api_key=api_key, key_slot=key_slot, key_slots=slots)
+        else:
+            forwarded = upstream_request_headers(headers, request_id=rid)
         if content_length is not None and not isinstance(content, bytes):
             forwarded.append(("Content-Length", str(content_length)))
         endpoint = origin_url(base, path) if at_origin else join_url(base, path)
