@@ -91,11 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="print the plan of a request (offline)")
     plan.add_argument("file", type=Path, help="a request body (JSON) of the --api; '-' for stdin")
+    from .core.dialects import DIALECTS
+
     plan.add_argument(
         "--api",
-        choices=("chat", "responses", "messages"),
-        default="chat",
-        help="the wire API of the body: chat completions (default), responses or messages",
+        choices=tuple(DIALECTS),
+        help="the wire API of the body (default: detected from the body, as the dry run does)",
     )
     plan.add_argument("--model-window", type=_positive_int, help="the model's context window in tokens")
     plan.add_argument("--policy", choices=POLICY_MODES, help="fit policy (default: CTXPROXY_POLICY_MODE)")
@@ -256,14 +257,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .core.dialects import DIALECTS
     from .core.errors import InvalidRequest
     from .core.fit import plan_request
+    from .core.routes import detect
     from .core.tokens import MessageCounter
     from .service.report import plan_report
     from .tokenizer import counter_for
 
     body = _read_body(args.file)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise CliError("the request body has no 'model' (a string)")
+    dialect = DIALECTS[args.api] if args.api is not None else detect(DIALECTS, body, {})
+    try:
+        model = dialect.model_of(body, {})
+    except InvalidRequest:
+        raise CliError("the request body has no 'model' (a string)") from None
     registry = _registry(args.models_file)
     spec = registry.resolve(model)
     if args.model_window is not None:
@@ -273,9 +277,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         .fit_policy()
         .refined(mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve)
     )
-    dialect = DIALECTS.get(args.api)
-    if dialect is None:
-        raise CliError(f"this build does not fit the {args.api!r} API")
     try:
         plan = plan_request(
             body,

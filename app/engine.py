@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from .core.budget import Policy, PolicyMode
-from .core.dialects import DIALECTS
+from .core.dialect import Dialect
+from .core.dialects import DEFAULT_DIALECT, DIALECTS
 from .core.errors import InvalidRequest
 from .core.fit import plan_request
 from .core.plan import Plan
@@ -73,17 +74,18 @@ def _registry(models_file: str | None) -> ModelRegistry:
     return load_registry(operator_file=Path(models_file) if models_file is not None else None)
 
 
-def _dialect(api: str) -> Any:
-    dialect = DIALECTS.get(api)
-    if dialect is None:
+def _dialect(api: str) -> Dialect:
+    if api not in DIALECTS:
         raise ValueError(f"unknown api {api!r}: expected one of {', '.join(DIALECTS)}")
-    return dialect
+    return DIALECTS[api]
 
 
-def _spec(body: Mapping[str, Any], *, window_tokens: int | None, models_file: str | Path | None) -> ModelSpec:
-    model = body.get("model") if isinstance(body, Mapping) else None
-    if not isinstance(model, str) or not model:
+def _spec(
+    body: Mapping[str, Any], dialect: Dialect, *, window_tokens: int | None, models_file: str | Path | None
+) -> ModelSpec:
+    if not isinstance(body, Mapping):
         raise InvalidRequest("the request body needs a 'model' (a non-empty string)", param="model")
+    model = dialect.model_of(body, {})
     spec = _registry(str(models_file) if models_file is not None else None).resolve(model)
     if window_tokens is not None:
         if window_tokens <= 0:
@@ -101,7 +103,7 @@ def _counter(spec: ModelSpec) -> MessageCounter:
 def fit(
     body: Mapping[str, Any],
     *,
-    api: str = "chat",
+    api: str = DEFAULT_DIALECT.name,
     window_tokens: int | None = None,
     budget_tokens: int | None = None,
     policy: PolicyMode = "auto",
@@ -115,7 +117,7 @@ def fit(
     ``keep_turns`` and ``reserve_tokens`` are the proxy's settings of the same names.
     """
     dialect = _dialect(api)
-    spec = _spec(body, window_tokens=window_tokens, models_file=models_file)
+    spec = _spec(body, dialect, window_tokens=window_tokens, models_file=models_file)
     rules = Policy().refined(mode=policy, keep_turns=keep_turns, reserve_tokens=reserve_tokens)
     plan = plan_request(
         body, spec=spec, policy=rules, counter=_counter(spec), cap_tokens=budget_tokens, dialect=dialect
@@ -137,10 +139,12 @@ def fit(
     )
 
 
-def count(body: Mapping[str, Any], *, api: str = "chat", models_file: str | Path | None = None) -> int:
+def count(
+    body: Mapping[str, Any], *, api: str = DEFAULT_DIALECT.name, models_file: str | Path | None = None
+) -> int:
     """Input tokens of ``body`` as its model counts them (conversation, reply priming, tools):
     the ``tokens_before`` of :func:`fit`, without fitting anything."""
     dialect = _dialect(api)
-    spec = _spec(body, window_tokens=None, models_file=models_file)
+    spec = _spec(body, dialect, window_tokens=None, models_file=models_file)
     plan = plan_request(body, spec=spec, policy=Policy(mode="off"), counter=_counter(spec), dialect=dialect)
     return plan.tokens_before

@@ -23,14 +23,15 @@ from fastapi import FastAPI
 
 from . import __version__
 from .api.auth import ProxyKeyMiddleware
-from .api.counting import counting_routes
+from .api.compress import build_compress_router
 from .api.errors import install_error_handlers
-from .api.lane import FittedLane
+from .api.lane import DialectLane
 from .api.login import StatusLogin, session_granted
-from .api.routes import build_router, fitted_route, route_path
+from .api.routes import build_router
 from .core.dialect import Dialect
 from .core.dialects import DIALECTS
 from .core.knowledge import Knowledge
+from .core.routes import RouteTable, key_slots
 from .core.tokens import TokenCounter
 from .observability import Observability, ObservabilityMiddleware, RequestIdFilter
 from .observability import router as observability_router
@@ -48,6 +49,19 @@ from .upstream.senders import HttpxSender, Sender
 
 _HANDLER_MARK = "_ctxproxy_handler"
 startup_logger = logging.getLogger("ctxproxy.startup")
+
+
+class CountingPaths:
+    """The paths of the registered APIs' token-counting endpoints, as a container (``path in
+    paths``) for the observability's route labels: matched through the route table, so a templated
+    counting route (``/v1beta/models/{model}:countTokens``) is one too."""
+
+    def __init__(self, table: RouteTable) -> None:
+        self.table = table
+
+    def __contains__(self, path: object) -> bool:
+        match = self.table.match(path) if isinstance(path, str) else None
+        return match is not None and match.route.kind == "count"
 
 
 class TiktokenVocabularies:
@@ -312,16 +326,19 @@ def create_app(
 ) -> FastAPI:
     """The ASGI app. ``upstream_transport``, ``registry``, ``vocabularies`` and ``dialects`` are
     test seams; by default the transport follows ``settings.upstream_transport``, the model table
-    is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and every
-    dialect of ``app.core.dialects.DIALECTS`` gets its route."""
+    is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and the wire
+    APIs are ``app.core.dialects.DIALECTS``. Everything that lists APIs is derived from that
+    registry here: the routes (served by ``DialectLane``) and the pass-through prefixes, the key
+    slots auth accepts and the upstream clears, the dry run's choices."""
     settings = settings or load_settings()  # bad values: InvalidSettings, one line per setting
     configure_logging(settings)
     for warning in unknown_variables():  # a mistyped variable must not be silently ignored
         startup_logger.warning(warning)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies()
     apis = dict(DIALECTS if dialects is None else dialects)
-    counting = frozenset(path for path, _ in counting_routes(apis))
-    observability = Observability.from_settings(settings, apis=tuple(apis), counting=counting)
+    table = RouteTable.of(apis)  # ValueError for a registry whose routes clash
+    slots = key_slots(apis.values())
+    observability = Observability.from_settings(settings, apis=tuple(apis), counting=CountingPaths(table))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -343,6 +360,7 @@ def create_app(
                 limiter=build_limiter(settings),
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 instrumentation=observability.instrumentation(),
+                key_slots=slots,
             )
             from .service.summaries import Summaries
 
@@ -356,6 +374,7 @@ def create_app(
                     api_key=settings.upstream_key(),
                     routes=settings.upstream_routes,
                     timeout=timeout,
+                    key_slots=slots,
                 ),
                 observability=observability,
                 cache=summaries.cache,
@@ -391,16 +410,15 @@ def create_app(
     )
     app.state.observability = observability
     app.state.dialects = apis
-    app.include_router(build_router(apis))
+    app.state.routes = table
+    app.include_router(build_compress_router(apis))  # before the pass-through of every /v1/... path
+    app.include_router(build_router(table))
     app.include_router(observability_router)
-    lane = {route_path(dialect): fitted_route(dialect) for dialect in apis.values()}
-    app.add_middleware(FittedLane, routes=lane)  # innermost: inside the error handling installed next
+    app.add_middleware(DialectLane, table=table)  # innermost: inside the error handling installed next
     install_error_handlers(app)
     if settings.proxy_api_keys():
-        routes = {route_path(dialect): dialect for dialect in apis.values()}
-        app.add_middleware(
-            ProxyKeyMiddleware, keys=settings.proxy_api_keys(), routes=routes, granted=session_granted
-        )
+        keys = settings.proxy_api_keys()
+        app.add_middleware(ProxyKeyMiddleware, keys=keys, slots=slots, table=table, granted=session_granted)
         app.add_middleware(StatusLogin, keys=settings.proxy_api_keys())  # a person's way in
     app.add_middleware(ObservabilityMiddleware, observability=observability, access_log=True)
     return app

@@ -438,8 +438,11 @@ def test_plan_of_a_responses_body_with_api(tmp_path: Path, capsys: pytest.Captur
     report = json.loads(capsys.readouterr().out)
     assert report["api"] == "responses" and report["fits"] is True and report["count"] == "exact"
     assert report["tokens_before"] > 0 and all("ctxproxy_origin" not in m for m in report["messages"])
-    # The same body read as chat has no messages: a clear error, not a traceback.
-    assert cli.main(["plan", path]) != 0
+    # Without --api the body is detected as the dry run detects it; read as chat it has no
+    # messages: a clear error, not a traceback.
+    assert cli.main(["plan", path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["api"] == "responses"
+    assert cli.main(["plan", path, "--api", "chat"]) != 0
 
 
 def test_plan_json_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:

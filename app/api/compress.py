@@ -9,7 +9,8 @@
   gateway keeps aside (system prompt, tools); the other ``X-Context-*`` request headers work as on
   the proxy's own routes.
 * ``POST /v1/context/compact/<the API's path>`` (llm-d's request-inline compaction):
-  ``/v1/context/compact/chat/completions``, ``.../responses``, ``.../messages``: a whole request
+  ``/v1/context/compact/v1/chat/completions``, ``.../v1/responses``, ``.../v1/messages`` (the API's own route
+  path, templated ones included): a whole request
   body of that API in, a body of the same shape out (the same bytes when it fits).
 
 Both answer 200 with the ``X-Context-*`` headers of the plan (``X-Context-Api`` too); a request
@@ -30,13 +31,14 @@ from starlette.responses import Response
 
 from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
+from ..core.routes import RouteMatch, RouteTable
 from ..service.compress import Compressed, Compressor, compress_answer, messages_api
 from ..service.request import parse_body
 from ..wire import dump_json
 from .errors import DIALECT_SCOPE_KEY
 from .headers import API, parse_context_headers
+from .request_io import raw_headers, read_body, service_of
 from .responses import context_headers, record_plan
-from .routes import raw_headers, read_body, service_of
 
 COMPRESS_PATH = "/v1/compress"
 COMPACT_PREFIX = "/v1/context/compact"
@@ -46,8 +48,10 @@ Route = Callable[[Request], Awaitable[Response]]
 
 
 def compact_path(dialect: Dialect) -> str:
-    """The whole-body endpoint of ``dialect``'s API: its own path under ``/v1/context/compact``."""
-    return f"{COMPACT_PREFIX}/{dialect.upstream_path}"
+    """The whole-body endpoint of ``dialect``'s API: its first fitted route's own path under
+    ``/v1/context/compact`` (``/v1/context/compact/v1/chat/completions``). Every fitted route of
+    every dialect has one, templated ones included (the model then comes from the path)."""
+    return COMPACT_PREFIX + RouteMatch.first(dialect).route.template
 
 
 def _aside_tokens(request: Request) -> int | None:
@@ -87,7 +91,7 @@ async def compress(request: Request) -> Response:
         raise InvalidRequest("'messages' must be an array of message objects.", param="messages")
     dialects: Mapping[str, Dialect] = request.app.state.dialects
     named = request.query_params.get("api") or request.headers.get(API)
-    dialect = dialects[messages_api(messages, named=named, headers=request.headers, known=list(dialects))]
+    dialect = messages_api(messages, named=named, headers=request.headers, dialects=dialects)
     request.scope[DIALECT_SCOPE_KEY] = dialect  # our errors from here on are in its shape
     result = await _compressor(request).compress_messages(
         messages,
@@ -103,22 +107,25 @@ async def compress(request: Request) -> Response:
     return _answer(result, dump_json(compress_answer(result)), extra=extra)
 
 
-def compact_route(dialect: Dialect) -> Route:
-    """The whole-body endpoint of ``dialect``'s API: see the module docstring."""
-
-    async def compact(request: Request) -> Response:
-        request.scope[DIALECT_SCOPE_KEY] = dialect
-        service = service_of(request)
-        options = parse_context_headers(request.headers)
-        raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
-        result = await _compressor(request).compact_body(
-            raw, dialect=dialect, options=options, headers=raw_headers(request)
+async def compact(request: Request, path: str) -> Response:
+    """``POST /v1/context/compact/<a fitted route's path>``: see the module docstring."""
+    table: RouteTable = request.app.state.routes
+    match = table.match("/" + path, request.url.query)
+    if match is None or match.route.kind != "fit":
+        raise InvalidRequest(
+            f"No fitted API has the path /{path}: the compaction endpoint takes an API's own path "
+            f"after {COMPACT_PREFIX} (e.g. {compact_path(next(iter(request.app.state.dialects.values())))}).",
+            param=None,
         )
-        record_plan(request.scope, result.plan, retries=0)
-        return _answer(result, result.content)
-
-    compact.__name__ = f"compact_{dialect.name}"
-    return compact
+    request.scope[DIALECT_SCOPE_KEY] = match.dialect
+    service = service_of(request)
+    options = parse_context_headers(request.headers)
+    raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
+    result = await _compressor(request).compact_body(
+        raw, route=match, options=options, headers=raw_headers(request)
+    )
+    record_plan(request.scope, result.plan, retries=0)
+    return _answer(result, result.content)
 
 
 def build_compress_router(dialects: Mapping[str, Dialect]) -> APIRouter:
@@ -126,8 +133,5 @@ def build_compress_router(dialects: Mapping[str, Dialect]) -> APIRouter:
     ``app.api.routes.build_router``)."""
     router = APIRouter()
     router.add_api_route(COMPRESS_PATH, compress, methods=["POST"], include_in_schema=False)
-    for dialect in dialects.values():
-        router.add_api_route(
-            compact_path(dialect), compact_route(dialect), methods=["POST"], include_in_schema=False
-        )
+    router.add_api_route(COMPACT_PREFIX + "/{path:path}", compact, methods=["POST"], include_in_schema=False)
     return router

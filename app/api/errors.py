@@ -1,27 +1,29 @@
-"""Every error the proxy itself answers with, in OpenAI's shape, and the one HTTP status mapping.
+"""Every error the proxy itself answers with, the one HTTP status mapping, rendered by a dialect.
 
-``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``
+==============================  ======  ===========================
+error                           status  code (``ErrorInfo.code``)
+==============================  ======  ===========================
+InvalidRequest (core)           400     (none)
+CannotFit (core)                400     context_length_exceeded
+BodyTooLarge (api)              413     request_too_large
+UpstreamUnreachable             502     upstream_unreachable
+UpstreamProtocolError           502     upstream_protocol_error
+UpstreamTimeout                 504     upstream_timeout
+UpstreamBusy                    503     upstream_busy (+ Retry-After)
+missing/wrong proxy key (auth)  401     invalid_api_key
+HTTPException (404, 405, ...)   as is   (none)
+anything else (a bug)           500     (none; logged with traceback)
+==============================  ======  ===========================
 
-==============================  ======  ========================  ===========================
-error                           status  type                      code
-==============================  ======  ========================  ===========================
-InvalidRequest (core)           400     invalid_request_error     None
-CannotFit (core)                400     invalid_request_error     context_length_exceeded
-BodyTooLarge (api)              413     invalid_request_error     request_too_large
-UpstreamUnreachable             502     upstream_error            upstream_unreachable
-UpstreamProtocolError           502     upstream_error            upstream_protocol_error
-UpstreamTimeout                 504     upstream_error            upstream_timeout
-UpstreamBusy                    503     server_error              upstream_busy (+ Retry-After)
-missing/wrong proxy key (auth)  401     invalid_request_error     invalid_api_key
-HTTPException (404, 405, ...)   as is   invalid_request_error     None
-anything else (a bug)           500     server_error              None (logged with traceback)
-==============================  ======  ========================  ===========================
+"(none)" is the code ``invalid_request_error``: no code of its own (OpenAI's ``code: null``).
+
+``error_info_of(exc)`` maps an exception to an ``ErrorInfo`` once; the request's dialect puts it
+in its API's shape (``Dialect.error_body``; OpenAI's for chat:
+``{"error": {"message", "type", "param", "code"}}``). The request's dialect is the one its route
+recorded in the scope (``DIALECT_SCOPE_KEY``) before anything can fail; every route of no dialect
+speaks ``DEFAULT_DIALECT`` (``dialect_of``): the one default, chosen here.
 
 Errors the *upstream* answers with are not ours: they are passed back unchanged.
-
-On a route of another wire API (``/v1/responses``, ``/v1/messages``) the same errors are put in
-that API's shape by its dialect (``error_info_of(exc)`` -> ``dialect.error_body``); the route
-records its dialect in the scope (``DIALECT_SCOPE_KEY``) before anything can fail.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.dialect import Dialect, ErrorInfo, error_info
-from ..core.dialects import CHAT
+from ..core.dialects import DEFAULT_DIALECT
 from ..core.errors import CannotFit, CtxproxyError, InvalidRequest
+from ..core.routes import RouteTable
 from ..observability.context import DIALECT_SCOPE_KEY as DIALECT_SCOPE_KEY
 from ..observability.context import current_request
 from ..service.outcome import PlanCannotFit
@@ -54,6 +57,9 @@ from .responses import context_headers, record_plan
 
 logger = logging.getLogger("ctxproxy.errors")
 
+# The pass-through root of OpenAI-compatible clients, whose base URL ends in it.
+BASE_PREFIX = "/v1"
+
 
 class BodyTooLarge(CtxproxyError):
     """The request body is over ``max_body_bytes``; refused before it is read whole."""
@@ -66,65 +72,44 @@ class BodyTooLarge(CtxproxyError):
         )
 
 
-def error_payload(message: str, *, type: str, param: str | None = None, code: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
-
-
-def error_response(
-    status: int, message: str, *, type: str, param: str | None = None, code: str | None = None
-) -> Response:
-    return Response(
-        error_payload(message, type=type, param=param, code=code),
-        status_code=status,
-        media_type="application/json",
+def error_info_of(exc: Exception) -> ErrorInfo:
+    """Any error we answer with, before a dialect shapes it (the table in the module docstring; a
+    cannot-fit error keeps its numbers)."""
+    if isinstance(exc, CannotFit | InvalidRequest):
+        return error_info(exc)
+    if isinstance(exc, BodyTooLarge):
+        return ErrorInfo(status=413, code="request_too_large", message=str(exc))
+    if isinstance(exc, UpstreamBusy):
+        return ErrorInfo(status=503, code="upstream_busy", message=exc.message)
+    if isinstance(exc, UpstreamTimeout):
+        return ErrorInfo(status=504, code="upstream_timeout", message=exc.message)
+    if isinstance(exc, UpstreamUnreachable):
+        return ErrorInfo(status=502, code="upstream_unreachable", message=exc.message)
+    if isinstance(exc, UpstreamProtocolError | UpstreamError):
+        return ErrorInfo(status=502, code="upstream_protocol_error", message=str(exc))
+    return ErrorInfo(
+        status=500,
+        code="invalid_request_error",
+        message="The proxy failed unexpectedly; the error was logged.",
     )
 
 
-def describe(exc: Exception) -> tuple[int, str, str, str | None, str | None]:
-    """``(status, message, type, param, code)`` for an error the proxy raises on purpose."""
-    if isinstance(exc, CannotFit):
-        return 400, exc.message, "invalid_request_error", "messages", "context_length_exceeded"
-    if isinstance(exc, InvalidRequest):
-        return 400, exc.message, "invalid_request_error", exc.param, None
-    if isinstance(exc, BodyTooLarge):
-        return 413, str(exc), "invalid_request_error", None, "request_too_large"
-    if isinstance(exc, UpstreamBusy):
-        return 503, exc.message, "server_error", None, "upstream_busy"
-    if isinstance(exc, UpstreamTimeout):
-        return 504, exc.message, "upstream_error", None, "upstream_timeout"
-    if isinstance(exc, UpstreamUnreachable):
-        return 502, exc.message, "upstream_error", None, "upstream_unreachable"
-    if isinstance(exc, UpstreamProtocolError | UpstreamError):
-        return 502, str(exc), "upstream_error", None, "upstream_protocol_error"
-    return 500, "The proxy failed unexpectedly; the error was logged.", "server_error", None, None
-
-
-def error_info_of(exc: Exception) -> ErrorInfo:
-    """Any error we answer with, before a dialect shapes it (a plain request error has the code
-    ``invalid_request_error``; a cannot-fit error keeps its numbers)."""
-    if isinstance(exc, CannotFit | InvalidRequest):
-        return error_info(exc)
-    status, message, _type, param, code = describe(exc)
-    return ErrorInfo(status=status, code=code or "invalid_request_error", message=message, param=param)
-
-
-def dialect_of(scope: Mapping[str, Any]) -> Dialect | None:
-    """The dialect of the route that took the request (None: not a fitted route)."""
-    dialect: Dialect | None = scope.get(DIALECT_SCOPE_KEY)
+def dialect_of(scope: Mapping[str, Any]) -> Dialect:
+    """The dialect of the route that took the request; ``DEFAULT_DIALECT`` for every other route."""
+    dialect: Dialect = scope.get(DIALECT_SCOPE_KEY) or DEFAULT_DIALECT
     return dialect
 
 
-def render(exc: Exception, dialect: Dialect | None = None) -> Response:
-    """Our error response for ``exc``: OpenAI's shape (chat, and every route of no dialect),
-    else the shape of the request's ``dialect``."""
-    if dialect is None or dialect is CHAT:
-        status, message, type_, param, code = describe(exc)
-        response = error_response(status, message, type=type_, param=param, code=code)
-    else:
-        info = error_info_of(exc)
-        response = Response(
-            orjson.dumps(dialect.error_body(info)), status_code=info.status, media_type="application/json"
-        )
+def render_info(info: ErrorInfo, dialect: Dialect) -> Response:
+    """``info`` as a JSON response in ``dialect``'s shape, with its status."""
+    return Response(
+        orjson.dumps(dialect.error_body(info)), status_code=info.status, media_type="application/json"
+    )
+
+
+def render(exc: Exception, dialect: Dialect = DEFAULT_DIALECT) -> Response:
+    """Our error response for ``exc`` in the shape of the request's ``dialect``."""
+    response = render_info(error_info_of(exc), dialect)
     if isinstance(exc, UpstreamBusy):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
@@ -145,27 +130,40 @@ async def handle_known(request: Request, exc: Exception) -> Response:
     return response
 
 
-# First path segments of the APIs the proxy serves under /v1: a client that sends them without the
-# prefix has a base URL missing its /v1.
-_API_SEGMENTS = frozenset(
-    {"chat", "completions", "responses", "messages", "models", "embeddings", "context", "audio", "images",
-     "moderations", "files", "batches", "uploads", "vector_stores", "assistants", "threads"}
+# Resources OpenAI-compatible clients reach through the pass-through (besides the dialects' own
+# routes): a client that sends them without the prefix has a base URL missing its /v1.
+PASSTHROUGH_RESOURCES = frozenset(
+    {"models", "embeddings", "completions", "context", "audio", "images", "moderations", "files", "batches",
+     "uploads", "vector_stores", "assistants", "threads"}
 )  # fmt: skip
 
 
-def _missing_v1_hint(path: str) -> str:
+def missing_prefix_hint(path: str, table: RouteTable | None) -> str:
+    """A hint for an unknown ``path`` that a route (or the pass-through) would serve under a prefix
+    the client's base URL left out; "" when there is none."""
     first = path.lstrip("/").split("/", 1)[0]
-    if path.startswith("/v1/") or first not in _API_SEGMENTS:
+    prefixes: dict[str, str] = dict.fromkeys(PASSTHROUGH_RESOURCES, BASE_PREFIX)
+    for _dialect, route in table.routes if table is not None else ():
+        rest = route.template[len(route.prefix) :].lstrip("/")
+        segment = rest.split("/", 1)[0].split("{", 1)[0].split(":", 1)[0]
+        if segment:
+            prefixes.setdefault(segment, route.prefix)
+    prefix = prefixes.get(first)
+    if prefix is None or path.startswith(prefix + "/"):
         return ""
-    return f" Did you mean /v1{path}? The client's base URL must end with /v1 (http://HOST:PORT/v1)."
+    return f" Did you mean {prefix}{path}? The client's base URL must end with {prefix} (http://HOST:PORT{prefix})."
 
 
 async def _handle_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = exc.detail if isinstance(exc.detail, str) else "Request failed."
     if exc.status_code == 404:
-        message = f"Unknown path: {request.method} {request.url.path}." + _missing_v1_hint(request.url.path)
-    response = error_response(exc.status_code, message, type="invalid_request_error")
+        table = getattr(request.app.state, "routes", None)
+        message = f"Unknown path: {request.method} {request.url.path}." + missing_prefix_hint(
+            request.url.path, table
+        )
+    info = ErrorInfo(status=exc.status_code, code="invalid_request_error", message=message)
+    response = render_info(info, dialect_of(request.scope))
     for name, value in (exc.headers or {}).items():
         response.headers[name] = value
     return response
@@ -173,7 +171,8 @@ async def _handle_http(request: Request, exc: Exception) -> Response:
 
 async def _handle_validation(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    return error_response(400, f"Invalid request: {exc.errors()!r}", type="invalid_request_error")
+    info = ErrorInfo(status=400, code="invalid_request_error", message=f"Invalid request: {exc.errors()!r}")
+    return render_info(info, dialect_of(request.scope))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -185,8 +184,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class LastResortMiddleware:
-    """Pure ASGI: a bug anywhere below becomes a logged, OpenAI-shaped 500 and the app keeps
-    serving. (Starlette's own handler would re-raise into the server after responding.)"""
+    """Pure ASGI: a bug anywhere below becomes a logged 500 in the request's dialect's shape and the
+    app keeps serving. (Starlette's own handler would re-raise into the server after responding.)"""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -10,8 +10,8 @@ that; so a slow client slows the upstream read instead of growing a buffer in th
 
 When the upstream fails after the headers went out (it closed the connection, or went silent for
 longer than the stream idle timeout), an event stream (``text/event-stream``) ends with one
-error event in the request's API's shape (chat: ``data: {"error": {...}}``, OpenAI's mid-stream
-error; the others: ``dialect.stream_error``), and is then closed; any other body is cut short (no
+error event in the request's API's shape (``Dialect.stream_error``; the default dialect's on a
+route of no dialect), and is then closed; any other body is cut short (no
 final chunk), so the client sees a truncated body, never a complete one.
 """
 
@@ -23,12 +23,11 @@ from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 import anyio
-import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..core.dialect import Dialect, ErrorInfo
-from ..core.dialects import CHAT
+from ..core.dialects import DEFAULT_DIALECT
 from ..core.plan import Plan
 from ..core.reuse import PrefixReuse
 from ..observability.context import ACCESS_SCOPE_KEY
@@ -44,7 +43,7 @@ logger = logging.getLogger("ctxproxy.stream")
 def context_headers(
     plan: Plan, *, retries: int, warnings: Iterable[str] = (), prefix_reuse: PrefixReuse | None = None
 ) -> list[Header]:
-    """Our response headers for a chat request (``X-Context-Count`` is ``exact``, ``estimate`` or
+    """Our response headers for a fitted request (``X-Context-Count`` is ``exact``, ``estimate`` or
     ``calibrated``; ``X-Context-Warning`` only when there is a warning, e.g. ``upstream-truncated``;
     ``X-Context-Prefix-Reuse``, when known, the share of the forwarded message tokens that the
     previous forwarded request of the conversation already sent as its prefix, 3 decimals)."""
@@ -99,7 +98,7 @@ class UpstreamStreamResponse(Response):
         upstream: UpstreamResponse,
         *,
         extra_headers: Iterable[Header] = (),
-        dialect: Dialect | None = None,
+        dialect: Dialect = DEFAULT_DIALECT,
     ) -> None:
         self.upstream = upstream
         self.dialect = dialect
@@ -203,18 +202,15 @@ async def read_whole(upstream: UpstreamResponse) -> None:
         raise
 
 
-def stream_error_event(exc: UpstreamError, dialect: Dialect | None = None) -> bytes:
+def stream_error_event(exc: UpstreamError, dialect: Dialect = DEFAULT_DIALECT) -> bytes:
     """The SSE event that ends a stream the upstream broke off (the SDKs raise it as an APIError),
     in the shape of the request's API."""
     timeout = isinstance(exc, UpstreamTimeout)
     code = "upstream_timeout" if timeout else "upstream_protocol_error"
-    if dialect is not None and dialect is not CHAT:
-        return dialect.stream_error(ErrorInfo(status=504 if timeout else 502, code=code, message=exc.message))
-    error = {"message": exc.message, "type": "upstream_error", "param": None, "code": code}
-    return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+    return dialect.stream_error(ErrorInfo(status=504 if timeout else 502, code=code, message=exc.message))
 
 
-def fitted_response(outcome: Outcome, dialect: Dialect | None = None) -> UpstreamStreamResponse:
+def fitted_response(outcome: Outcome, dialect: Dialect = DEFAULT_DIALECT) -> UpstreamStreamResponse:
     """The upstream's answer to a fitted request, with our ``X-Context-*`` headers."""
     return UpstreamStreamResponse(
         outcome.response,

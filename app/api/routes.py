@@ -1,19 +1,22 @@
 """The HTTP surface; each route parses, calls the service and renders, nothing more.
 
-* ``POST /v1/{dialect.upstream_path}`` for every dialect of ``app.core.dialects.DIALECTS``
-  (``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages``): plan and forward
-  (``Service.handle`` with that dialect); our errors in that API's shape. ``build_router`` makes
-  one route per dialect, so a new dialect is served without a line here.
-* The counting endpoints of those APIs (``app.api.counting``).
+* Every route of every dialect of the registry (``Dialect.routes``, matched by
+  ``app.core.routes.RouteTable``) is served by ``app.api.lane.DialectLane``, ahead of FastAPI's
+  router: ``fitted`` plans and forwards a route of kind ``fit`` (``Service.handle`` with the
+  matched route), ``app.api.counting.count`` answers one of kind ``count``. Our errors are in
+  that API's shape. A new dialect is served without a line here.
 * ``POST /v1/context/plan``: the dry run; the plan as JSON, the upstream is not called. The API of
-  the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header (``chat``, ``responses``,
-  ``messages``), else ``messages`` when the request has an ``anthropic-version`` header, else
-  ``responses`` for a body with ``input`` and no ``messages``, else ``chat``.
+  the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header (a registry name), else detected
+  (``app.core.routes.detect``: each dialect's ``recognition`` of the body and headers).
 * ``HEAD /``: 200 (a client's connectivity check; ``GET /`` is the status page).
 * ``GET /v1/context/models``: every model the proxy knows something about (discovered, learned,
   calibrated), with the source of each figure.
 * ``GET /healthz``: the process is alive. ``GET /readyz``: vocabularies loaded, upstream answers.
-* ``/v1/{path}`` (any method): passed through untouched.
+* The pass-through, any method, under every prefix the dialects' routes live under
+  (``RouteTable.passthrough_prefixes``: ``/v1/{path}``, ...): forwarded untouched, the rest of the
+  path under the upstream base URL, or the client's whole path at its origin for a prefix whose
+  routes all send theirs there; the operator's key goes in the key slot of the dialect that owns
+  the path (``RouteTable.owner``), else where the client put its own.
 """
 
 from __future__ import annotations
@@ -26,63 +29,28 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..core.dialect import Dialect
-from ..core.dialects import CHAT
+from ..core.dialects import DEFAULT_DIALECT
 from ..core.errors import InvalidRequest
-from ..service.driver import Service
+from ..core.routes import RouteMatch, RouteTable, detect
 from ..service.outcome import Outcome
-from ..service.ports import UPSTREAM_KEY_HEADERS
 from ..service.report import plan_report
+from ..service.request import parse_body
 from ..upstream.errors import UpstreamError
-from ..upstream.headers import Header, labelled_json
-from ..wire import dump_json
+from ..upstream.headers import labelled_json
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
 from .errors import DIALECT_SCOPE_KEY, BodyTooLarge
 from .headers import API, parse_context_headers
+from .request_io import json_response, raw_headers, read_body, service_of
 from .responses import UpstreamStreamResponse, access_fields, fitted_response, read_whole, record_plan
 
 router = APIRouter()
 
-FittedRoute = Callable[[Request], Awaitable[UpstreamStreamResponse | NoResponse]]
-
 PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-def service_of(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
-
-
-def raw_headers(request: Request) -> list[Header]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
-
-
-def json_response(data: object, *, status: int = 200) -> Response:
-    return Response(dump_json(data), status_code=status, media_type="application/json")
-
-
-async def read_body(request: Request, *, limit_bytes: int) -> bytes:
-    """The whole body, refused with ``BodyTooLarge`` as soon as it is known to be over the limit:
-    from ``Content-Length`` before reading, else while counting the chunks as they arrive."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit_bytes:
-        raise BodyTooLarge(limit_bytes=limit_bytes)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise BodyTooLarge(limit_bytes=limit_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def route_path(dialect: Dialect) -> str:
-    """The proxy's path for a dialect's API: the upstream's, under ``/v1``."""
-    return f"/v1/{dialect.upstream_path}"
-
-
-async def fitted(request: Request, dialect: Dialect) -> UpstreamStreamResponse | NoResponse:
-    """Plan and forward one request of ``dialect``'s API (the route of every fitted API)."""
+async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse | NoResponse:
+    """Plan and forward one request of a fit route (``match``: its dialect and path parameters)."""
+    dialect = match.dialect
     request.scope[DIALECT_SCOPE_KEY] = dialect  # our errors from here on are in its shape
     service = service_of(request)
     options = parse_context_headers(request.headers)
@@ -90,9 +58,7 @@ async def fitted(request: Request, dialect: Dialect) -> UpstreamStreamResponse |
 
     async def answer() -> Outcome:
         # handle parses the body as JSON (a 400 if it is not), whatever its label.
-        outcome = await service.handle(
-            raw, labelled_json(raw_headers(request)), options=options, dialect=dialect
-        )
+        outcome = await service.handle(raw, labelled_json(raw_headers(request)), options=options, route=match)
         if not outcome.stream:
             await read_whole(outcome.response)
         return outcome
@@ -107,43 +73,25 @@ async def fitted(request: Request, dialect: Dialect) -> UpstreamStreamResponse |
     return fitted_response(outcome, dialect)
 
 
-async def chat_completions(request: Request) -> UpstreamStreamResponse | NoResponse:
-    return await fitted(request, CHAT)
-
-
-def fitted_route(dialect: Dialect) -> FittedRoute:
-    if dialect is CHAT:
-        return chat_completions
-
-    async def route(request: Request) -> UpstreamStreamResponse | NoResponse:
-        return await fitted(request, dialect)
-
-    route.__name__ = f"{dialect.name}_route"
-    return route
-
-
-def plan_dialect(request: Request, dialects: Mapping[str, Dialect], raw: bytes) -> Dialect:
+def plan_dialect(request: Request, dialects: Mapping[str, Dialect], body: Mapping[str, object]) -> Dialect:
     """The API of a dry-run body (see the module docstring)."""
     named = request.query_params.get("api") or request.headers.get(API)
-    if named is not None:
-        dialect = dialects.get(named.strip().lower())
-        if dialect is None:
-            raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(dialects))}.", param="api")
-        return dialect
-    if "anthropic-version" in request.headers and "messages" in dialects:
-        return dialects["messages"]
-    if "responses" in dialects and b'"input"' in raw and b'"messages"' not in raw:
-        return dialects["responses"]
-    return CHAT
+    if named is None:
+        return detect(dialects, body, request.headers)
+    key = named.strip().lower()
+    if key not in dialects:
+        raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(dialects))}.", param="api")
+    return dialects[key]
 
 
 async def context_plan(request: Request) -> Response:
     service = service_of(request)
     options = parse_context_headers(request.headers)
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
-    dialect = plan_dialect(request, request.app.state.dialects, raw)
+    body = parse_body(raw)
+    dialect = plan_dialect(request, request.app.state.dialects, body)
     request.scope[DIALECT_SCOPE_KEY] = dialect
-    plan = service.plan_raw(raw, options, dialect=dialect)
+    plan = service.plan(body, options, dialect=dialect, headers=raw_headers(request))
     record_plan(request.scope, plan, retries=0)
     return json_response(plan_report(plan))
 
@@ -205,16 +153,20 @@ class _LimitedBody:
                 yield chunk
 
 
-def _raw_path(request: Request, path: str) -> str:
-    """The path after ``/v1/`` as the client sent it (percent-encoding kept), when known.
+def _raw_path(request: Request, path: str, *, prefix: str, at_origin: bool) -> str:
+    """The path to forward as the client sent it (percent-encoding kept), when known: the part
+    after ``prefix/`` (under the base URL), or all of it (``at_origin``).
 
     ``InvalidRequest`` for a dot segment (``..``, ``%2e%2e``, ``.``): pass-through stays under the
-    upstream's base URL, whose path is not the client's to climb out of (the operator's key may be
-    attached to everything this proxy forwards)."""
+    upstream's base URL (or its origin's path as the client wrote it), whose path is not the
+    client's to climb out of (the operator's key may be attached to everything this proxy
+    forwards)."""
     raw = request.scope.get("raw_path")
-    forwarded = path
-    if isinstance(raw, bytes) and raw.startswith(b"/v1/"):
-        forwarded = raw[4:].split(b"?", 1)[0].decode("latin-1")
+    forwarded = f"{prefix}/{path}" if at_origin else path
+    start = prefix.encode("latin-1") + b"/"
+    if isinstance(raw, bytes) and raw.startswith(start):
+        tail = raw[len(start) :].split(b"?", 1)[0].decode("latin-1")
+        forwarded = f"{prefix}/{tail}" if at_origin else tail
     if any(unquote(segment) in (".", "..") for segment in forwarded.split("/")):
         raise InvalidRequest("The path must not contain '.' or '..' segments.", param=None)
     return forwarded
@@ -229,7 +181,7 @@ def _model_of(raw: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-async def passthrough(request: Request, path: str) -> UpstreamStreamResponse:
+async def passthrough(request: Request, path: str, *, prefix: str, at_origin: bool) -> UpstreamStreamResponse:
     """Forward untouched. The body streams through, except that a JSON body is read (within
     ``max_body_bytes``) when per-model routes exist, to route it by its ``model``."""
     service = service_of(request)
@@ -249,7 +201,9 @@ async def passthrough(request: Request, path: str) -> UpstreamStreamResponse:
         else:
             content = limited = _LimitedBody(request, limit_bytes=limit_bytes)
     access_fields(request.scope)["model"] = model
-    forwarded_path = _raw_path(request, path)
+    forwarded_path = _raw_path(request, path, prefix=prefix, at_origin=at_origin)
+    table: RouteTable = request.app.state.routes
+    owner = table.owner(f"{prefix}/{path}")
     try:
         upstream = await service.passthrough(
             request.method,
@@ -259,26 +213,39 @@ async def passthrough(request: Request, path: str) -> UpstreamStreamResponse:
             content=content,
             content_length=content_length,
             model=model,
-            key_header=UPSTREAM_KEY_HEADERS.get(forwarded_path.split("/", 1)[0]),
+            key_slot=owner.key_slots[0] if owner is not None and owner.key_slots else None,
+            at_origin=at_origin,
         )
     except UpstreamError:
         if limited is not None and limited.over:
             raise BodyTooLarge(limit_bytes=limit_bytes) from None
         raise
-    return UpstreamStreamResponse(upstream)
+    # A stream the upstream breaks off ends with an error event in the owning API's shape.
+    return UpstreamStreamResponse(upstream, dialect=owner or DEFAULT_DIALECT)
 
 
-def build_router(dialects: Mapping[str, Dialect]) -> APIRouter:
-    """Every route: the fixed ones, one fitted route per dialect and its counting endpoint, then
-    the pass-through for the rest of ``/v1/``, in that order (the pass-through matches anything)."""
-    from .counting import counting_routes
+def passthrough_route(prefix: str, *, at_origin: bool) -> Callable[[Request, str], Awaitable[Response]]:
+    """The pass-through endpoint of one prefix (see the module docstring)."""
 
+    async def route(request: Request, path: str) -> Response:
+        return await passthrough(request, path, prefix=prefix, at_origin=at_origin)
+
+    route.__name__ = f"passthrough_{prefix.strip('/')}"
+    return route
+
+
+def build_router(table: RouteTable) -> APIRouter:
+    """The routes FastAPI serves: the fixed ones, then the pass-through of every prefix the
+    dialects' routes live under, in that order (a pass-through matches anything under it). The
+    dialects' own routes are the lane's (``app.api.lane``)."""
     api = APIRouter()
-    for dialect in dialects.values():
-        api.add_api_route(route_path(dialect), fitted_route(dialect), methods=["POST"], response_model=None)
-    for path, endpoint in counting_routes(dialects):
-        api.add_api_route(path, endpoint, methods=["POST"], response_model=None)
     api.add_api_route("/v1/context/plan", context_plan, methods=["POST"])
     api.include_router(router)
-    api.add_api_route("/v1/{path:path}", passthrough, methods=PASSTHROUGH_METHODS, response_model=None)
+    for prefix, at_origin in table.passthrough_prefixes():
+        api.add_api_route(
+            f"{prefix}/{{path:path}}",
+            passthrough_route(prefix, at_origin=at_origin),
+            methods=PASSTHROUGH_METHODS,
+            response_model=None,
+        )
     return api

@@ -1,19 +1,43 @@
 """The dialect seam: one adapter per wire API between its JSON and the neutral conversation.
 
-INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects/`` implements it):
+INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects/`` implements it).
+A dialect is the only home of its wire API's facts: nothing outside ``app/core/dialects/`` and the
+composition root names an API or branches on which dialect it holds (``tests/test_architecture.py``).
 
-* ``Dialect`` (a protocol; implementations are stateless, frozen, pure):
+* ``Dialect`` (a protocol; implementations are stateless, frozen, pure). Where it lives on HTTP:
 
-  - ``name``: ``"chat"``, ``"responses"`` or ``"messages"`` (metrics label, headers, plan report);
-  - ``upstream_path``: the path under the upstream base URL (``"chat/completions"``, ...);
+  - ``name``: the registry key (metrics label, headers, plan report): ``"chat"``, ...;
+  - ``routes``: its POST endpoints as ``app.core.endpoints.Route`` templates (kind ``"fit"`` or
+    ``"count"``, streaming chosen by the body or by the path, where each goes upstream: under the
+    base URL or the client's own path at its origin). The API layer serves exactly these;
+  - ``key_slots``: where its clients put their key (``routes.KeySlot``: a header such as
+    ``authorization``/``x-api-key``, or a query parameter), the first being where the operator's
+    key goes on its requests. Auth accepts a proxy key in any registered dialect's slot, and with
+    an operator key every registered slot is cleared on the way upstream;
+  - ``recognition(body, headers) -> int``: how surely a body that came without a route (the dry
+    run, ``ctxproxy plan``) is this API's: 0 not it, 1 its shape fits, 2 a mark only it has
+    (``routes.detect`` picks the highest);
+
+  What a request of it means:
+
+  - ``model_of(body, params) -> str``: the model a request is for: the body's ``model`` or a
+    path parameter (``params``, a matched route's); ``InvalidRequest`` (``param="model"``) when
+    there is none;
+  - ``refine_spec(spec, headers) -> ModelSpec``: the model spec as this request's headers change
+    it (Anthropic's 1M-context beta), ``spec`` itself when they change nothing;
   - ``items_key``: the top-level key of the array a client's history grows at the end of
     (``"messages"``, ``"input"``): a resent body is parsed only from where it changed near that
     array's end (``body_memo.BodyMemo``);
+  - ``chat_shaped``: True when a body of this API is itself a chat body to the chat accounting
+    (messages and tool definitions): learning compares the upstream's usage with the body as it
+    is; else with the neutral messages plus the tool definitions' tokens as one priced message;
   - ``parse(body, *, memo=None) -> Conversation``: validate what planning relies on (raise
     ``InvalidRequest`` with ``param`` naming the field) and build the neutral messages
     (``conversation.py``). Never mutates ``body``; unknown fields are the upstream's business.
     ``memo`` (a ``parse_memo.ParseMemo``, owned by the caller) lets a dialect reuse what it built
-    for the strictly equal leading items of an earlier request; the result equals a fresh parse;
+    for the strictly equal leading items of an earlier request; the result equals a fresh parse.
+    The conversation's ``model`` and ``stream`` are the body's; the service sets them from
+    ``model_of`` and a route that chooses streaming;
   - ``tool_tokens(body, counter) -> int``: tokens of what the body sends besides its messages
     (tool definitions, ...), by this API's rules;
   - ``render(body, messages) -> dict``: ``body`` with its conversation replaced by the fitted
@@ -22,16 +46,30 @@ INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects
     what changed; one without an origin (note, summary) is built in this API's shape where it keeps
     the body valid (pairing, role order). Every other body key is kept as is;
   - ``problems(body) -> list[str]``: the structural rules of this API the body breaks (orphaned
-    results, calls without results, ...), position-free wording; the pipeline's final guard and the
-    property tests compare the output's problems with the input's;
-  - ``error_body(error) -> dict``: one of our errors (``ErrorInfo``) in this API's error shape;
+    results, calls without results, ...), position-free wording. The fit pipeline's final guard
+    (``fit.plan_request``) compares a changed plan's rendered body with its input;
+
+  What its upstream answers:
+
   - ``overflow(status, body) -> ContextOverflow | None``: is this upstream answer a context-length
     error (this API's wordings first, then the shared classifier)?
+  - ``preamble_events``: the event types a streamed answer may open with before the answer
+    proper; when not empty, a streamed 200 is peeked at until another event arrives, for an
+    overflow reported inside it (``preamble.py``; Responses' ``response.failed``);
   - ``input_tokens_used(answer) -> int | None``: the upstream's own count of the prompt, from a
     JSON answer or from one parsed SSE event (``usage.prompt_tokens``, ``response.usage.
     input_tokens``, Anthropic's input + cache read + cache creation), for calibration;
+    ``usage_needles``: byte strings every SSE line that carries it contains (lines without them
+    are not parsed);
+  - ``upstream_count(answer) -> int | None``: the count in an answer of the upstream's own
+    token-counting endpoint (a positive integer), else None;
+
+  What the proxy answers in its name:
+
   - ``count_answer(input_tokens) -> dict``: the answer of this API's token-counting endpoint
-    (Responses ``/responses/input_tokens``, Anthropic ``/messages/count_tokens``) with our count;
+    with our count;
+  - ``error_body(error) -> dict``: one of our errors (``ErrorInfo``) in this API's error shape
+    (every status: 400, 401, 404, 413, 500, 502, 503, 504, ...);
   - ``stream_error(error) -> bytes``: the SSE bytes that end a stream that failed midway, in this
     API's shape (chat: ``data: {"error": ...}``; Responses: an ``error`` event; Anthropic:
     ``event: error``).
@@ -42,6 +80,8 @@ INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects
   ``reserve_tokens``) so a dialect can word it as its own upstream would.
 * ``error_info(error) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` -> 400,
   ``CannotFit`` -> 400 ``context_length_exceeded``).
+* ``model_from_body(body) -> str``: the body's ``model`` (a non-empty string), else
+  ``InvalidRequest``; the ``model_of`` of APIs that name the model in the body.
 """
 
 from __future__ import annotations
@@ -51,11 +91,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .conversation import Conversation
+from .endpoints import KeySlot, Route
 from .errors import CannotFit, CoreError, InvalidRequest
 from .messages import Message
 from .overflow import ContextOverflow
 from .parse_memo import ParseMemo
+from .registry import ModelSpec
 from .tokens import MessageCounter
+
+Headers = Sequence[tuple[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +123,30 @@ class Dialect(Protocol):
     def name(self) -> str: ...
 
     @property
-    def upstream_path(self) -> str: ...
+    def routes(self) -> tuple[Route, ...]: ...
+
+    @property
+    def key_slots(self) -> tuple[KeySlot, ...]: ...
+
+    def recognition(self, body: Mapping[str, Any], headers: Mapping[str, str], /) -> int: ...
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str: ...
+
+    def refine_spec(self, spec: ModelSpec, headers: Headers, /) -> ModelSpec: ...
 
     @property
     def items_key(self) -> str: ...
+
+    @property
+    def chat_shaped(self) -> bool: ...
+
+    @property
+    def preamble_events(self) -> frozenset[str]: ...
+
+    @property
+    def usage_needles(self) -> tuple[bytes, ...]: ...
+
+    def upstream_count(self, answer: Mapping[str, Any], /) -> int | None: ...
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation: ...
 
@@ -128,3 +192,11 @@ def error_info(error: CoreError) -> ErrorInfo:
     if isinstance(error, InvalidRequest):
         return ErrorInfo(status=400, code="invalid_request_error", message=error.message, param=error.param)
     return ErrorInfo(status=400, code="invalid_request_error", message=str(error))
+
+
+def model_from_body(body: Mapping[str, Any]) -> str:
+    """The body's ``model``; ``InvalidRequest`` unless it is a non-empty string."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
+    return model

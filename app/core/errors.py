@@ -36,7 +36,9 @@ passed back (or classified as a context overflow and retried). Third-party error
 into this tree at the boundary that meets them (``raise UpstreamTimeout(...) from exc``).
 
 Outside the tree on purpose, because they signal a bug and never an answer: ``ExchangeStateError``
-(``core.exchange``: an event the exchange cannot take in its state). Any other exception class
+(``core.exchange``: an event the exchange cannot take in its state) and ``StructureGuardWarning``
+(``core.fit``: a strategy broke an API's structure; a warning, so the plan falls back in
+production and the test suite, where warnings are errors, fails). Any other exception class
 defined in ``app/`` derives from ``CtxproxyError``.
 """
 

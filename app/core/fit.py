@@ -2,13 +2,14 @@
 
 INTERFACE CONTRACT (the service relies on this):
 
-``plan_request(body, *, spec, policy, counter, cap_tokens=None, summaries=None, dialect=CHAT,
-conversation=None) -> Plan`` parses ``body`` with its ``dialect`` into the neutral conversation
-(raises ``InvalidRequest``; pass the ``conversation`` already parsed to skip that), counts, builds
-the budget and fits the neutral messages. It never raises ``CannotFit`` itself: a plan that cannot
-fit has ``fits=False`` and the numbers. The plan renders its body through the same dialect
-(``Plan.body``). A conversation the dialect marks not ``fittable`` (its history lives upstream) is
-planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the proxy cannot know.
+``plan_request(body, *, spec, policy, counter, cap_tokens=None, summaries=None,
+dialect=DEFAULT_DIALECT, conversation=None) -> Plan`` parses ``body`` with its ``dialect`` into the
+neutral conversation (raises ``InvalidRequest``; pass the ``conversation`` already parsed to skip
+that), counts, builds the budget and fits the neutral messages. It never raises ``CannotFit``
+itself: a plan that cannot fit has ``fits=False`` and the numbers. The plan renders its body through
+the same dialect (``Plan.body``). A conversation the dialect marks not ``fittable`` (its history
+lives upstream) is planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the
+proxy cannot know.
 
 ``SummaryProvider`` is the seam for LLM summaries (a later issue): a *synchronous* lookup the
 pipeline may call for a span it is about to drop; ``None`` means "use the deterministic note".
@@ -30,13 +31,19 @@ Steps 2 and 4 never touch the protected tail (the newest ``keep_turns`` turns, b
 ``protect_max_share`` of the input budget in whole units), the pinned messages or the newest user
 message; so one long single-turn agent session is fitted like a long chat (see ``context``).
 
-A final guard checks that the output has no tool-pairing problem the input did not have; one
-would be a bug in a strategy, so it raises ``AssertionError`` rather than corrupt a conversation.
+The final guard: a changed plan's body, rendered by its dialect, must have no structural problem
+(``Dialect.problems``: pairing, signatures, role order) that the input body did not have. One
+would be a bug in a strategy. It is reported as a ``StructureGuardWarning`` (an error under the
+test suite's ``-W error``, so a test that meets it fails loudly), and the plan falls back in the
+user's favour instead of corrupting the conversation: the deterministic cut (no summaries) when
+that one passes, else the input unchanged (forwarded when it fits the budget, refused with the
+numbers when it does not). The fallback plan lists the problems in ``Plan.broken`` for the
+service to log. The guard runs only on changed plans: an unchanged body is forwarded as it came.
 """
 
 from __future__ import annotations
 
-import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -45,19 +52,22 @@ from .budget import Budget, Policy, budget_for
 from .context import SummaryProvider, build_context, protect_tokens_for, protected_start
 from .conversation import Conversation
 from .dialect import Dialect
-from .dialects.chat import CHAT
-from .messages import Message, pairing_problems
+from .dialects import DEFAULT_DIALECT
+from .messages import Message
 from .plan import Action, DroppedSpan, Plan
 from .registry import ModelSpec
 from .strategies import STRATEGIES, Strategy, next_cut
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
-__all__ = ["HISTORY_UPSTREAM", "SummaryProvider", "plan_request", "preview_next_cut"]
+__all__ = ["HISTORY_UPSTREAM", "StructureGuardWarning", "SummaryProvider", "plan_request", "preview_next_cut"]
 
 HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation kept upstream
 _NO_OUTPUT_CAP: Mapping[str, Any] = {}
 
-_AT_INDEX = re.compile(r" at \d+\b")  # positions shift when a note is inserted: compare without them
+
+class StructureGuardWarning(RuntimeWarning):
+    """A strategy made a body with a structural problem its input did not have (a bug): the plan
+    fell back (see the module docstring)."""
 
 
 def _prepare(
@@ -83,8 +93,16 @@ def _prepare(
     return messages, per_message, tool_tokens, budget
 
 
-def _problems(messages: Sequence[Message]) -> set[str]:
-    return {_AT_INDEX.sub("", problem) for problem in pairing_problems(messages)}
+def new_problems(
+    body: Mapping[str, Any], messages: Sequence[Message], *, dialect: Dialect, source: Sequence[Message]
+) -> list[str]:
+    """The structural problems of ``messages`` rendered into ``body`` that ``body`` itself does
+    not have (the input's are computed only when the output has any)."""
+    out = dialect.problems(dialect.render(body, messages, source=source))
+    if not out:
+        return []
+    known = set(dialect.problems(body))
+    return sorted(set(out) - known)
 
 
 def _run_steps(
@@ -144,7 +162,7 @@ def plan_request(
     counter: MessageCounter,
     cap_tokens: int | None = None,
     summaries: SummaryProvider | None = None,
-    dialect: Dialect = CHAT,
+    dialect: Dialect = DEFAULT_DIALECT,
     conversation: Conversation | None = None,
 ) -> Plan:
     """Plan one request: unchanged when it fits, else the least destructive rewrite that fits."""
@@ -165,6 +183,7 @@ def plan_request(
         actions: Sequence[Action] = (),
         dropped: Sequence[DroppedSpan] = (),
         warnings: tuple[str, ...] = (),
+        broken: tuple[str, ...] = (),
     ) -> Plan:
         return Plan(
             model=parsed.model or str(body.get("model", "")),
@@ -182,6 +201,7 @@ def plan_request(
             dialect=dialect,
             warnings=warnings,
             source=parsed.messages,
+            broken=broken,
         )
 
     if not parsed.fittable:
@@ -197,16 +217,30 @@ def plan_request(
     current, tokens, actions, dropped = _run_steps(
         messages, per_message, STRATEGIES, budget=budget, policy=policy, counter=counter, summaries=wanted
     )
-
-    out_problems = _problems(current)
-    new_problems = out_problems - _problems(messages) if out_problems else out_problems
-    if new_problems:
-        raise AssertionError(f"the fit pipeline broke tool pairing: {sorted(new_problems)}")
+    broken = tuple(new_problems(body, current, dialect=dialect, source=parsed.messages))
+    if broken:
+        warnings.warn(
+            f"the fit pipeline broke the {dialect.name} structure: {list(broken)}; falling back",
+            StructureGuardWarning,
+            stacklevel=2,
+        )
+        if wanted is not None:
+            current, tokens, actions, dropped = _run_steps(
+                messages,
+                per_message,
+                STRATEGIES,
+                budget=budget,
+                policy=policy,
+                counter=counter,
+                summaries=None,
+            )
+        if wanted is None or new_problems(body, current, dialect=dialect, source=parsed.messages):
+            return plan(messages, per_message, changed=False, fits=fits, broken=broken)
     fitted = sum(tokens) + REPLY_PRIMING_TOKENS <= budget.input_budget_tokens
     if not fitted:
         over = sum(tokens) + REPLY_PRIMING_TOKENS - budget.input_budget_tokens
         actions.append(Action("rejected", 1, 0, f"still over the input budget by {over} tokens"))
-    return plan(current, tokens, changed=True, fits=fitted, actions=actions, dropped=dropped)
+    return plan(current, tokens, changed=True, fits=fitted, actions=actions, dropped=dropped, broken=broken)
 
 
 def preview_next_cut(
@@ -216,7 +250,7 @@ def preview_next_cut(
     policy: Policy,
     counter: MessageCounter,
     cap_tokens: int | None = None,
-    dialect: Dialect = CHAT,
+    dialect: Dialect = DEFAULT_DIALECT,
 ) -> tuple[DroppedSpan, ...]:
     """The spans the next cut of this conversation will drop, all of it from the oldest (``()``
     when no complete level is left), as ``Plan.dropped`` would report them: ``block_stops`` are the

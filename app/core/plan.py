@@ -8,9 +8,11 @@ INTERFACE CONTRACT (the service, the API and the CLI rely on these names):
   tool definitions), ``changed`` (False: forward the client's original bytes), ``fits``,
   ``messages`` (what to forward), ``message_tokens`` (per forwarded message), ``actions``;
   ``dropped`` (the spans of the *input* messages that were removed, for summaries);
-  ``actions_header()`` renders ``pruned=4,dropped_turns=6,truncated=1``; ``body(original)``
-  returns the request body to forward, rendered by the plan's ``dialect`` (chat: only
-  ``messages`` is replaced); ``warnings`` are ``X-Context-Warning`` values (``history-upstream``).
+  ``actions_header()`` renders ``pruned=4,dropped_turns=6,truncated=1``; ``dialect`` is the wire
+  API's (``api`` its name); ``body(original)`` returns the request body to forward, rendered by
+  that dialect; ``warnings`` are ``X-Context-Warning`` values (``history-upstream``); ``broken``
+  the structural problems a strategy introduced that the final guard caught and undid (a bug,
+  see ``fit.plan_request``; the service logs it).
 """
 
 from __future__ import annotations
@@ -96,25 +98,24 @@ class Plan:
     fits: bool
     messages: tuple[Message, ...]
     message_tokens: tuple[int, ...]
+    dialect: Dialect
     actions: tuple[Action, ...] = ()
     dropped: tuple[DroppedSpan, ...] = ()
-    dialect: Dialect | None = None
     warnings: tuple[str, ...] = ()
     # The neutral messages the dialect parsed from the request: ``body`` renders without parsing
     # the request a second time.
     source: tuple[Message, ...] | None = None
+    broken: tuple[str, ...] = ()
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
 
     @property
     def api(self) -> str:
-        """The name of the wire API the plan is for (``chat``, ``responses``, ``messages``)."""
-        return "chat" if self.dialect is None else self.dialect.name
+        """The name of the wire API the plan is for (its dialect's)."""
+        return self.dialect.name
 
     def body(self, original: Mapping[str, Any]) -> dict[str, Any]:
-        """``original`` with its conversation replaced by ours, through the plan's dialect (chat,
-        the default: only ``messages`` is replaced); every other key kept as is."""
-        if self.dialect is None:
-            return {**original, "messages": list(self.messages)}
+        """``original`` with its conversation replaced by ours, through the plan's dialect; every
+        other key kept as is."""
         return self.dialect.render(original, self.messages, source=self.source)

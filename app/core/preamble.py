@@ -7,8 +7,8 @@ until the first event after the preamble arrives, so such a stream can still be 
 
 INTERFACE CONTRACT:
 
-* ``PREAMBLE_EVENTS``: dialect name -> the event types that may come before the answer proper
-  (only the dialects listed are peeked at; chat and Anthropic report overflows as error statuses).
+* The event types that may come before the answer proper are a dialect's
+  (``Dialect.preamble_events``; empty for APIs that report overflows as error statuses only).
 * ``preamble_done(events, kinds) -> bool``: True once ``events`` (the stream's first bytes) holds
   a complete event whose type is not in ``kinds``, or holds ``MAX_PREAMBLE_BYTES`` or more; then
   the driver stops reading and hands the bytes to ``Exchange.answered_stream``.
@@ -19,13 +19,8 @@ Pure; never raises on malformed input (a frame it cannot read counts as the answ
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 MAX_PREAMBLE_BYTES = 64 * 1024
-
-PREAMBLE_EVENTS: Mapping[str, frozenset[str]] = {
-    "responses": frozenset({"response.created", "response.in_progress", "response.queued"}),
-}
 
 
 def _event_type(frame: bytes) -> str | None:

@@ -23,10 +23,10 @@ pinned messages stay). A request that cannot fit raises ``PlanCannotFit`` (the g
 open and forwards the original, or fails closed, as configured); bad input ``InvalidRequest``.
 
 Which API a bare message list is in (:func:`messages_api`): named by the caller (``?api=`` or
-``X-Context-Api``), else ``messages`` when the request carries ``anthropic-version`` (agentgateway
-forwards it by default), else what the items show (a top-level ``type``: Responses items; Anthropic
-content blocks such as ``tool_use``/``tool_result``/``thinking``; ``tool_calls``/``role: tool``:
-chat), else chat. Items that show two APIs are refused: name the API.
+``X-Context-Api``), else the registered dialect that recognises the items most surely
+(``Dialect.recognition`` of ``{items_key: messages}`` with the request's headers: Anthropic's
+``anthropic-version``, which agentgateway forwards by default, or its own content blocks; typed
+Responses items), else the registry's first (chat).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ..core.budget import budget_for
 from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
 from ..core.plan import Plan
+from ..core.routes import RouteMatch
 from ..upstream.headers import Header
 from .fastpath import run_plan
 from .outcome import PlanCannotFit
@@ -53,26 +54,6 @@ DEFAULT_ASIDE_SHARE = 0.10
 agent's system prompt and tools are ~15-20K tokens, about 10% of a 128-200K window."""
 
 _REASON = "shortening the conversation as far as the policy allows does not bring it under"
-
-# What a message list shows of its API: one marker set per dialect name. These are wire facts of
-# the three APIs (kept here, next to the only code that needs to guess an API from bare items).
-_RESPONSES_PARTS = frozenset({"input_text", "output_text", "input_image", "input_file", "refusal"})
-_MESSAGES_BLOCKS = frozenset(
-    {
-        "tool_use",
-        "tool_result",
-        "thinking",
-        "redacted_thinking",
-        "document",
-        "search_result",
-        "server_tool_use",
-        "web_search_tool_result",
-        "container_upload",
-    }
-)
-_CHAT_PARTS = frozenset({"image_url", "input_audio"})
-_CHAT_ROLES = frozenset({"tool", "function"})
-
 
 @dataclass(frozen=True, slots=True)
 class Compressed:
@@ -94,53 +75,27 @@ class Compressed:
         return max(0, self.plan.tokens_before - self.plan.tokens_after) if self.plan.changed else 0
 
 
-def _evidence(item: Any) -> set[str]:
-    """The APIs one message object shows it belongs to (empty: any of them)."""
-    if not isinstance(item, Mapping):
-        return set()
-    found: set[str] = set()
-    if "type" in item or "role" not in item:
-        found.add("responses")  # Responses items are typed; chat and Anthropic messages never are
-    if "tool_calls" in item or "tool_call_id" in item or item.get("role") in _CHAT_ROLES:
-        found.add("chat")
-    content = item.get("content")
-    if isinstance(content, list):
-        for part in content:
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind in _RESPONSES_PARTS:
-                found.add("responses")
-            elif kind in _MESSAGES_BLOCKS or (isinstance(part, Mapping) and "cache_control" in part):
-                found.add("messages")
-            elif kind in _CHAT_PARTS:
-                found.add("chat")
-            elif kind == "image" and isinstance(part, Mapping) and "source" in part:
-                found.add("messages")
-    return found
-
-
 def messages_api(
-    messages: Sequence[Any], *, named: str | None, headers: Mapping[str, str], known: Sequence[str]
-) -> str:
-    """The API a bare message list is in (see the module docstring); ``InvalidRequest`` when it is
-    named wrong or cannot be told."""
+    messages: Sequence[Any], *, named: str | None, headers: Mapping[str, str], dialects: Mapping[str, Dialect]
+) -> Dialect:
+    """The API a bare message list is in (see the module docstring): the one named, else the
+    dialect that recognises ``{items_key: messages}`` most surely (``Dialect.recognition``: a
+    mark only that API has beats a shape several share; ties go to the registry's order);
+    ``InvalidRequest`` when the name is unknown."""
     if named is not None:
-        name = named.strip().lower()
-        if name not in known:
-            raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(known))}.", param="api")
-        return name
-    if "anthropic-version" in headers and "messages" in known:
-        return "messages"
-    shown: set[str] = set()
-    for item in messages:
-        shown |= _evidence(item)
-    shown &= set(known)
-    if len(shown) > 1:
-        raise InvalidRequest(
-            f"These messages look like more than one API ({', '.join(sorted(shown))}): name theirs "
-            "with ?api=NAME or the X-Context-Api header.",
-            param="messages",
-        )
-    return shown.pop() if shown else "chat"
+        found = dialects.get(named.strip().lower())
+        if found is None:
+            known = ", ".join(sorted(dialects))
+            raise InvalidRequest(f"Unknown api {named!r}; known: {known}.", param="api")
+        return found
+    lowered = {name.lower(): value for name, value in headers.items()}
+    best = next(iter(dialects.values()))
+    best_score = 0
+    for dialect in dialects.values():
+        score = dialect.recognition({dialect.items_key: list(messages)}, lowered)
+        if score > best_score:
+            best, best_score = dialect, score
+    return best
 
 
 def aside_tokens_for(window_tokens: int, *, requested: int | None, configured: int | None) -> int:
@@ -198,11 +153,13 @@ class Compressor:
         return Compressed(plan, dialect, fitted[dialect.items_key], fitted, b"", aside_tokens=aside)
 
     async def compact_body(
-        self, raw: bytes, *, dialect: Dialect, options: RequestOptions, headers: Sequence[Header] = ()
+        self, raw: bytes, *, route: RouteMatch, options: RequestOptions, headers: Sequence[Header] = ()
     ) -> Compressed:
-        """Fit a whole request body of ``dialect``'s API; see the module doc."""
+        """Fit a whole request body of the API of ``route`` (a fitted route matched on the path
+        after the endpoint's prefix); see the module doc."""
         service = self.service
-        request = await service.prepare(raw, headers, options=options, dialect=dialect)
+        dialect = route.dialect
+        request = await service.prepare(raw, headers, options=options, dialect=dialect, route=route)
         plan = await run_plan(request.plan, size_bytes=len(raw))
         plan = await service.summarized(request, plan)
         if not plan.fits:

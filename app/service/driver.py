@@ -1,18 +1,21 @@
 """Where the budget engine meets the upstream: the short driver of a request's exchange.
 
-``Service.handle(raw, headers, *, options, dialect=CHAT) -> Outcome`` is the whole path of one
-request of any wire API (``handle_chat`` is the chat one):
+``Service.handle(raw, headers, *, options, route) -> Outcome`` is the whole path of one request of
+any wire API (``route``: the matched ``app.core.routes.RouteMatch``, its dialect and path
+parameters; ``dialect=`` alone stands for that dialect's first route):
 
-1. parse the body (bad JSON, a non-object body or a bad ``model`` -> ``InvalidRequest``);
+1. parse the body (bad JSON, a non-object body or a bad model -> ``InvalidRequest``);
 2. make the request value once (``Service.prepare`` -> ``app.service.request.ProxyRequest``):
-   the model resolved (``X-Context-Window`` overrides the window), the policy refined by the
+   the model (``Dialect.model_of``: the body's or the path's) resolved and refined by the
+   dialect (``refine_spec``; ``X-Context-Window`` overrides the window), the policy refined by the
    request's ``X-Context-*`` options, the counter, the dialect's neutral conversation;
 3. plan it (``ProxyRequest.plan``); a plan that does not fit raises ``CannotFit`` (the
    ``off`` policy never fails). A large body is planned in a worker thread, and one that
    ``app.core.ceiling`` proves fits is sent first and planned meanwhile (``app.service.fastpath``); the
    exact plan is always ready before the outcome is returned;
 4. send: the client's *original bytes* when the plan did not change anything, else the plan's
-   body serialized once;
+   body serialized once, to where the route says (``RouteMatch.target``), with the client's
+   query string, the operator's key in the dialect's first key slot;
 5. when the upstream answers with an error status (always before the first body byte, streaming
    or not), classify it; a context overflow is re-planned with the retry cap sized from the
    error's numbers and resent, at most ``MAX_RETRIES`` times; any other answer, and the last
@@ -35,18 +38,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.body_memo import BodyMemo
 from ..core.budget import Policy
-from ..core.ceiling import conversation_surely_fits, surely_fits
+from ..core.ceiling import conversation_surely_fits
 from ..core.dialect import Dialect
-from ..core.dialects import CHAT, MESSAGES
-from ..core.dialects.messages import window_from_beta
-from ..core.errors import InvalidRequest
+from ..core.dialects import DEFAULT_DIALECT
 from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
 from ..core.overflow import ContextOverflow
 from ..core.parse_memo import ParseMemo
 from ..core.plan import Plan
-from ..core.preamble import PREAMBLE_EVENTS
 from ..core.registry import ModelSpec
 from ..core.reuse import PrefixMemory
+from ..core.routes import KeySlot, RouteMatch
 from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
@@ -55,7 +56,7 @@ from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, st
 from .learning import Learner
 from .outcome import Outcome, PlanCannotFit, Readiness
 from .peek import is_event_stream, read_preamble
-from .ports import REQUIRED_ENCODINGS, UPSTREAM_KEY_HEADERS, ModelResolver, Vocabularies
+from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
 from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
 
 if TYPE_CHECKING:
@@ -122,25 +123,27 @@ class Service:
         *,
         raw: bytes = b"",
         headers: Sequence[Header] = (),
-        dialect: Dialect = CHAT,
+        dialect: Dialect = DEFAULT_DIALECT,
+        route: RouteMatch | None = None,
     ) -> ProxyRequest:
-        """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad ``model`` first,
-        then for what the dialect refuses in the conversation."""
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
-        table_spec = self.registry.resolve(model)
-        if dialect is MESSAGES:
-            # Anthropic's long-context beta header opens the 1M window of the models that have it.
-            wider = window_from_beta(table_spec, _joined(headers, "anthropic-beta"))
-            if wider is not None:
-                table_spec = replace(table_spec, window_tokens=wider)
+        """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad model first, then
+        for what the dialect refuses in the conversation. ``route`` (else ``dialect``'s first
+        route) gives the dialect, the path's parameters and where the request goes."""
+        match = route if route is not None else RouteMatch.first(dialect)
+        dialect = match.dialect
+        model = dialect.model_of(body, match.params)
+        table_spec = dialect.refine_spec(self.registry.resolve(model), headers)
         spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
+        conversation = dialect.parse(body, memo=self.parses)
+        stream = conversation.stream if match.route.stream is None else match.route.stream
+        if conversation.model != model or conversation.stream != stream:
+            conversation = replace(conversation, model=model, stream=stream)
         return ProxyRequest(
             raw=raw,
             body=body,
             dialect=dialect,
-            conversation=dialect.parse(body, memo=self.parses),
+            route=match,
+            conversation=conversation,
             spec=spec,
             policy=self.policy(options),
             counter=self.counter_for_spec(spec),
@@ -151,32 +154,47 @@ class Service:
         )
 
     async def prepare(
-        self, raw: bytes, headers: Sequence[Header], *, options: RequestOptions, dialect: Dialect = CHAT
+        self,
+        raw: bytes,
+        headers: Sequence[Header],
+        *,
+        options: RequestOptions,
+        dialect: Dialect = DEFAULT_DIALECT,
+        route: RouteMatch | None = None,
     ) -> ProxyRequest:
         """Parse ``raw``, learn about a model seen for the first time (``Learner.discover``), and
         make the request value."""
-        body = parse_body(raw, memo=self.bodies, key=dialect.items_key)
-        model = body.get("model")
-        if isinstance(model, str) and model:
-            await self.learner.discover(model, self.upstream.base_url_for(model))
-        return self.request(body, options, raw=raw, headers=headers, dialect=dialect)
+        match = route if route is not None else RouteMatch.first(dialect)
+        body = parse_body(raw, memo=self.bodies, key=match.dialect.items_key)
+        model = match.dialect.model_of(body, match.params)
+        await self.learner.discover(model, self.upstream.base_url_for(model))
+        return self.request(body, options, raw=raw, headers=headers, route=match)
 
-    def plan(self, body: Mapping[str, Any], options: RequestOptions, *, dialect: Dialect = CHAT) -> Plan:
+    def plan(
+        self,
+        body: Mapping[str, Any],
+        options: RequestOptions,
+        *,
+        dialect: Dialect = DEFAULT_DIALECT,
+        headers: Sequence[Header] = (),
+    ) -> Plan:
         """The plan for ``body`` (no I/O, no summaries); ``InvalidRequest`` on a bad body. Never
         raises ``CannotFit``: the dry run reports ``fits=False``."""
-        return self.request(body, options, dialect=dialect).plan()
+        return self.request(body, options, dialect=dialect, headers=headers).plan()
 
-    def plan_raw(self, raw: bytes, options: RequestOptions, *, dialect: Dialect = CHAT) -> Plan:
+    def plan_raw(self, raw: bytes, options: RequestOptions, *, dialect: Dialect = DEFAULT_DIALECT) -> Plan:
         return self.plan(parse_body(raw), options, dialect=dialect)
 
     def count(
-        self, raw: bytes, options: RequestOptions, *, dialect: Dialect
+        self, raw: bytes, options: RequestOptions, *, route: RouteMatch, headers: Sequence[Header] = ()
     ) -> tuple[ProxyRequest, Plan] | None:
         """Our count of a request as its upstream would count its input (``Plan.tokens_before``,
         ``Plan.count_kind``) with the request value it was made from, for the counting endpoints;
         None when the conversation is not all here (its history lives upstream). Plans under
         policy ``off``: counts, changes nothing."""
-        request = self.request(parse_body(raw), replace(options, mode="off"), raw=raw, dialect=dialect)
+        request = self.request(
+            parse_body(raw), replace(options, mode="off"), raw=raw, headers=headers, route=route
+        )
         if not request.conversation.fittable:
             return None
         return request, request.plan()
@@ -208,8 +226,6 @@ class Service:
         if not request.counter.exact or not request.conversation.fittable:
             return False
         cap_tokens = request.options.budget_tokens
-        if request.dialect is CHAT:
-            return surely_fits(request.body, spec=request.spec, policy=request.policy, cap_tokens=cap_tokens)
         return conversation_surely_fits(
             request.body,
             request.conversation,
@@ -235,17 +251,16 @@ class Service:
         headers: Sequence[Header],
         *,
         options: RequestOptions,
-        dialect: Dialect = CHAT,
+        dialect: Dialect = DEFAULT_DIALECT,
+        route: RouteMatch | None = None,
     ) -> Outcome:
-        """Plan and send one request of ``dialect``'s API; see the module docstring.
+        """Plan and send one request of ``route`` (else of ``dialect``'s first route); see
+        the module docstring.
 
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.
         """
-        request = await self.prepare(raw, headers, options=options, dialect=dialect)
+        request = await self.prepare(raw, headers, options=options, dialect=dialect, route=route)
         return await self.run(request)
-
-    async def handle_chat(self, raw: bytes, headers: Sequence[Header], *, options: RequestOptions) -> Outcome:
-        return await self.handle(raw, headers, options=options, dialect=CHAT)
 
     async def run(self, request: ProxyRequest) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
@@ -302,15 +317,18 @@ class Service:
         pending: asyncio.Future[Plan] | None,
     ) -> tuple[UpstreamResponse, Deliver | Replan]:
         """Send ``forwarded``; finish a fast-path plan; read an error answer the exchange wants."""
+        target = request.route.target
         try:
             response = await self.upstream.send(
                 "POST",
-                request.dialect.upstream_path,
+                target.path,
                 content=forwarded.content,
                 headers=request.headers,
                 stream=True,
                 base_url=request.base_url,
-                key_header=UPSTREAM_KEY_HEADERS.get(request.dialect.name),
+                query=request.route.query,
+                key_slot=request.route.key_slot,
+                at_origin=target.at_origin,
             )
         except BaseException:
             abandon_plan(pending)
@@ -335,7 +353,7 @@ class Service:
         elif self._peeks(request, exchange, response):
             # An API that may report the overflow inside a 200 stream (app.core.preamble).
             try:
-                response, head = await read_preamble(response, PREAMBLE_EVENTS[request.dialect.name])
+                response, head = await read_preamble(response, request.dialect.preamble_events)
             except BaseException:
                 await response.aclose()
                 raise
@@ -347,7 +365,7 @@ class Service:
         return (
             request.stream
             and response.status_code == 200
-            and request.dialect.name in PREAMBLE_EVENTS
+            and bool(request.dialect.preamble_events)
             and exchange.peeks()
             and is_event_stream(response)
         )
@@ -386,7 +404,8 @@ class Service:
                 stream=request.stream,
                 window_tokens=None if plan.spec.guessed else plan.budget.window_tokens,
                 forwarded_tokens=plan.tokens_after,
-                usage=None if request.dialect is CHAT else request.dialect.input_tokens_used,
+                usage=request.dialect.input_tokens_used,
+                usage_needles=request.dialect.usage_needles,
             )
         except BaseException:
             await response.aclose()
@@ -413,9 +432,12 @@ class Service:
         content: bytes | AsyncIterable[bytes] | None,
         content_length: int | None = None,
         model: str | None = None,
-        key_header: str | None = None,
+        key_slot: KeySlot | None = None,
+        at_origin: bool = False,
     ) -> UpstreamResponse:
-        """Forward any other ``/v1/{path}`` request untouched (routed by ``model`` when known)."""
+        """Forward any other request untouched (routed by ``model`` when known): ``path`` under the
+        base URL, or from its origin when ``at_origin``; the operator's key in ``key_slot`` (None:
+        where the client put its own)."""
         return await self.upstream.send(
             method,
             path,
@@ -425,7 +447,8 @@ class Service:
             base_url=self.upstream.base_url_for(model),
             query=query,
             content_length=content_length,
-            key_header=key_header,
+            key_slot=key_slot,
+            at_origin=at_origin,
         )
 
     async def readiness(self) -> Readiness:
@@ -438,9 +461,3 @@ class Service:
             vocabularies_ready=all(name in loaded for name in self.required_encodings),
             upstreams=dict(zip(bases, statuses, strict=True)),
         )
-
-
-def _joined(headers: Sequence[Header], name: str) -> str | None:
-    """Every value of the header ``name`` (any case), joined by commas; None when absent."""
-    values = [value for key, value in headers if key.lower() == name]
-    return ",".join(values) if values else None

@@ -16,15 +16,16 @@ request (a handful of hooks, so the send loop stays readable):
   cache backend is shared) for what other replicas learned. ``aclose()`` stops both.
 * ``learn_from_overflow(model, overflow, *, counter, forwarded)``: an upstream context error stated
   the window and/or its count of our prompt.
-* ``await observe(response, *, model, counter, forwarded, stream, usage=None) -> (response,
-  warnings)``: a successful non-streaming response is read (its bytes are replayed unchanged) and
-  its ``usage.prompt_tokens`` (or what ``usage``, a dialect's ``input_tokens_used``, finds in the
-  answer or its events) compared with our count of ``forwarded``; a silent truncation adds the
-  warning ``upstream-truncated`` to *this* response (``window_tokens``: the window the request was
-  planned for, None when it was a guess; a usage at or over it is a cut too). A streamed response
-  is wrapped so its SSE lines are scanned as they pass (never buffered nor changed); its usage
-  arrives after the headers, so a truncation found there is logged and reported on the *next*
-  response for that model. Either way the window is learned at once.
+* ``await observe(response, *, model, counter, forwarded, stream, usage=None, usage_needles=...) ->
+  (response, warnings)``: a successful non-streaming response is read (its bytes are replayed
+  unchanged) and its ``usage.prompt_tokens`` (or what ``usage``, a dialect's ``input_tokens_used``,
+  finds in the answer or in the events holding every one of its ``usage_needles``) compared with our
+  count of ``forwarded``; a silent truncation adds the warning ``upstream-truncated`` to *this*
+  response (``window_tokens``: the window the request was planned for, None when it was a guess; a
+  usage at or over it is a cut too). A streamed response is wrapped so its SSE lines are scanned as
+  they pass (never buffered nor changed); its usage arrives after the headers, so a truncation found
+  there is logged and reported on the *next* response for that model. Either way the window is
+  learned at once.
 
 * ``report(resolve) -> list[dict]``: every model the proxy knows something about, with its
   effective figures, the source of each, the correction and what was learned (``GET
@@ -248,6 +249,7 @@ class Learner:
         window_tokens: int | None = None,
         forwarded_tokens: int | None = None,
         usage: Extract | None = None,
+        usage_needles: tuple[bytes, ...] = (b'"usage"',),
     ) -> tuple[UpstreamResponse, tuple[str, ...]]:
         warnings: list[str] = []
         if self.knowledge.take_warning(model):
@@ -283,7 +285,7 @@ class Learner:
         scanner = (
             SseUsageScanner()
             if usage is None
-            else SseUsageScanner(usage, needles=(b'"usage"',), max_line_bytes=MAX_API_EVENT_BYTES)
+            else SseUsageScanner(usage, needles=usage_needles, max_line_bytes=MAX_API_EVENT_BYTES)
         )
 
         def on_end() -> None:

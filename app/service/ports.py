@@ -1,5 +1,7 @@
 """The edges the service is built with, as protocols: the model table and the vocabularies.
 
+Where the operator's key goes is each dialect's (``Dialect.key_slots``), not a table here.
+
 ``app.main`` injects the real ones (``app.model_table``, ``app.tokenizer``); tests inject fakes.
 """
 
@@ -10,16 +12,9 @@ from typing import Protocol
 from ..core.registry import ModelSpec
 from ..core.tokens import TokenCounter
 
+# Summaries still ask in chat whatever the request's API (issue 19 moves them into each dialect).
 CHAT_PATH = "chat/completions"
 REQUIRED_ENCODINGS: tuple[str, ...] = ("o200k_base", "cl100k_base")
-# Where the operator's upstream key goes, per dialect name (any other path: where the client put
-# its own). OpenAI's APIs want ``Authorization: Bearer``, Anthropic's ``x-api-key``, whatever
-# header the client used for its own key.
-UPSTREAM_KEY_HEADERS: dict[str, str] = {
-    "chat": "authorization",
-    "responses": "authorization",
-    "messages": "x-api-key",
-}
 
 
 class ModelResolver(Protocol):

@@ -4,16 +4,20 @@
 * ``parse_body(raw) -> dict`` turns bad JSON or a non-object into ``InvalidRequest``;
   ``dump_body(body) -> bytes`` writes a rewritten body back (``app.wire``).
 * ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
-  request (``Service.prepare``): the raw bytes and parsed body, the dialect and its neutral
-  conversation, the effective model spec, the policy refined by the options, the counter, the
+  request (``Service.prepare``): the raw bytes and parsed body, the dialect, the matched route
+  (``app.core.routes.RouteMatch``: path parameters, where it goes upstream, the client's query)
+  and the neutral conversation, the effective model spec, the policy refined by the options, the counter, the
   upstream base URL and the headers. Planning (``ProxyRequest.plan``), summaries, learning and
   the observers all take it; nothing resolves the model or builds the policy a second time.
+  Its ``plan`` logs (ERROR) a plan the fit pipeline's final structural guard had to undo
+  (``Plan.broken``: a strategy bug; the fallback plan is used).
 * ``Forwarded``: what one plan sends (the body as a mapping and its bytes), built once per plan.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,14 +28,16 @@ from ..core.body_memo import BodyMemo
 from ..core.budget import Policy, PolicyMode
 from ..core.conversation import PRICE_KEY, Conversation
 from ..core.dialect import Dialect
-from ..core.dialects import CHAT
 from ..core.errors import InvalidRequest
 from ..core.fit import SummaryProvider, plan_request
 from ..core.plan import Plan
 from ..core.registry import ModelSpec
+from ..core.routes import RouteMatch
 from ..core.tokens import MessageCounter
 from ..upstream.headers import Header
 from ..wire import dump_json
+
+logger = logging.getLogger("ctxproxy.fit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class ProxyRequest:
     raw: bytes
     body: Mapping[str, Any]
     dialect: Dialect
+    route: RouteMatch
     conversation: Conversation
     spec: ModelSpec
     policy: Policy
@@ -120,6 +127,15 @@ class ProxyRequest:
             dialect=self.dialect,
             conversation=self.conversation,
         )
+        if plan.broken:
+            logger.error(
+                "the fit pipeline broke the %s structure of a %r request (%s): a strategy bug; "
+                "fell back to %s",
+                self.dialect.name,
+                self.model,
+                "; ".join(plan.broken),
+                "the deterministic cut" if plan.changed else "the unchanged request",
+            )
         return replace(plan, count_kind="calibrated") if self.calibrated else plan
 
 
@@ -127,7 +143,7 @@ class ProxyRequest:
 class Forwarded:
     """What one plan sends: ``body``, ``content`` (the bytes on the wire) and ``counted``, the same
     conversation as a chat body for the chat accounting that learning compares usage with (the
-    body itself for chat; the neutral messages for the other dialects, plus their tool
+    body itself for a ``chat_shaped`` dialect; else the neutral messages, plus the tool
     definitions' tokens as one priced message)."""
 
     plan: Plan | None
@@ -144,7 +160,7 @@ class Forwarded:
         else:
             body = plan.body(request.body)
             content = dump_body(body)
-        if request.dialect is CHAT:
+        if request.dialect.chat_shaped:
             return cls(plan, body, content, body)
         messages = request.conversation.messages if plan is None else plan.messages
         # The upstream's usage counts the tool definitions too: they join the comparison as a

@@ -2,7 +2,10 @@
 
 ``UpstreamClient.send(method, path, *, content, headers, stream, base_url) -> UpstreamResponse``
 over a :class:`~app.upstream.senders.Sender` (aiohttp in production, httpx for tests and on
-request). No default header of any library is added: the upstream sees the client's headers,
+request). ``path`` is relative to the base URL, or from its origin with ``at_origin`` (an API
+whose clients send their own versioned path: ``origin_url``); where the operator's key goes is
+the caller's ``key_slot`` among the client's ``key_slots`` (``app.upstream.headers``), so nothing
+here names an API. No default header of any library is added: the upstream sees the client's headers,
 minus hop-by-hop and ``X-Context-*`` (``app.upstream.headers``), plus ``X-Request-ID`` when the
 client is instrumented.
 
@@ -26,8 +29,9 @@ from types import TracebackType
 
 import httpx
 
+from ..core.endpoints import KeySlot
 from .errors import UpstreamError, UpstreamTimeout
-from .headers import Header, upstream_request_headers
+from .headers import DEFAULT_KEY_SLOTS, Header, upstream_query, upstream_request_headers
 from .instrument import Instrumentation
 from .limits import ConcurrencyLimiter, Slot
 from .senders import (
@@ -55,6 +59,14 @@ def join_url(base_url: str, path: str, query: str = "") -> str:
     """``base_url`` + ``/path`` (exactly one slash between) + ``?query`` when there is one."""
     url = base_url.rstrip("/") + "/" + path.lstrip("/")
     return f"{url}?{query}" if query else url
+
+
+def origin_url(base_url: str, path: str, query: str = "") -> str:
+    """``path`` (from the root) at ``base_url``'s origin (scheme, host and port; the base URL's own
+    path is dropped) + ``?query`` when there is one."""
+    scheme, sep, rest = base_url.partition("://")
+    origin = f"{scheme}{sep}{rest.split('/', 1)[0]}" if sep else base_url.split("/", 1)[0]
+    return join_url(origin, path, query)
 
 
 class UpstreamResponse:
@@ -219,7 +231,9 @@ class UpstreamClient:
     the client's Authorization; ``routes`` maps a model name or prefix to another base URL
     (:func:`route_base_url`); ``timeout`` applies to every request; ``limiter`` caps concurrent
     requests (probes are not counted); ``stream_idle_timeout_s`` bounds the silence between body
-    chunks; ``instrumentation`` stamps request IDs and reports waits.
+    chunks; ``instrumentation`` stamps request IDs and reports waits. ``key_slots``: every place a
+    client's key may travel (the served APIs', ``app.core.routes.key_slots``), all cleared when
+    ``api_key`` replaces the client's.
     """
 
     def __init__(
@@ -233,7 +247,9 @@ class UpstreamClient:
         limiter: ConcurrencyLimiter | None = None,
         stream_idle_timeout_s: float | None = None,
         instrumentation: Instrumentation | None = None,
+        key_slots: tuple[KeySlot, ...] = DEFAULT_KEY_SLOTS,
     ) -> None:
+        self.key_slots = key_slots
         self.sender: Sender = HttpxSender(http) if isinstance(http, httpx.AsyncClient) else http
         self.base_url = base_url
         self._api_key = api_key
@@ -265,26 +281,35 @@ class UpstreamClient:
         timeout: httpx.Timeout | None = None,
         content_length: int | None = None,
         limited: bool = True,
-        key_header: str | None = None,
+        key_slot: KeySlot | None = None,
+        at_origin: bool = False,
     ) -> UpstreamResponse:
         """Send and return the response with its body unread (``stream=True``) or read.
 
-        ``path`` is relative to the base URL (``"chat/completions"``); ``headers`` are the
-        client's, filtered here. A streamed ``content`` goes out chunked unless
-        ``content_length`` (the client's declared length) is given. Raises an
-        :class:`UpstreamError`, never a library's error (``UpstreamBusy`` when ``limited`` and the
-        concurrency cap stays full). ``key_header``: where the operator's key goes
-        (``upstream.headers.upstream_request_headers``).
+        ``path`` is relative to the base URL (``"chat/completions"``), or from its origin when
+        ``at_origin``; ``headers`` and ``query`` are the client's, filtered here. A streamed
+        ``content`` goes out chunked unless ``content_length`` (the client's declared length) is
+        given. Raises an :class:`UpstreamError`, never a library's error (``UpstreamBusy`` when
+        ``limited`` and the concurrency cap stays full). ``key_slot``: where the operator's key goes
+        (``upstream.headers``; None: where the client put its own). Neither the query nor a key is
+        reported to the instrumentation (only the endpoint).
         """
         base = base_url or self.base_url
         instrumentation = self.instrumentation
         rid = instrumentation.request_id() if instrumentation is not None else None
-        forwarded = upstream_request_headers(
-            headers, api_key=self._api_key, request_id=rid, key_header=key_header
-        )
+        api_key = self._api_key
+        if api_key is not None:
+            headers = list(headers)
+            slots = self.key_slots
+            forwarded = upstream_request_headers(
+                headers, api_key=api_key, request_id=rid, key_slot=key_slot, key_slots=slots, query=query
+            )
+            query = upstream_query(query, headers, api_key=api_key, key_slot=key_slot, key_slots=slots)
+        else:
+            forwarded = upstream_request_headers(headers, request_id=rid)
         if content_length is not None and not isinstance(content, bytes):
             forwarded.append(("Content-Length", str(content_length)))
-        endpoint = join_url(base, path)
+        endpoint = origin_url(base, path) if at_origin else join_url(base, path)
         url = f"{endpoint}?{query}" if query else endpoint
         slot = await self.limiter.acquire() if limited and self.limiter is not None else None
         started_s = time.perf_counter()

@@ -3,16 +3,21 @@
 Hop-by-hop headers (RFC 9110 §7.6.1, plus ``host`` and ``content-length`` which the next hop
 recomputes) never pass in either direction, nor does any header the ``Connection`` header names.
 Our own ``X-Context-*`` request headers are for the proxy and are never forwarded upstream, nor
-is ``Expect`` (answered here). The client's ``Authorization`` (OpenAI) or ``x-api-key``
-(Anthropic) passes as is, unless the operator configured an upstream key: then both are dropped
-and the key is sent in the header the request asks for (``key_header``), else in the one the
-client used (``x-api-key`` when it sent only that, else ``Authorization: Bearer``), so a client
-never needs the real key. ``anthropic-version``/``anthropic-beta`` pass untouched like any other.
+is ``Expect`` (answered here). Where keys travel is not this module's to know: the caller
+passes the key slots (``app.core.endpoints.KeySlot``) of every API the proxy serves. The client's key
+in any of them passes as is, unless the operator configured an upstream key: then every slot is
+cleared (headers here, query parameters by ``upstream_query``) and the key is sent in the slot
+the request asks for (``key_slot``, its API's), else in the one the client used when it used
+exactly one, else in the first slot given, so a client never needs the real key. Every other
+header passes untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from urllib.parse import quote, unquote_plus
+
+from ..core.endpoints import AUTHORIZATION, KeySlot
 
 Header = tuple[str, str]
 
@@ -55,9 +60,24 @@ def _end_to_end(headers: Iterable[Header]) -> list[Header]:
     return [(name, value) for name, value in pairs if name.lower() not in dropped]
 
 
-AUTHORIZATION = "authorization"
-X_API_KEY = "x-api-key"
-KEY_HEADERS: frozenset[str] = frozenset({AUTHORIZATION, X_API_KEY})
+DEFAULT_KEY_SLOTS: tuple[KeySlot, ...] = (AUTHORIZATION,)
+
+
+def _query_names(query: str) -> list[str]:
+    return [unquote_plus(pair.split("=", 1)[0]).lower() for pair in query.split("&") if pair]
+
+
+def _chosen_slot(
+    headers: Sequence[Header], query: str, *, key_slot: KeySlot | None, key_slots: Sequence[KeySlot]
+) -> KeySlot:
+    """Where the operator's key goes: ``key_slot``, else the one slot the client used, else the
+    first of ``key_slots``."""
+    if key_slot is not None:
+        return key_slot
+    names = {name.lower() for name, _ in headers}
+    params = set(_query_names(query)) if query else set()
+    used = [slot for slot in key_slots if slot.name in (params if slot.in_query else names)]
+    return used[0] if len(used) == 1 else (key_slots[0] if key_slots else AUTHORIZATION)
 
 
 def upstream_request_headers(
@@ -65,35 +85,69 @@ def upstream_request_headers(
     *,
     api_key: str | None = None,
     request_id: str | None = None,
-    key_header: str | None = None,
+    key_slot: KeySlot | None = None,
+    key_slots: Sequence[KeySlot] = DEFAULT_KEY_SLOTS,
+    query: str = "",
 ) -> list[Header]:
     """The client's request headers as the upstream should see them (order and case kept).
 
-    ``api_key`` replaces every client ``Authorization`` and ``x-api-key``, and is sent as
-    ``key_header`` (``authorization`` or ``x-api-key``; None: as the client sent its own);
-    ``request_id`` replaces every client ``X-Request-ID`` (the upstream sees the ID of our logs
-    and of the client's response)."""
-    replaced = set(KEY_HEADERS) if api_key is not None else set()
+    ``api_key`` replaces the client's key in every header slot of ``key_slots`` and is sent in the
+    chosen slot (``key_slot``, else the one the client used, in its headers or its ``query``, else
+    the first) when that is a header; ``request_id`` replaces every client ``X-Request-ID`` (the
+    upstream sees the ID of our logs and of the client's response)."""
+    pairs = _end_to_end(headers)
+    replaced: set[str] = set()
+    slot: KeySlot | None = None
+    if api_key is not None:
+        replaced = {s.name for s in key_slots if not s.in_query}
+        slot = _chosen_slot(pairs, query, key_slot=key_slot, key_slots=key_slots)
+        if not slot.in_query:
+            replaced.add(slot.name)
     if request_id is not None:
         replaced.add("x-request-id")
     kept: list[Header] = []
-    client_keys: set[str] = set()
-    for name, value in _end_to_end(headers):
+    for name, value in pairs:
         lower = name.lower()
-        if lower in KEY_HEADERS:
-            client_keys.add(lower)
         if not (lower.startswith(CONTEXT_PREFIX) or lower in ANSWERED_HERE or lower in replaced):
             kept.append((name, value))
-    if api_key is not None:
-        if key_header is None:
-            key_header = X_API_KEY if client_keys == {X_API_KEY} else AUTHORIZATION
-        if key_header == X_API_KEY:
-            kept.append(("x-api-key", api_key))
-        else:
-            kept.append(("Authorization", f"Bearer {api_key}"))
+    if api_key is not None and slot is not None and not slot.in_query:
+        kept.append((_header_name(slot.name), slot.value(api_key)))
     if request_id is not None:
         kept.append((REQUEST_ID_HEADER, request_id))
     return kept
+
+
+def _header_name(name: str) -> str:
+    """The conventional spelling of a header name we write (``Authorization``; others as given)."""
+    return "Authorization" if name == AUTHORIZATION.name else name
+
+
+def upstream_query(
+    query: str,
+    headers: Sequence[Header] = (),
+    *,
+    api_key: str | None = None,
+    key_slot: KeySlot | None = None,
+    key_slots: Sequence[KeySlot] = DEFAULT_KEY_SLOTS,
+) -> str:
+    """The client's raw query string as the upstream should see it: as it came (order, encoding),
+    unless ``api_key`` is set: then every query slot of ``key_slots`` is removed and the key is
+    appended in the chosen slot (as ``upstream_request_headers`` chooses) when that is a query
+    parameter."""
+    if api_key is None:
+        return query
+    params = {slot.name for slot in key_slots if slot.in_query}
+    slot = _chosen_slot(headers, query, key_slot=key_slot, key_slots=key_slots)
+    if not params and not slot.in_query:
+        return query
+    pairs = [
+        pair
+        for pair in query.split("&")
+        if pair and unquote_plus(pair.split("=", 1)[0]).lower() not in params
+    ]
+    if slot.in_query:
+        pairs.append(f"{quote(slot.name, safe='')}={quote(slot.value(api_key), safe='')}")
+    return "&".join(pairs)
 
 
 def labelled_json(headers: Iterable[Header]) -> list[Header]:

@@ -8,6 +8,10 @@ import pytest
 
 from app.api import auth
 from app.api.auth import key_matches, presented_key
+from app.core.dialects import DIALECTS
+from app.core.routes import KeySlot, key_slots
+
+SLOTS = key_slots(DIALECTS.values())
 
 
 @pytest.mark.parametrize(
@@ -24,7 +28,15 @@ from app.api.auth import key_matches, presented_key
     ],
 )
 def test_presented_key(headers: list[tuple[bytes, bytes]], expected: bytes | None) -> None:
-    assert presented_key(headers) == expected
+    assert presented_key(headers, slots=SLOTS) == expected
+
+
+def test_a_key_slot_in_the_query_is_read_decoded() -> None:
+    slots = (*SLOTS, KeySlot("key", in_query=True))
+    assert presented_key([], b"alt=sse&key=a%2Bb", slots=slots) == b"a+b"
+    assert presented_key([], b"alt=sse", slots=slots) is None
+    # A header slot comes first in registry order.
+    assert presented_key([(b"authorization", b"Bearer h")], b"key=q", slots=slots) == b"h"
 
 
 def test_key_matches_any_configured_key_exactly() -> None:

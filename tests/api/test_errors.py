@@ -3,6 +3,7 @@ logged 500, and the app keeps serving afterwards."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,7 +11,7 @@ import httpx
 import pytest
 import respx
 
-from app.api.errors import BodyTooLarge, describe
+from app.api.errors import BodyTooLarge, error_info_of, render
 from app.core.errors import CannotFit, InvalidRequest
 from app.upstream.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from tests.api import UPSTREAM, chat_ok, proxy
@@ -159,14 +160,37 @@ async def test_a_bug_is_a_logged_openai_shaped_500_and_the_app_keeps_serving(cap
 
 def test_status_mapping_covers_every_error_the_proxy_raises() -> None:
     fit = CannotFit(tokens=900, budget_tokens=700, window_tokens=1000, reserve_tokens=200, reason="r")
-    assert describe(fit)[0] == 400 and describe(fit)[4] == "context_length_exceeded"
-    assert "900" in describe(fit)[1] and "700" in describe(fit)[1]
-    assert describe(InvalidRequest("m", param="p"))[:4] == (400, "m", "invalid_request_error", "p")
-    assert describe(BodyTooLarge(limit_bytes=5))[0] == 413
-    assert describe(UpstreamUnreachable("x"))[0] == 502
-    assert describe(UpstreamTimeout("x"))[0] == 504
-    assert describe(UpstreamProtocolError("x"))[0] == 502
-    assert describe(ValueError("x"))[0] == 500
+    info = error_info_of(fit)
+    assert (info.status, info.code, info.param) == (400, "context_length_exceeded", "messages")
+    assert "900" in info.message and "700" in info.message
+    bad = error_info_of(InvalidRequest("m", param="p"))
+    assert (bad.status, bad.message, bad.code, bad.param) == (400, "m", "invalid_request_error", "p")
+    assert error_info_of(BodyTooLarge(limit_bytes=5)).status == 413
+    assert error_info_of(UpstreamUnreachable("x")).status == 502
+    assert error_info_of(UpstreamTimeout("x")).status == 504
+    assert error_info_of(UpstreamProtocolError("x")).status == 502
+    assert error_info_of(ValueError("x")).status == 500
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "type_", "code"),
+    [
+        (InvalidRequest("m", param="p"), 400, "invalid_request_error", None),
+        (BodyTooLarge(limit_bytes=5), 413, "invalid_request_error", "request_too_large"),
+        (UpstreamUnreachable("x"), 502, "upstream_error", "upstream_unreachable"),
+        (UpstreamTimeout("x"), 504, "upstream_error", "upstream_timeout"),
+        (UpstreamProtocolError("x"), 502, "upstream_error", "upstream_protocol_error"),
+        (ValueError("x"), 500, "server_error", None),
+    ],
+)
+def test_routes_of_no_dialect_answer_in_the_default_dialects_openai_shape(
+    exc: Exception, status: int, type_: str, code: str | None
+) -> None:
+    response = render(exc)
+    error = json.loads(response.body)["error"]
+    assert response.status_code == status
+    assert list(error) == ["message", "type", "param", "code"]
+    assert (error["type"], error["code"]) == (type_, code)
 
 
 async def _last_resort_run(*, fail_after_start: bool, observed: bool) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
-"""FittedLane: POST /v1/chat/completions (and every fitted route) is served by the route function
-without FastAPI's router."""
+"""DialectLane: POST /v1/chat/completions (and every route of every dialect, literal or templated,
+fit or count) is served by the route function without FastAPI's router."""
 
 from __future__ import annotations
 
@@ -79,3 +79,32 @@ async def test_other_methods_and_paths_go_on_to_the_router() -> None:
         assert (await client.get("/v1/chat/completions")).status_code == 405  # passed through
     assert models.called and get_chat.called
     assert spy.seen == [("GET", "/v1/models"), ("GET", "/v1/chat/completions")]
+
+
+async def test_templated_and_counting_routes_are_served_by_the_lane_too() -> None:
+    from dataclasses import replace
+
+    from app.core.dialects import CHAT as CHAT_DIALECT
+    from app.core.dialects import DIALECTS
+    from app.core.routes import Route
+
+    versioned = replace(
+        CHAT_DIALECT,
+        name="versioned",
+        routes=(
+            Route("/v9/models/{name}:go", upstream="chat/completions"),
+            Route("/v9/models/{name}:count", kind="count", upstream="count/{name}", upstream_first=True),
+        ),
+    )
+    router = respx.Router()
+    fitted = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    counted = router.post(f"{UPSTREAM}/count/m%201").mock(
+        return_value=httpx.Response(200, json={"input_tokens": 7})
+    )
+    async with proxy(router, dialects={**DIALECTS, "versioned": versioned}) as (client, app):
+        spy = spy_on_the_router(app)
+        go = await client.post("/v9/models/any:go", json=BODY)
+        count = await client.post("/v9/models/m%201:count", json=BODY)
+    assert go.status_code == 200 and fitted.called and go.headers["x-context-tokens-before"]
+    assert count.status_code == 200 and count.json() == {"input_tokens": 7} and counted.called
+    assert spy.seen == []

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import respx
 
-from app.core.dialects import CHAT, DIALECTS
-from app.core.dialects.chat import ChatDialect
+from app.core.dialects import CHAT, DIALECTS, MESSAGES
 from tests.api import UPSTREAM, chat_ok, proxy, words
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel
 
 RESPONSES_URL = f"{UPSTREAM}/responses"
 MESSAGES_URL = f"{UPSTREAM}/messages"
-STUB_MESSAGES = ChatDialect(name="messages", upstream_path="messages")
+STUB_MESSAGES = replace(CHAT, name="messages", routes=MESSAGES.routes, key_slots=MESSAGES.key_slots)
 APIS: dict[str, Any] = {**DIALECTS, "messages": STUB_MESSAGES}
 
 
@@ -236,14 +236,18 @@ async def test_the_dry_run_takes_a_responses_or_messages_body() -> None:
     async with proxy(router, dialects=APIS) as (client, _):
         detected = (await client.post("/v1/context/plan", json=body)).json()
         named = (await client.post("/v1/context/plan?api=responses", json=body)).json()
+        unknown = await client.post("/v1/context/plan", json=body, headers={"X-Context-Api": "nope"})
+    async with proxy(router) as (client, _):  # the real Messages dialect recognises its header
         header = await client.post(
             "/v1/context/plan",
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
             headers={"anthropic-version": "2023-06-01"},
         )
-        unknown = await client.post("/v1/context/plan", json=body, headers={"X-Context-Api": "nope"})
+        plain = await client.post(
+            "/v1/context/plan", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        )
     assert detected["api"] == named["api"] == "responses" and detected["tokens_before"] > 0
-    assert header.json()["api"] == "messages"
+    assert header.json()["api"] == "messages" and plain.json()["api"] == "chat"
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "api"
 
 

@@ -43,7 +43,7 @@ def import_all_of_app() -> None:
 def bug_signals() -> set[str]:
     """The exception classes the docstring names as outside the tree on purpose."""
     doc = (errors.__doc__ or "").split("Outside the tree on purpose", 1)[1]
-    return set(re.findall(r"``([A-Z][A-Za-z]+Error)``", doc))
+    return set(re.findall(r"``([A-Z][A-Za-z]+(?:Error|Warning))``", doc))
 
 
 def defined_tree() -> dict[str, str | None]:

@@ -11,11 +11,11 @@ import pytest
 
 from app.core.budget import Policy
 from app.core.conversation import Conversation
-from app.core.dialects import CHAT
+from app.core.dialects import CHAT, RESPONSES
 from app.core.errors import InvalidRequest
-from app.core.fit import plan_request, preview_next_cut
+from app.core.fit import StructureGuardWarning, plan_request, preview_next_cut
 from app.core.messages import Message, pairing_problems
-from app.core.plan import Plan
+from app.core.plan import Action, Plan, StrategyResult
 from app.core.strategies import is_ctxproxy_note
 from app.core.tokens import MessageCounter
 from tests.core.fakes import (
@@ -355,18 +355,63 @@ def test_a_pinned_message_inside_the_dropped_region_stays_and_splits_the_span(
     assert notes[0]["content"].startswith(f"[ctxproxy: summary of {n} earlier messages]")
 
 
-def test_the_final_guard_refuses_a_strategy_that_breaks_pairing(
+def orphaning(messages: Sequence[Message], ctx: Any) -> StrategyResult:
+    """A broken strategy: drops every call and keeps the results."""
+    return StrategyResult(tuple(m for m in messages if "tool_calls" not in m))
+
+
+def test_the_final_guard_catches_a_strategy_that_breaks_pairing_and_falls_back_to_the_input(
     counter: FakeMessageCounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import app.core.fit as fit
-    from app.core.plan import StrategyResult
-
-    def orphaning(messages: Sequence[Message], ctx: Any) -> StrategyResult:
-        return StrategyResult(tuple(m for m in messages if "tool_calls" not in m))
 
     monkeypatch.setattr(fit, "STRATEGIES", (("broken", orphaning),))
-    with pytest.raises(AssertionError, match="broke tool pairing"):
-        plan(agentic(3, 300), 500, counter)
+    messages = agentic(3, 300)
+    with pytest.warns(StructureGuardWarning, match="broke the chat structure"):
+        result = plan(messages, 500, counter)
+    # In the user's favour: the input unchanged (over its budget here, so not sent), never a body
+    # with orphaned results; the problems are on the plan for the service to log.
+    assert not result.changed and not result.fits and result.messages == tuple(messages)
+    assert result.broken and all("tool" in problem for problem in result.broken)
+
+
+def test_the_final_guard_falls_back_to_the_deterministic_cut_when_summaries_broke_it(
+    counter: FakeMessageCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.core.fit as fit
+
+    def breaks_with_summaries(messages: Sequence[Message], ctx: Any) -> StrategyResult:
+        if ctx.summaries is not None:
+            return orphaning(messages, ctx)
+        return StrategyResult((messages[0], messages[-1]), (Action("dropped_turns", 1),))
+
+    monkeypatch.setattr(fit, "STRATEGIES", (("broken", breaks_with_summaries),))
+    with pytest.warns(StructureGuardWarning):
+        result = plan(agentic(3, 300), 500, counter, summaries=lambda span: None, summarize=True)
+    assert result.changed and result.fits and len(result.messages) == 2 and result.broken
+
+
+def test_the_final_guard_checks_the_rendered_body_of_the_plans_dialect(
+    counter: FakeMessageCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.core.fit as fit
+
+    def drops_outputs(messages: Sequence[Message], ctx: Any) -> StrategyResult:
+        return StrategyResult(tuple(m for m in messages if m.get("role") != "tool"))
+
+    monkeypatch.setattr(fit, "STRATEGIES", (("broken", drops_outputs),))
+    call = {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "w " * 400}
+    body = {
+        "model": "m",
+        "input": [{"role": "user", "content": "go"}, call, output, {"role": "user", "content": "next"}],
+    }
+    with pytest.warns(StructureGuardWarning, match="responses"):
+        result = plan_request(
+            body, spec=SPEC, policy=Policy(), counter=counter, cap_tokens=100, dialect=RESPONSES
+        )
+    assert not result.changed and result.broken
+    assert RESPONSES.problems(result.body(body)) == []
 
 
 def agent_session(units: int, result_tokens: int) -> list[dict[str, Any]]:
@@ -464,7 +509,6 @@ class _Upstairs:
     """A dialect stub: the chat dialect's rules, a conversation whose history lives upstream."""
 
     name = "stub"
-    upstream_path = "stub"
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(CHAT, attribute)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from app.core.preamble import MAX_PREAMBLE_BYTES, PREAMBLE_EVENTS, preamble_done
+from app.core.dialects import RESPONSES
+from app.core.preamble import MAX_PREAMBLE_BYTES, preamble_done
 
-KINDS = PREAMBLE_EVENTS["responses"]
+KINDS = RESPONSES.preamble_events
 CREATED = b'event: response.created\ndata: {"type":"response.created"}\n\n'
 PROGRESS = b'event: response.in_progress\ndata: {"type":"response.in_progress"}\n\n'
 ITEM = b'event: response.output_item.added\ndata: {"type":"response.output_item.added"}\n\n'

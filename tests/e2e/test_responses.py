@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from app.core.preamble import PREAMBLE_EVENTS
+from app.core.dialects import RESPONSES
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel, serve_proxy
 
@@ -116,7 +116,7 @@ def test_stream_events_are_not_buffered(e2e: Stack, client: openai.OpenAI) -> No
     (``app/core/preamble.py``), so the fake sends those two without waiting."""
     e2e.fake.responder = lambda body: [{"text": "one two three four five six seven eight nine ten"}]
     acks = [threading.Event() for _ in range(32)]
-    preamble = len(PREAMBLE_EVENTS["responses"] & {"response.created", "response.in_progress"})
+    preamble = len(RESPONSES.preamble_events & {"response.created", "response.in_progress"})
     for k in range(preamble):
         acks[k].set()
     e2e.fake.drip_acks = acks

@@ -10,6 +10,7 @@ import respx
 
 from app.core.dialects import DIALECTS
 from app.core.dialects.chat import ChatDialect
+from app.core.routes import Route
 from tests.api import UPSTREAM, chat_ok, openai_overflow, proxy, words
 
 CHAT = f"{UPSTREAM}/chat/completions"
@@ -202,7 +203,7 @@ async def test_every_registered_api_is_in_status_json_and_the_page_names_none() 
 
 
 async def test_a_new_dialect_is_labelled_and_counted_with_no_edit_in_observability() -> None:
-    toy = ChatDialect(name="toy", upstream_path="toy/complete")
+    toy = ChatDialect(name="toy", routes=(Route("/v1/toy/complete", upstream="toy/complete"),))
     router = respx.Router(assert_all_called=False)
     route = router.post(f"{UPSTREAM}/toy/complete").mock(return_value=httpx.Response(200, json=chat_ok()))
     long = [{"role": "user" if i % 2 == 0 else "assistant", "content": words(150)} for i in range(11)]

@@ -12,8 +12,9 @@ import httpx
 import pytest
 import respx
 
-from app.core.dialects import CHAT, MESSAGES, RESPONSES
+from app.core.dialects import CHAT, DIALECTS, MESSAGES, RESPONSES
 from app.core.errors import InvalidRequest
+from app.core.routes import RouteMatch
 from app.service.compress import (
     DEFAULT_ASIDE_SHARE,
     Compressor,
@@ -35,7 +36,7 @@ from tests.api import (
     words,
 )
 
-KNOWN = ("chat", "responses", "messages")
+KNOWN = {name: DIALECTS[name] for name in ("chat", "responses", "messages")}
 OPTIONS = RequestOptions()
 
 
@@ -138,15 +139,14 @@ def room_tokens(aside: int) -> int:
 def test_the_api_of_a_message_list(
     messages: list[Any], headers: dict[str, str], named: str | None, api: str
 ) -> None:
-    assert messages_api(messages, named=named, headers=headers, known=KNOWN) == api
+    assert messages_api(messages, named=named, headers=headers, dialects=KNOWN).name == api
 
 
-def test_messages_of_two_apis_or_an_unknown_name_are_refused() -> None:
-    mixed = [*chat_history(1), *anthropic_history(1)]
-    with pytest.raises(InvalidRequest, match="more than one API"):
-        messages_api(mixed, named=None, headers={}, known=KNOWN)
-    with pytest.raises(InvalidRequest, match="Unknown api 'gemini'"):
-        messages_api([], named="gemini", headers={}, known=KNOWN)
+def test_a_mark_only_one_api_has_wins_and_an_unknown_name_is_refused() -> None:
+    mixed = [*chat_history(1), *anthropic_history(1)]  # Anthropic's blocks are its mark alone
+    assert messages_api(mixed, named=None, headers={}, dialects=KNOWN).name == "messages"
+    with pytest.raises(InvalidRequest, match="Unknown api 'toy'"):
+        messages_api([], named="toy", headers={}, dialects=KNOWN)
 
 
 def test_what_is_kept_aside_is_the_requests_figure_else_the_operators_else_a_share_of_the_window() -> None:
@@ -269,7 +269,9 @@ async def test_a_whole_body_comes_back_in_its_own_shape_and_as_its_own_bytes_whe
     engine = Compressor(service())
     tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
     body = {"model": "m", "messages": chat_history(turns=12), "tools": tools, "max_tokens": 100, "x": 1}
-    result = await engine.compact_body(json.dumps(body).encode(), dialect=CHAT, options=OPTIONS)
+    result = await engine.compact_body(
+        json.dumps(body).encode(), route=RouteMatch.first(CHAT), options=OPTIONS
+    )
     out = json.loads(result.content)
     assert {k: v for k, v in out.items() if k != "messages"} == {
         k: v for k, v in body.items() if k != "messages"
@@ -277,7 +279,7 @@ async def test_a_whole_body_comes_back_in_its_own_shape_and_as_its_own_bytes_whe
     assert out["messages"] != body["messages"] and CHAT.problems(out) == []
     assert result.plan.tokens_after <= WINDOW_TOKENS - 100
     small = json.dumps({"model": "m", "messages": chat_history(turns=1, size=5)}, indent=1).encode()
-    same = await engine.compact_body(small, dialect=CHAT, options=OPTIONS)
+    same = await engine.compact_body(small, route=RouteMatch.first(CHAT), options=OPTIONS)
     assert same.content == small  # byte for byte
 
 
@@ -289,7 +291,7 @@ async def test_a_whole_anthropic_body_keeps_its_system_prompt_and_structure() ->
         "messages": anthropic_history(turns=16, size=80),
     }
     result = await Compressor(service()).compact_body(
-        json.dumps(body).encode(), dialect=MESSAGES, options=OPTIONS
+        json.dumps(body).encode(), route=RouteMatch.first(MESSAGES), options=OPTIONS
     )
     out = json.loads(result.content)
     assert out["system"] == body["system"] and out["max_tokens"] == 100

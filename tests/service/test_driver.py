@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -12,8 +14,10 @@ import respx
 from app.core.body_memo import BodyMemo, layout
 from app.core.budget import Budget
 from app.core.dialects import MESSAGES
+from app.core.dialects.chat import ChatDialect
 from app.core.errors import CannotFit, InvalidRequest
 from app.core.registry import ModelRegistry
+from app.core.routes import KeySlot, Route, RouteTable, key_slots
 from app.service.driver import Service
 from app.service.report import plan_report, request_budget_tokens
 from app.service.request import RequestOptions, dump_body, parse_body
@@ -129,7 +133,7 @@ async def test_reject_raises_cannot_fit_with_the_numbers() -> None:
     route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
     raw = json.dumps({"model": "m", "messages": conversation(turns=6, size=60)}).encode()
     with pytest.raises(CannotFit) as info:
-        await service(router).handle_chat(raw, [], options=RequestOptions(mode="reject"))
+        await service(router).handle(raw, [], options=RequestOptions(mode="reject"))
     assert info.value.window_tokens == WINDOW_TOKENS
     assert info.value.tokens > info.value.budget_tokens
     assert route.call_count == 0
@@ -140,13 +144,13 @@ async def test_unchanged_plan_sends_the_original_bytes_and_changed_plan_sends_th
     route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
     svc = service(router)
     small = b'{"model":"m",   "messages":[{"role":"user","content":"hi"}]}'
-    outcome = await svc.handle_chat(small, [], options=RequestOptions())
+    outcome = await svc.handle(small, [], options=RequestOptions())
     await outcome.response.aclose()
     assert route.calls[0].request.content == small
     assert not outcome.plan.changed and outcome.retries == 0 and outcome.stream is False
 
     big = json.dumps({"model": "m", "stream": True, "messages": conversation(turns=6, size=60)}).encode()
-    outcome = await svc.handle_chat(big, [], options=RequestOptions())
+    outcome = await svc.handle(big, [], options=RequestOptions())
     await outcome.response.aclose()
     sent = json.loads(route.calls[1].request.content)
     assert outcome.plan.changed and outcome.stream is True
@@ -162,7 +166,7 @@ async def test_a_resent_conversation_forwards_its_own_bytes_and_plans_as_a_fresh
     for n in (61, 71, 81):
         raw = json.dumps({"model": "m", "messages": history[:n]}, indent=1).encode()
         options = RequestOptions(window_tokens=100_000)
-        outcome = await svc.handle_chat(raw, [], options=options)
+        outcome = await svc.handle(raw, [], options=options)
         await outcome.response.aclose()
         assert route.calls[-1].request.content == raw
         assert not outcome.plan.changed
@@ -177,7 +181,7 @@ async def test_overflow_that_a_retry_cannot_help_is_returned_after_one_call() ->
         return_value=httpx.Response(400, json=openai_overflow(limit=100, prompt=900))
     )
     raw = json.dumps({"model": "m", "messages": conversation(turns=2, size=60)}).encode()
-    outcome = await service(router).handle_chat(raw, [], options=RequestOptions())
+    outcome = await service(router).handle(raw, [], options=RequestOptions())
     assert route.call_count == 1
     assert outcome.retries == 0 and outcome.response.status_code == 400
     assert json.loads(b"".join([c async for c in outcome.response.aiter_raw()])) == openai_overflow(100, 900)
@@ -190,7 +194,7 @@ async def test_overflow_under_the_off_policy_is_not_retried() -> None:
         return_value=httpx.Response(400, json=openai_overflow(limit=600, prompt=900))
     )
     raw = json.dumps({"model": "m", "messages": conversation(turns=2, size=150)}).encode()
-    outcome = await service(router).handle_chat(raw, [], options=RequestOptions(mode="off"))
+    outcome = await service(router).handle(raw, [], options=RequestOptions(mode="off"))
     await outcome.response.aclose()
     assert route.call_count == 1 and outcome.retries == 0
 
@@ -221,7 +225,7 @@ async def test_a_retried_request_resolves_its_model_once_and_sends_the_rendered_
         upstream=UpstreamClient(http, base_url=UPSTREAM),
     )
     raw = json.dumps({"model": "m", "messages": conversation(turns=3, size=100)}).encode()
-    outcome = await svc.handle_chat(raw, [("Authorization", "Bearer k")], options=RequestOptions())
+    outcome = await svc.handle(raw, [("Authorization", "Bearer k")], options=RequestOptions())
     await outcome.response.aclose()
     assert route.call_count == 2 and outcome.retries == 1 and outcome.plan.changed
     assert registry.resolved == 1
@@ -273,13 +277,13 @@ async def test_prefix_reuse_of_a_growing_conversation_and_the_same_bytes_from_tw
     one, two = service(router), service(router)
     for turns in range(4, 9):  # instance one sees the conversation grow turn by turn
         raw = json.dumps({"model": "m", "messages": conversation(turns=turns, size=60)}).encode()
-        outcome = await one.handle_chat(raw, [], options=RequestOptions())
+        outcome = await one.handle(raw, [], options=RequestOptions())
         await outcome.response.aclose()
         assert outcome.prefix_reuse is not None
         if turns > 4:
             assert outcome.prefix_reuse.reused_tokens > 0
     seen_by_one = route.calls[-1].request.content
-    outcome = await two.handle_chat(raw, [], options=RequestOptions())  # cold, only the last one
+    outcome = await two.handle(raw, [], options=RequestOptions())  # cold, only the last one
     await outcome.response.aclose()
     assert outcome.plan.changed and route.calls[-1].request.content == seen_by_one
     assert outcome.prefix_reuse is not None and outcome.prefix_reuse.reused_tokens == 0
@@ -299,3 +303,44 @@ async def test_prefix_reuse_is_per_model_a_new_models_first_request_reuses_nothi
     assert shares[0] == 0.0 and shares[1] > 0.5
     assert shares[2] == 0.0  # the same conversation's first request to another model
     assert shares[3] > 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class PathModelChat(ChatDialect):
+    """Chat's wire under a versioned path that names the model (Gemini's shape of route)."""
+
+    name: str = "path-model"
+    routes: tuple[Route, ...] = (Route("/v1beta/models/{model}:stream", stream=True),)
+    key_slots: tuple[KeySlot, ...] = (KeySlot("key", in_query=True),)
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        return params["model"]
+
+
+async def test_the_model_streaming_and_where_it_goes_come_from_the_matched_route() -> None:
+    dialect = PathModelChat()
+    router = respx.Router()
+    sent = router.post(url__regex=r"http://upstream\.test/v1beta/.*").mock(
+        return_value=httpx.Response(
+            200, content=b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"}
+        )
+    )
+    http = httpx.AsyncClient(transport=httpx.MockTransport(router.handler))
+    svc = Service(
+        settings=make_settings(),
+        registry=OneModelRegistry(),
+        vocabularies=WordVocabularies(),
+        upstream=UpstreamClient(http, base_url=UPSTREAM, api_key="op", key_slots=key_slots([dialect])),
+    )
+    match = RouteTable.of({"p": dialect}).match("/v1beta/models/gm-1:stream", "alt=sse&key=client")
+    assert match is not None
+    raw = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = svc.request(json.loads(raw), RequestOptions(), route=match)
+    assert request.model == request.conversation.model == "gm-1" and request.stream
+    outcome = await svc.handle(raw, [], options=RequestOptions(), route=match)
+    await outcome.response.aclose()
+    assert outcome.plan.model == "gm-1" and outcome.stream
+    # Unchanged: the client's bytes, at its own path on the base URL's origin, its query kept and
+    # its key replaced by the operator's in the dialect's slot.
+    assert sent.calls[0].request.content == raw
+    assert sent.calls[0].request.url.raw_path == b"/v1beta/models/gm-1:stream?alt=sse&key=op"

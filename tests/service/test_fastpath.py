@@ -113,7 +113,7 @@ async def test_a_body_that_surely_fits_is_forwarded_before_its_count_finishes() 
     router = respx.Router()
     router.post(CHAT).mock(side_effect=upstream)
     raw = huge_body("big")
-    outcome = await make_service(router, counter).handle_chat(raw, [], options=RequestOptions())
+    outcome = await make_service(router, counter).handle(raw, [], options=RequestOptions())
     await outcome.response.aclose()
     assert counter.events == ["upstream got the request", "huge counted"]
     assert received == [raw]  # the original bytes
@@ -128,9 +128,9 @@ async def test_a_small_request_completes_while_a_huge_one_is_counted(model: str)
     router = respx.Router()
     router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
     svc = make_service(router, counter)
-    huge = asyncio.ensure_future(svc.handle_chat(huge_body(model), [], options=RequestOptions()))
+    huge = asyncio.ensure_future(svc.handle(huge_body(model), [], options=RequestOptions()))
     assert await asyncio.to_thread(counter.started.wait, WAIT_S)
-    small = await svc.handle_chat(small_body(), [], options=RequestOptions())
+    small = await svc.handle(small_body(), [], options=RequestOptions())
     await small.response.aclose()
     counter.events.append("small request completed")
     counter.gate.set()
@@ -155,7 +155,7 @@ async def test_counts_that_are_not_exact_finish_before_the_send() -> None:
 
     router = respx.Router()
     router.post(CHAT).mock(side_effect=upstream)
-    outcome = await make_service(router, counter).handle_chat(huge_body("big"), [], options=RequestOptions())
+    outcome = await make_service(router, counter).handle(huge_body("big"), [], options=RequestOptions())
     await outcome.response.aclose()
     assert counter.events == ["huge counted", "upstream got the request"]
     assert outcome.plan.count_kind == "estimate"
@@ -167,7 +167,7 @@ async def test_a_failed_send_abandons_the_pending_count_quietly() -> None:
     router = respx.Router()
     router.post(CHAT).mock(side_effect=httpx.ConnectError("refused"))
     with pytest.raises(UpstreamUnreachable):
-        await make_service(router, counter).handle_chat(huge_body("big"), [], options=RequestOptions())
+        await make_service(router, counter).handle(huge_body("big"), [], options=RequestOptions())
 
 
 async def test_run_plan_is_inline_below_the_threshold_and_threaded_above() -> None:
@@ -205,7 +205,7 @@ async def test_a_resent_large_conversation_is_planned_inline_from_what_the_count
     resent = json.dumps({"model": "big", "messages": grown}).encode()
     assert len(first) >= OFFLOAD_MIN_BYTES
     for raw in (first, resent):
-        outcome = await svc.handle_chat(raw, [], options=RequestOptions())
+        outcome = await svc.handle(raw, [], options=RequestOptions())
         await outcome.response.aclose()
     main = threading.current_thread().name
     marked, small = counter.threads[:5], counter.threads[5:]

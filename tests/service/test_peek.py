@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from app.core.preamble import PREAMBLE_EVENTS
+from app.core.dialects import RESPONSES
 from app.service.peek import is_event_stream, read_preamble
 from app.upstream.client import UpstreamResponse
 
@@ -28,7 +28,7 @@ async def test_the_head_stops_at_the_first_event_past_the_preamble_and_is_replay
     chunks = [CREATED[:10], CREATED[10:], DELTA[:5], DELTA[5:] + DONE[:7], DONE[7:]]
     upstream = stream(chunks)
     assert is_event_stream(upstream)
-    replayed, head = await read_preamble(upstream, PREAMBLE_EVENTS["responses"])
+    replayed, head = await read_preamble(upstream, RESPONSES.preamble_events)
     assert head.startswith(CREATED + DELTA) and len(head) < len(CREATED + DELTA + DONE)
     assert b"".join([chunk async for chunk in replayed.aiter_raw()]) == CREATED + DELTA + DONE
     assert replayed.status_code == 200 and replayed.headers == upstream.headers
@@ -36,7 +36,7 @@ async def test_the_head_stops_at_the_first_event_past_the_preamble_and_is_replay
 
 
 async def test_a_stream_that_ends_in_its_preamble_is_all_head() -> None:
-    replayed, head = await read_preamble(stream([CREATED]), PREAMBLE_EVENTS["responses"])
+    replayed, head = await read_preamble(stream([CREATED]), RESPONSES.preamble_events)
     assert head == CREATED
     assert b"".join([chunk async for chunk in replayed.aiter_raw()]) == CREATED
     await replayed.aclose()

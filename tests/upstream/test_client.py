@@ -12,7 +12,15 @@ import pytest
 import respx
 from httpx_aiohttp import AiohttpTransport
 
-from app.upstream.client import UpstreamClient, UpstreamResponse, WrappedResponse, join_url, route_base_url
+from app.core.endpoints import AUTHORIZATION, KeySlot
+from app.upstream.client import (
+    UpstreamClient,
+    UpstreamResponse,
+    WrappedResponse,
+    join_url,
+    origin_url,
+    route_base_url,
+)
 from app.upstream.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from app.upstream.senders import translate_httpx as translate
 
@@ -31,6 +39,33 @@ def test_route_base_url_exact_then_longest_prefix_then_default() -> None:
 def test_join_url() -> None:
     assert join_url("http://u/v1/", "/models", "a=1") == "http://u/v1/models?a=1"
     assert join_url("http://u/v1", "chat/completions") == "http://u/v1/chat/completions"
+
+
+def test_origin_url_keeps_scheme_host_and_port_only() -> None:
+    assert origin_url("http://h:8/v1", "/v1beta/models/g:generate", "alt=sse") == (
+        "http://h:8/v1beta/models/g:generate?alt=sse"
+    )
+    assert origin_url("https://h/a/b/", "/x") == "https://h/x"
+
+
+async def test_a_request_sent_at_the_origin_with_its_key_in_the_query() -> None:
+    query_key = KeySlot("key", in_query=True)
+    router = respx.Router()
+    route = router.post(url__regex=r"http://up\.test/v1beta/.*").mock(return_value=httpx.Response(200))
+    upstream = client_for(router, api_key="sk-op", key_slots=(AUTHORIZATION, KeySlot("x-goog"), query_key))
+    await upstream.send(
+        "POST",
+        "/v1beta/models/g%20x:generate",
+        content=b"{}",
+        headers=[("x-goog", "proxy-key"), ("Accept", "*/*")],
+        query="key=proxy-key&alt=sse",
+        stream=False,
+        key_slot=query_key,
+        at_origin=True,
+    )
+    sent = route.calls[0].request
+    assert sent.url.raw_path == b"/v1beta/models/g%20x:generate?alt=sse&key=sk-op"
+    assert "x-goog" not in sent.headers and "authorization" not in sent.headers
 
 
 def client_for(router: respx.Router, **kwargs: object) -> UpstreamClient:

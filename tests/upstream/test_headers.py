@@ -1,6 +1,11 @@
 from __future__ import annotations
 
-from app.upstream.headers import client_response_headers, upstream_request_headers
+from app.core.dialects import DIALECTS
+from app.core.routes import AUTHORIZATION, KeySlot, key_slots
+from app.upstream.headers import client_response_headers, upstream_query, upstream_request_headers
+
+SLOTS = key_slots(DIALECTS.values())
+X_API_KEY = KeySlot("x-api-key")
 
 
 def test_hop_by_hop_context_and_expect_headers_are_not_forwarded_upstream() -> None:
@@ -56,18 +61,51 @@ def test_response_headers_drop_hop_by_hop_and_keep_the_rest_in_order() -> None:
 
 def test_the_key_replaces_an_anthropic_x_api_key_and_goes_where_the_client_put_its_own() -> None:
     anthropic = [("x-api-key", "client"), ("anthropic-version", "2023-06-01"), ("anthropic-beta", "b1")]
-    forwarded = upstream_request_headers(anthropic, api_key="sk-op")
+    forwarded = upstream_request_headers(anthropic, api_key="sk-op", key_slots=SLOTS)
     assert forwarded == [
         ("anthropic-version", "2023-06-01"),
         ("anthropic-beta", "b1"),
         ("x-api-key", "sk-op"),
     ]
-    openai = upstream_request_headers([("Authorization", "Bearer c"), ("X-Api-Key", "c")], api_key="sk-op")
+    openai = upstream_request_headers(
+        [("Authorization", "Bearer c"), ("X-Api-Key", "c")], api_key="sk-op", key_slots=SLOTS
+    )
     assert openai == [("Authorization", "Bearer sk-op")]
-    asked = upstream_request_headers([("Authorization", "Bearer c")], api_key="sk-op", key_header="x-api-key")
+    asked = upstream_request_headers(
+        [("Authorization", "Bearer c")], api_key="sk-op", key_slot=X_API_KEY, key_slots=SLOTS
+    )
     assert asked == [("x-api-key", "sk-op")]
     # Without an operator key both pass as the client sent them.
-    assert upstream_request_headers(anthropic) == anthropic
+    assert upstream_request_headers(anthropic, key_slots=SLOTS) == anthropic
+
+
+def test_every_registered_slot_is_cleared_even_one_the_request_does_not_use() -> None:
+    goog = KeySlot("x-goog-api-key")
+    headers = [("x-goog-api-key", "proxy-key"), ("Authorization", "Bearer c"), ("Accept", "*/*")]
+    forwarded = upstream_request_headers(
+        headers, api_key="sk-op", key_slot=AUTHORIZATION, key_slots=(*SLOTS, goog)
+    )
+    assert forwarded == [("Accept", "*/*"), ("Authorization", "Bearer sk-op")]
+
+
+def test_a_query_slot_is_replaced_in_the_query_and_nothing_else_moves() -> None:
+    key = KeySlot("key", in_query=True)
+    slots = (*SLOTS, key)
+    assert upstream_query("alt=sse&key=client&x=1", api_key="sk-op", key_slot=key, key_slots=slots) == (
+        "alt=sse&x=1&key=sk-op"
+    )
+    # The key goes in a header slot: the client's query key is dropped all the same.
+    assert upstream_query("key=client&alt=sse", api_key="sk op", key_slot=AUTHORIZATION, key_slots=slots) == (
+        "alt=sse"
+    )
+    # No slot asked: the one the client used (here its query), encoded.
+    assert upstream_query("KEY=c", api_key="a/b", key_slots=slots) == "key=a%2Fb"
+    # Without an operator key the query is the client's, byte for byte.
+    assert upstream_query("key=c&alt=sse", key_slots=slots) == "key=c&alt=sse"
+    headers = upstream_request_headers(
+        [("Authorization", "Bearer c")], api_key="k", key_slot=key, key_slots=slots
+    )
+    assert headers == []
 
 
 def test_the_upstreams_date_and_server_are_left_to_our_server() -> None:

@@ -1,7 +1,13 @@
 """The wire APIs the proxy fits, one dialect each (``app.core.dialect`` states the contract).
 
-``DIALECTS`` maps a dialect's name to it; the routes, the dry run and the metrics look dialects up
-here, so adding a wire API is one module under ``dialects/`` and one line below.
+``DIALECTS`` maps a dialect's name to it; the routes, auth, the upstream's key rules, the dry run,
+the CLI's choices and the metrics are derived from it, so adding a wire API is one module under
+``dialects/`` and one line below (``tests/core/dialects/test_conformance.py`` is the contract it
+must pass).
+
+``DEFAULT_DIALECT`` (chat, OpenAI's shape, what most clients of a ``/v1`` base URL read) speaks for
+requests that name no API: errors on routes of no dialect, a body the dry run cannot place,
+``plan_request`` called without a dialect.
 """
 
 from __future__ import annotations
@@ -18,5 +24,6 @@ DIALECTS: Mapping[str, Dialect] = {
     "responses": RESPONSES,
     "messages": MESSAGES,
 }
+DEFAULT_DIALECT: Dialect = CHAT
 
-__all__ = ["CHAT", "DIALECTS", "MESSAGES", "RESPONSES"]
+__all__ = ["CHAT", "DEFAULT_DIALECT", "DIALECTS", "MESSAGES", "RESPONSES"]

@@ -1,5 +1,10 @@
 """Chat Completions as a dialect: the identity adapter (its messages already are the neutral ones).
 
+``CHAT`` serves ``POST /v1/chat/completions`` (sent to ``chat/completions`` under the upstream base
+URL; the body's ``stream`` chooses streaming), takes the client's key as ``Authorization: Bearer``
+and has no counting endpoint of its own. It is also the registry's default (``DEFAULT_DIALECT``):
+bodies that name no API and routes of no dialect speak it.
+
 ``CHAT`` parses ``body["messages"]`` by ``messages.validate_messages`` (the same list, no copy of a
 message), counts ``tools``/``functions`` by the chat accounting, renders by replacing ``messages``
 only (``{**body, "messages": [...]}``), and speaks OpenAI's error shape
@@ -18,10 +23,12 @@ from typing import Any
 
 from ..budget import requested_output_tokens
 from ..conversation import Conversation
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, Headers, model_from_body
+from ..endpoints import AUTHORIZATION, KeySlot, Route
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
+from ..registry import ModelSpec
 from ..tokens import MessageCounter
 
 _AT_INDEX = re.compile(r" at \d+\b")
@@ -61,13 +68,38 @@ def prompt_tokens_of(answer: Mapping[str, Any]) -> int | None:
     return value
 
 
+def positive_count(answer: Mapping[str, Any], key: str) -> int | None:
+    """``answer[key]`` when it is a positive integer (a counting endpoint's answer), else None."""
+    value = answer.get(key)
+    return value if type(value) is int and value > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatDialect:
-    """``POST /chat/completions`` (see the module docstring)."""
+    """``POST /v1/chat/completions`` (see the module docstring)."""
 
     name: str = "chat"
-    upstream_path: str = "chat/completions"
+    routes: tuple[Route, ...] = (Route("/v1/chat/completions", upstream="chat/completions"),)
+    key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "messages"
+    chat_shaped: bool = True
+    preamble_events: frozenset[str] = frozenset()
+    # OpenAI's usage chunk (``stream_options.include_usage``); every other chunk says ``"usage":
+    # null`` and is not parsed.
+    usage_needles: tuple[bytes, ...] = (b'"usage"', b'"prompt_tokens"')
+
+    def recognition(self, body: Mapping[str, Any], headers: Mapping[str, str], /) -> int:
+        """1 for a body with a ``messages`` array (its shape; other APIs share it)."""
+        return 1 if isinstance(body.get("messages"), list) else 0
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        return model_from_body(body)
+
+    def refine_spec(self, spec: ModelSpec, headers: Headers, /) -> ModelSpec:
+        return spec
+
+    def upstream_count(self, answer: Mapping[str, Any], /) -> int | None:
+        return positive_count(answer, "input_tokens")
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         """``memo`` is not used: chat messages are already neutral (nothing is built to reuse)."""

@@ -3,6 +3,13 @@
 ``MESSAGES`` implements ``app.core.dialect.Dialect``; ``render`` and ``problems`` live in
 ``messages_wire.py``. Pure and standard-library only.
 
+Routes: ``POST /v1/messages`` (to ``messages`` under the base URL) and ``POST
+/v1/messages/count_tokens`` (the upstream's count first, ours when it has no such endpoint). The
+key: ``x-api-key`` (where the operator's key goes), or ``Authorization: Bearer`` (Claude Code with
+an auth token). A body is recognised by an ``anthropic-version`` header, a top-level ``system``
+or an Anthropic content block (``tool_use``, ``tool_result``, thinking). The ``anthropic-beta``
+header refines the model spec (``window_from_beta``).
+
 Parsing (``parse``) maps the body onto neutral messages (``app.core.conversation``):
 
 * ``max_tokens`` (required by ``/v1/messages``, absent from a ``count_tokens`` body) is the output
@@ -65,11 +72,12 @@ import binascii
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..conversation import PRICE_KEY, Conversation, neutral
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, Headers, model_from_body
+from ..endpoints import AUTHORIZATION, KeySlot, Route
 from ..errors import InvalidRequest
 from ..media import image_size_from_data_url
 from ..messages import Message
@@ -77,6 +85,7 @@ from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import NOTHING, ParseMemo, Recalled, item_shapes
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
+from .chat import positive_count
 from .messages_wire import SYSTEM_INDEX, render_messages, wire_problems
 
 IMAGE_PIXELS_PER_TOKEN = 750
@@ -99,6 +108,8 @@ LONG_CONTEXT_BETA_KEYS: frozenset[str] = frozenset(
 )
 
 ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
+# Content blocks no other API has: a body with one is this API's.
+OWN_BLOCK_TYPES: frozenset[str] = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 THINKING_TYPES: frozenset[str] = frozenset({"thinking", "redacted_thinking"})
 
 _ERROR_TYPES = {
@@ -413,8 +424,48 @@ class MessagesDialect:
     """``POST /v1/messages`` (see the module docstring)."""
 
     name: str = "messages"
-    upstream_path: str = "messages"
+    routes: tuple[Route, ...] = (
+        Route("/v1/messages", upstream="messages"),
+        Route(
+            "/v1/messages/count_tokens", kind="count", upstream="messages/count_tokens", upstream_first=True
+        ),
+    )
+    key_slots: tuple[KeySlot, ...] = (KeySlot("x-api-key"), AUTHORIZATION)
     items_key: str = "messages"
+    chat_shaped: bool = False
+    preamble_events: frozenset[str] = frozenset()
+    usage_needles: tuple[bytes, ...] = (b'"usage"',)
+
+    def recognition(self, body: Mapping[str, Any], headers: Mapping[str, str], /) -> int:
+        """2 with an ``anthropic-version`` header, a top-level ``system`` or one of this API's own
+        content blocks; 1 for any other body with a ``messages`` array."""
+        messages = body.get("messages")
+        if "anthropic-version" in headers or "system" in body:
+            return 2
+        if not isinstance(messages, list):
+            return 0
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, list) and any(
+                isinstance(block, Mapping)
+                and (block.get("type") in OWN_BLOCK_TYPES or "cache_control" in block)
+                for block in content
+            ):
+                return 2
+        return 1
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        return model_from_body(body)
+
+    def refine_spec(self, spec: ModelSpec, headers: Headers, /) -> ModelSpec:
+        """The long-context beta header opens the 1M window of the models that have it."""
+        values = [value for name, value in headers if name.lower() == "anthropic-beta"]
+        wider = window_from_beta(spec, ",".join(values)) if values else None
+        return spec if wider is None else replace(spec, window_tokens=wider)
+
+    def upstream_count(self, answer: Mapping[str, Any], /) -> int | None:
+        """``{"input_tokens": N}``."""
+        return positive_count(answer, "input_tokens")
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         """With ``memo``, the neutral messages of a strictly equal leading run of wire messages are

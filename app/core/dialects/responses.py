@@ -1,8 +1,13 @@
 """The OpenAI Responses API (``POST /v1/responses``) as a dialect of the neutral conversation.
 
 INTERFACE CONTRACT: ``RESPONSES`` implements :class:`app.core.dialect.Dialect` (see there for
-each member). Origins (``ORIGIN_KEY`` paths) are ``[i]`` = item ``i`` of ``input`` (``[0]`` is a
-string ``input`` itself) and ``[-1]`` = the top-level ``instructions``.
+each member). Routes: ``POST /v1/responses`` (to ``responses`` under the base URL) and its
+counting endpoint ``POST /v1/responses/input_tokens`` (ours when the count is exact, else the
+upstream's); the key is ``Authorization: Bearer``; a streamed answer is peeked at until an event
+after ``response.created``/``in_progress``/``queued`` (the overflow may come as
+``response.failed``); a body with ``input`` and no ``messages`` is recognised as one. Origins
+(``ORIGIN_KEY`` paths) are ``[i]`` = item ``i`` of ``input`` (``[0]`` is a string ``input``
+itself) and ``[-1]`` = the top-level ``instructions``.
 
 Neutral mapping (``parse``), in wire order:
 
@@ -45,12 +50,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conversation import Conversation
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, Headers, model_from_body
+from ..endpoints import AUTHORIZATION, KeySlot, Route
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
+from ..registry import ModelSpec
 from ..tokens import MessageCounter
+from .chat import positive_count
 from .responses_items import (
     ENCRYPTED_CHARS_PER_TOKEN,
     INSTRUCTIONS_PATH,
@@ -69,8 +77,39 @@ class ResponsesDialect:
     """``POST /v1/responses`` (see the module docstring)."""
 
     name: str = "responses"
-    upstream_path: str = "responses"
+    routes: tuple[Route, ...] = (
+        Route("/v1/responses", upstream="responses"),
+        Route("/v1/responses/input_tokens", kind="count", upstream="responses/input_tokens"),
+    )
+    key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "input"
+    chat_shaped: bool = False
+    preamble_events: frozenset[str] = frozenset(
+        {"response.created", "response.in_progress", "response.queued"}
+    )
+    usage_needles: tuple[bytes, ...] = (b'"usage"',)
+
+    def recognition(self, body: Mapping[str, Any], headers: Mapping[str, str], /) -> int:
+        """2 for a body with ``input`` and no ``messages`` (no other API has it) whose items are not
+        all plain role messages (those, a bare item list of any API could be: 1)."""
+        if "input" not in body or "messages" in body:
+            return 0
+        items = body.get("input")
+        if isinstance(items, list) and not any(
+            isinstance(item, Mapping) and ("type" in item or "role" not in item) for item in items
+        ):
+            return 1  # plain role messages: a shape other APIs' message lists share
+        return 2
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        return model_from_body(body)
+
+    def refine_spec(self, spec: ModelSpec, headers: Headers, /) -> ModelSpec:
+        return spec
+
+    def upstream_count(self, answer: Mapping[str, Any], /) -> int | None:
+        """``{"object": "response.input_tokens", "input_tokens": N}``."""
+        return positive_count(answer, "input_tokens")
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         parsed = parse_input(body, memo=memo)

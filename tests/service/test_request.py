@@ -1,0 +1,68 @@
+"""The request value: what it plans, what it forwards, and the guard's fallback made loud."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from app.core.dialects import CHAT, RESPONSES
+from app.core.fit import StructureGuardWarning
+from app.core.messages import Message
+from app.core.plan import StrategyResult
+from app.service.driver import Service
+from app.service.request import Forwarded, RequestOptions
+from app.upstream.client import UpstreamClient
+from tests.api import UPSTREAM, OneModelRegistry, WordVocabularies, make_settings, words
+
+
+def service() -> Service:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(respx.Router().handler))
+    return Service(
+        settings=make_settings(),
+        registry=OneModelRegistry(),
+        vocabularies=WordVocabularies(),
+        upstream=UpstreamClient(http, base_url=UPSTREAM),
+    )
+
+
+def agent_body() -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for k in range(4):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": words(300)})
+    messages.append({"role": "user", "content": "now"})
+    return {"model": "m", "messages": messages}
+
+
+def test_a_plan_the_guard_had_to_undo_is_logged_as_a_bug(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import app.core.fit as fit
+
+    def orphaning(messages: Sequence[Message], ctx: Any) -> StrategyResult:
+        return StrategyResult(tuple(m for m in messages if "tool_calls" not in m))
+
+    monkeypatch.setattr(fit, "STRATEGIES", (("broken", orphaning),))
+    request = service().request(agent_body(), RequestOptions())
+    with caplog.at_level("ERROR", logger="ctxproxy.fit"), pytest.warns(StructureGuardWarning):
+        plan = request.plan()
+    assert plan.broken and not plan.changed
+    (record,) = caplog.records
+    assert "strategy bug" in record.getMessage() and "chat" in record.getMessage()
+    assert "the unchanged request" in record.getMessage()
+
+
+def test_forwarded_counts_a_chat_shaped_body_as_itself_and_others_by_their_neutral_messages() -> None:
+    svc = service()
+    chat = svc.request(agent_body(), RequestOptions())
+    assert CHAT.chat_shaped and Forwarded.of(chat, None).counted is chat.body
+    body = {"model": "m", "input": "hello", "tools": [{"type": "function", "name": "f", "parameters": {}}]}
+    responses = svc.request(body, RequestOptions(), dialect=RESPONSES)
+    counted = Forwarded.of(responses, None).counted
+    assert not RESPONSES.chat_shaped and counted is not body
+    assert counted["messages"][0]["role"] == "user" and len(counted["messages"]) == 2  # + the tools' price
