@@ -296,7 +296,7 @@ async def test_prefix_reuse_is_per_model_a_new_models_first_request_reuses_nothi
     shares = []
     for model, turns in (("m", 4), ("m", 5), ("m2", 5), ("m2", 6)):
         raw = json.dumps({"model": model, "messages": conversation(turns=turns, size=20)}).encode()
-        outcome = await svc.handle_chat(raw, [], options=RequestOptions())
+        outcome = await svc.handle(raw, [], options=RequestOptions())
         await outcome.response.aclose()
         assert outcome.prefix_reuse is not None
         shares.append(outcome.prefix_reuse.share)
