@@ -2,8 +2,10 @@
 
 INTERFACE CONTRACT (``app.service.driver`` drives it; ``tests/core/test_exchange.py`` scripts it):
 
-An ``Exchange(dialect=..., mode=..., max_retries=MAX_RETRIES)`` lives for one request. The driver
-does what each command says and feeds back what happened:
+An ``Exchange(dialect=..., mode=..., max_retries=MAX_RETRIES, policy=None,
+requested_output_tokens=None)`` lives for one request (``policy``: the request's, for the output
+rules of a retry, default ``Policy(mode=mode)``; ``requested_output_tokens``: the client's own output
+cap). The driver does what each command says and feeds back what happened:
 
 * ``start(plan) -> Send | Fail``: the first plan. ``Fail`` (with the plan and a reason) when it
   does not fit and the policy is not ``off``; else ``Send(plan)``.
@@ -13,16 +15,19 @@ does what each command says and feeds back what happened:
 * ``reads_answer(status) -> bool``: whether ``answered`` needs the answer's body (an error status
   that may be retried); the driver reads it only then.
 * ``answered(status, body) -> Deliver | Replan``: a success, an answer after the last retry, an
-  error that is not a context overflow (``dialect.overflow``) or an overflow whose numbers give no
-  smaller cap (``core.retry.retry_cap_tokens``) -> ``Deliver``; else ``Replan(cap_tokens)``.
-  A classified overflow rides on the command (``overflow``) so the driver learns from it once.
+  error that is not a context overflow (``dialect.overflow``) or an overflow no retry can help
+  (``core.retry.retry_size``) -> ``Deliver``; else ``Replan(cap_tokens, overflow, limits)``: plan
+  again under that cap and those ``limits`` (the window the refusal taught, an output reserve
+  lowered when it left no room). A classified overflow rides on the command (``overflow``) so the
+  driver learns from it once.
 * ``answered_stream(head) -> Deliver | Replan``: a 200 event stream whose opening events
   (``head``, see ``core.preamble``) were read before passing it on: an overflow reported in them
   (Responses' ``response.failed``) is handled like an overflow status; anything else is delivered
   (the head replayed first).
 * ``replanned(plan) -> Send | Deliver``: the plan made under that cap is sent only when it fits,
-  changed something and is smaller than what the upstream just refused (else it cannot help, and
-  the refused answer is delivered as is).
+  changed something and is smaller than what the upstream just refused: fewer input tokens, or
+  the same with a lower output cap in the body (else it cannot help, and the refused answer is
+  delivered as is).
 
 At most ``max_retries`` retries. Events out of order raise ``ExchangeStateError`` (a driver bug).
 """
@@ -32,11 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .budget import PolicyMode
+from .budget import Limits, Policy, PolicyMode
 from .dialect import Dialect
 from .overflow import ContextOverflow
 from .plan import Plan
-from .retry import MAX_RETRIES, retry_cap_tokens
+from .retry import MAX_RETRIES, retry_size
 
 State = Literal["new", "sending", "answered", "replanning", "done"]
 
@@ -55,10 +60,12 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Replan:
-    """Plan the request again with the input capped at ``cap_tokens``, then call ``replanned``."""
+    """Plan the request again with the input capped at ``cap_tokens`` and ``limits`` applied
+    (the window the refusal taught, a lowered output reserve), then call ``replanned``."""
 
     cap_tokens: int
     overflow: ContextOverflow
+    limits: Limits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +89,31 @@ Command = Send | Replan | Deliver | Fail
 class Exchange:
     """One request's send/classify/retry decisions (see the module docstring)."""
 
-    __slots__ = ("dialect", "max_retries", "mode", "plan", "retries", "state")
+    __slots__ = (
+        "dialect",
+        "max_retries",
+        "mode",
+        "plan",
+        "policy",
+        "requested_output_tokens",
+        "retries",
+        "state",
+    )
 
-    def __init__(self, *, dialect: Dialect, mode: PolicyMode, max_retries: int = MAX_RETRIES) -> None:
+    def __init__(
+        self,
+        *,
+        dialect: Dialect,
+        mode: PolicyMode,
+        max_retries: int = MAX_RETRIES,
+        policy: Policy | None = None,
+        requested_output_tokens: int | None = None,
+    ) -> None:
         self.dialect = dialect
         self.mode = mode
         self.max_retries = max_retries
+        self.policy = policy if policy is not None else Policy(mode=mode)
+        self.requested_output_tokens = requested_output_tokens
         self.retries = 0
         self.plan: Plan | None = None  # the plan of what was sent last
         self.state: State = "new"
@@ -146,17 +172,31 @@ class Exchange:
         overflow = self.dialect.overflow(status, body)
         if overflow is None:
             return self._deliver()
-        cap = retry_cap_tokens(overflow=overflow, sent_tokens=self.plan.tokens_after, budget=self.plan.budget)
-        if cap is None:
+        sent = self.plan
+        size = retry_size(
+            overflow=overflow,
+            sent_tokens=sent.tokens_after,
+            budget=sent.budget,
+            spec=sent.spec,
+            policy=self.policy,
+            requested_output_tokens=self.requested_output_tokens,
+            sent_output_tokens=sent.output_cap_tokens,
+        )
+        if size is None:
             return self._deliver(overflow)
         self.state = "replanning"
-        return Replan(cap, overflow)
+        limits = Limits(
+            window_tokens=size.window_tokens,
+            output_cap_tokens=size.output_cap_tokens,
+            margin_tokens=size.margin_tokens,
+        )
+        return Replan(size.cap_tokens, overflow, limits)
 
     def replanned(self, plan: Plan) -> Send | Deliver:
         self._expect("replanning")
         assert self.plan is not None
         # A retry that is not smaller than what the upstream just refused cannot help.
-        if not plan.fits or not plan.changed or plan.tokens_after >= self.plan.tokens_after:
+        if not plan.fits or not plan.changed or not _smaller(plan, self.plan):
             return self._deliver()
         self.retries += 1
         self.plan, self.state = plan, "sending"
@@ -170,3 +210,14 @@ class Exchange:
         if self.mode == "reject":
             return "the context policy is 'reject', so the proxy does not shorten conversations"
         return "shortening the conversation as far as the policy allows does not bring it under"
+
+
+def _smaller(plan: Plan, sent: Plan) -> bool:
+    """``plan`` asks the upstream for less than ``sent``: fewer input tokens, or as many with a
+    lower output cap written into the body."""
+    if plan.tokens_after < sent.tokens_after:
+        return True
+    lowered = plan.output_cap_tokens
+    if lowered is None or plan.tokens_after > sent.tokens_after:
+        return False
+    return sent.output_cap_tokens is None or lowered < sent.output_cap_tokens

@@ -10,7 +10,11 @@ INTERFACE CONTRACT (the service, the API and the CLI rely on these names):
   ``dropped`` (the spans of the *input* messages that were removed, for summaries);
   ``actions_header()`` renders ``pruned=4,dropped_turns=6,truncated=1``; ``body(original)``
   returns the request body to forward, rendered by the plan's ``dialect`` (chat: only
-  ``messages`` is replaced); ``warnings`` are ``X-Context-Warning`` values (``history-upstream``).
+  ``messages`` is replaced); ``warnings`` are ``X-Context-Warning`` values (``history-upstream``);
+  ``output_cap_tokens``: the output cap the body is forwarded with when it is lower than the
+  client's own (``budget.Limits``; the dialect writes it, ``Dialect.with_output_cap``), else None;
+  ``upstream_tokens``: the upstream's own count of the whole request when the plan was decided by
+  it (``app.service.boundary``: an anchor's upper bound, or the counting endpoint's answer).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ ActionKind = Literal[
     "summarized",  # a dropped span replaced by a summary instead of a note
     "summary_failed",  # a summary was wanted but the deterministic note was used
     "last_resort",  # newest or pinned messages cut middle-out
+    "output_lowered",  # the forwarded output cap lowered so that what must be kept fits
     "rejected",  # policy reject / cannot fit
 ]
 
@@ -103,6 +108,8 @@ class Plan:
     # The neutral messages the dialect parsed from the request: ``body`` renders without parsing
     # the request a second time.
     source: tuple[Message, ...] | None = None
+    output_cap_tokens: int | None = None
+    upstream_tokens: int | None = None
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
@@ -117,4 +124,9 @@ class Plan:
         the default: only ``messages`` is replaced); every other key kept as is."""
         if self.dialect is None:
             return {**original, "messages": list(self.messages)}
-        return self.dialect.render(original, self.messages, source=self.source)
+        body = self.dialect.render(original, self.messages, source=self.source)
+        if self.output_cap_tokens is not None:
+            capped = self.dialect.with_output_cap(body, self.output_cap_tokens)
+            if capped is not None:
+                body = capped
+        return body

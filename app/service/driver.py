@@ -51,6 +51,7 @@ from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
+from .boundary import build_boundary
 from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
 from .learning import Learner
 from .outcome import Outcome, PlanCannotFit, Readiness
@@ -94,6 +95,8 @@ class Service:
         self.parses = ParseMemo()
         # Recent bodies: a resent one is parsed only where it changed (its history's newest end).
         self.bodies = BodyMemo()
+        # Near the boundary: exact counts, lowered output caps, anchors (app.service.boundary).
+        self.boundary = build_boundary(settings, learner=self.learner, upstream=upstream)
 
     def counter(self, encoding: str) -> MessageCounter:
         counter = self._counters.get(encoding)
@@ -107,6 +110,7 @@ class Service:
             keep_turns=options.keep_turns,
             reserve_tokens=options.reserve_tokens,
             cut_target=options.cut_target,
+            lower_output=options.lower_output,
         )
 
     def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
@@ -142,7 +146,7 @@ class Service:
             dialect=dialect,
             conversation=dialect.parse(body, memo=self.parses),
             spec=spec,
-            policy=self.policy(options),
+            policy=self.boundary.policy_for(spec, self.policy(options)),
             counter=self.counter_for_spec(spec),
             base_url=self.upstream.base_url_for(model),
             options=options,
@@ -249,7 +253,12 @@ class Service:
 
     async def run(self, request: ProxyRequest) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
-        exchange = Exchange(dialect=request.dialect, mode=request.policy.mode)
+        exchange = Exchange(
+            dialect=request.dialect,
+            mode=request.policy.mode,
+            policy=request.policy,
+            requested_output_tokens=request.conversation.requested_output_tokens,
+        )
         size_bytes = self.counting_size(request)
         pending: asyncio.Future[Plan] | None = None
         command: Command
@@ -259,6 +268,7 @@ class Service:
             command = exchange.start_unplanned()
         else:
             plan = await run_plan(request.plan, size_bytes=size_bytes)
+            request, plan = await self.boundary.refine(request, plan)
             command = exchange.start(await self.summarized(request, plan))
         response: UpstreamResponse | None = None
         # Made by the first ``Send`` (``start`` answers ``Send`` or ``Fail``; ``Deliver`` and
@@ -270,7 +280,7 @@ class Service:
             if isinstance(command, Deliver):
                 assert response is not None and exchange.plan is not None and forwarded is not None
                 if command.overflow is not None:
-                    self._learn(request, command.overflow, forwarded)
+                    self._learn(request, command.overflow, forwarded, exchange.plan)
                 return await self._outcome(request, exchange, forwarded, response)
             if isinstance(command, Send):
                 if response is not None:
@@ -280,6 +290,8 @@ class Service:
                 pending = None
                 continue
             assert response is not None and exchange.plan is not None and forwarded is not None
+            sent = exchange.plan
+            request = request.limited(command.limits)
             try:
                 retry = await run_plan(
                     partial(request.plan, cap_tokens=command.cap_tokens), size_bytes=len(request.raw)
@@ -291,7 +303,7 @@ class Service:
             finally:
                 # Learned after sizing the retry (which has its own arithmetic); used from the next
                 # request on.
-                self._learn(request, command.overflow, forwarded)
+                self._learn(request, command.overflow, forwarded, sent)
             command = exchange.replanned(retry)
 
     async def _send(
@@ -352,7 +364,9 @@ class Service:
             and is_event_stream(response)
         )
 
-    def _learn(self, request: ProxyRequest, overflow: ContextOverflow, forwarded: Forwarded) -> None:
+    def _learn(
+        self, request: ProxyRequest, overflow: ContextOverflow, forwarded: Forwarded, sent: Plan
+    ) -> None:
         if not request.conversation.fittable:
             return  # the upstream counted a history we never saw: its numbers are not about ours
         self.learner.learn_from_overflow(
@@ -360,6 +374,8 @@ class Service:
             overflow,
             counter=request.counter,
             forwarded=forwarded.counted,
+            sent_tokens=sent.tokens_after,
+            output_tokens=sent.output_cap_tokens or request.conversation.requested_output_tokens,
         )
 
     async def _outcome(
@@ -387,6 +403,7 @@ class Service:
                 window_tokens=None if plan.spec.guessed else plan.budget.window_tokens,
                 forwarded_tokens=plan.tokens_after,
                 usage=None if request.dialect is CHAT else request.dialect.input_tokens_used,
+                on_usage=self.boundary.on_usage(request, plan),
             )
         except BaseException:
             await response.aclose()

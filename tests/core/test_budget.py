@@ -85,7 +85,7 @@ def test_request_reserve_beats_policy_reserve() -> None:
         (8_192, 8_192, 1_229),
         (2_048, 2_048, 512),  # 307 clamped up to the minimum
         (128_000, 1_000, 1_000),  # never more than the model can output
-        (300, 300, 300),  # a tiny model: min clamp, then capped by max output
+        (300, 300, 150),  # a tiny model: min clamp, then never more than half the window
     ],
 )
 def test_default_reserve_is_15_percent_clamped(window: int, max_output: int, expected: int) -> None:

@@ -1,0 +1,183 @@
+"""The upstream's own count of a conversation's last request, to count its next one exactly.
+
+A growing conversation (a chat, an agent loop) sends its whole history every turn. The upstream's
+``usage`` for one request is the exact count of what it received; the next request of the same
+conversation is that request plus what was appended, so its count is the upstream's figure plus
+the count of the appended messages. Our count of those (a few hundred to a few thousand tokens) is
+the only uncertain part, however far our count of the whole history strays from the upstream's.
+
+INTERFACE CONTRACT (``app.service.boundary`` relies on these):
+
+* ``AnchoredCount`` (frozen): ``upstream_tokens`` (what the upstream counted for the remembered
+  request), ``appended_tokens`` (our count of what came after it), ``ratio`` (the upstream's count
+  over ours, on the remembered part), ``estimate_tokens``, and the bounds ``lower_tokens`` <=
+  ``estimate_tokens`` <= ``upper_tokens`` of the upstream's count of the new request.
+* ``AnchorMemory(*, max_conversations=256)``:
+  ``remember(model, messages, message_tokens, *, tool_tokens, counted_tokens, upstream_tokens)``:
+  the neutral ``messages`` a request forwarded, our counts of them (per message, of its tools, of
+  the whole request) and the upstream's count of it;
+  ``count(model, messages, message_tokens, *, tool_tokens, exact) -> AnchoredCount | None``: the
+  count of a new request that continues a remembered one (the same model and tool tokens, every
+  remembered message but at most ``CHANGED_TAIL_MAX`` last ones equal), else None.
+  ``message_tokens`` are our counts of ``messages``; ``exact``: our counter is a shipped tokenizer
+  (its count of new text is within ``APPENDED_SPREAD_EXACT``; an estimate's within
+  ``APPENDED_SPREAD_ESTIMATE``).
+
+Clients touch the end of what they resend (Claude Code moves its cache marker to the newest
+message): a remembered message among the last ``CHANGED_TAIL_MAX`` that the new request carries at
+the same place with the same role and the same count by ours is taken as the same message (a
+marker is not prompt text); any other differing one counts as removed, and its replacement as
+appended.
+
+The formula, with ``U`` the upstream's count of the remembered request, ``p`` ours of it then,
+``r = U / p`` (bounded to [``RATIO_MIN``, ``RATIO_MAX``]), ``a`` our count of what was appended,
+``d`` of what was removed, and ``s`` the spread: ``estimate = U + round((a - d) * r)``,
+``upper = U + ceil(a * max(r, 1) * (1 + s)) - floor(d * min(r, 1) * (1 - s)) + SLACK_TOKENS``,
+``lower = U + floor(a * min(r, 1) * (1 - s)) - ceil(d * max(r, 1) * (1 + s))``. The upper bound
+never trusts a ratio below 1 for new text (a conversation whose history we over-count, e.g.
+encrypted reasoning priced high, may append plain text we count right).
+
+A conversation is recognised by its model and its first two messages (``frozen.anchor_of``); the
+latest request of each is kept, the least recently used forgotten first. Thread-safe; pure
+standard library; the messages are kept by reference and never mutated.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .frozen import anchor_of, common_prefix
+from .messages import Message
+
+DEFAULT_MAX_CONVERSATIONS = 256
+APPENDED_SPREAD_EXACT = 0.02
+APPENDED_SPREAD_ESTIMATE = 0.15
+SLACK_TOKENS = 8
+RATIO_MIN = 0.25
+RATIO_MAX = 4.0
+CHANGED_TAIL_MAX = 4
+
+
+@dataclass(frozen=True, slots=True)
+class AnchoredCount:
+    """The upstream's count of a new request, from its count of the request before (see the module
+    docstring for the formula)."""
+
+    upstream_tokens: int
+    appended_tokens: int
+    ratio: float
+    estimate_tokens: int
+    upper_tokens: int
+    lower_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Anchor:
+    messages: tuple[Message, ...]
+    message_tokens: tuple[int, ...]
+    tool_tokens: int
+    counted_tokens: int
+    upstream_tokens: int
+
+
+class AnchorMemory:
+    """The latest counted request of recent conversations (see the module docstring)."""
+
+    def __init__(self, *, max_conversations: int = DEFAULT_MAX_CONVERSATIONS) -> None:
+        self.max_conversations = max(1, max_conversations)
+        self._anchors: OrderedDict[tuple[str, Any], _Anchor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._anchors)
+
+    def remember(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        message_tokens: Sequence[int],
+        *,
+        tool_tokens: int,
+        counted_tokens: int,
+        upstream_tokens: int,
+    ) -> None:
+        """Keep ``messages`` (as forwarded, with our counts) and the upstream's count of the request."""
+        key = _key(model, messages)
+        if key is None or upstream_tokens <= 0 or counted_tokens <= 0 or len(messages) != len(message_tokens):
+            return
+        anchor = _Anchor(tuple(messages), tuple(message_tokens), tool_tokens, counted_tokens, upstream_tokens)
+        with self._lock:
+            self._anchors.pop(key, None)
+            self._anchors[key] = anchor
+            while len(self._anchors) > self.max_conversations:
+                self._anchors.popitem(last=False)
+
+    def count(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        message_tokens: Sequence[int],
+        *,
+        tool_tokens: int,
+        exact: bool,
+    ) -> AnchoredCount | None:
+        """The upstream's count of a request of ``messages`` that continues a remembered one, or None."""
+        key = _key(model, messages)
+        if key is None:
+            return None
+        with self._lock:
+            anchor = self._anchors.get(key)
+            if anchor is not None:
+                self._anchors.move_to_end(key)
+        if anchor is None or anchor.tool_tokens != tool_tokens or len(messages) != len(message_tokens):
+            return None
+        remembered = len(anchor.messages)
+        shared = common_prefix(messages, anchor.messages)
+        if shared < remembered - CHANGED_TAIL_MAX:
+            return None
+        appended = sum(message_tokens[remembered:])
+        removed = 0
+        for i in range(shared, remembered):
+            old_tokens = anchor.message_tokens[i]
+            if (
+                i < len(messages)
+                and message_tokens[i] == old_tokens
+                and messages[i].get("role") == anchor.messages[i].get("role")
+            ):
+                continue  # the same message but for a marker: the same count on both sides
+            removed += old_tokens
+            appended += message_tokens[i] if i < len(messages) else 0
+        upstream = anchor.upstream_tokens
+        ratio = min(max(upstream / anchor.counted_tokens, RATIO_MIN), RATIO_MAX)
+        spread = APPENDED_SPREAD_EXACT if exact else APPENDED_SPREAD_ESTIMATE
+        high, low = max(ratio, 1.0), min(ratio, 1.0)
+        upper = (
+            upstream + math.ceil(appended * high * (1 + spread)) - math.floor(removed * low * (1 - spread))
+        )
+        lower = (
+            upstream + math.floor(appended * low * (1 - spread)) - math.ceil(removed * high * (1 + spread))
+        )
+        return AnchoredCount(
+            upstream_tokens=upstream,
+            appended_tokens=appended,
+            ratio=ratio,
+            estimate_tokens=upstream + round((appended - removed) * ratio),
+            upper_tokens=upper + SLACK_TOKENS,
+            lower_tokens=max(0, lower),
+        )
+
+
+def _key(model: str, messages: Sequence[Message]) -> tuple[str, Any] | None:
+    if len(messages) < 2:
+        return None
+    try:
+        anchor = anchor_of(messages)
+    except RecursionError:
+        return None
+    return None if anchor is None else (model, anchor)

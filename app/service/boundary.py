@@ -1,0 +1,255 @@
+"""Fit to the last token: find the upstream's exact count near the boundary, lower an output cap
+that leaves no room, and remember what the upstream counted (the I/O around ``app.core.boundary``).
+
+``Boundary(*, learner, counts=None, exact=True, lower_output=True)`` (one per ``Service``):
+
+* ``policy_for(spec, policy) -> Policy``: the policy with the model's learned margin
+  (``core.boundary.margin_ratio``: it shrinks as the upstream's counts confirm ours). The policy
+  as it is when ``exact`` is off.
+* ``await refine(request, plan) -> (request, plan)``, after the first plan and before it is sent:
+
+  1. a plan that fits unchanged and is not near the room (``core.boundary.may_be_over``) is
+     returned as it is, at no cost: no count, no plan, no I/O;
+  2. near the boundary (a fitting plan that may be over the room; a plan that cuts or does not fit
+     although the whole request may fit, ``may_fit``), the upstream's own count of the whole
+     request is found: first from the conversation's previous request (``core.anchors``: its usage
+     plus our count of what was appended), then, when that does not settle it and the dialect has
+     a counting endpoint (``counts``, on unless the setting or ``X-Context-Upstream-Count: off``
+     turns it off), by asking it (bounded in time, cached; its answer also calibrates the model);
+  3. a request the upstream takes whole is planned unchanged (the client's bytes are forwarded),
+     under the margin that count implies; one it would refuse is cut under the margin that count
+     implies (``core.boundary.margin_for_count``: the ratio of its count to ours), so the cut
+     aims at the upstream's room, not ours;
+  4. when the client's output cap leaves no room for what must be kept
+     (``core.boundary.lowered_output_tokens``), the request is planned again with the output cap
+     lowered (the dialect writes it: ``Dialect.with_output_cap``), unless ``lower_output`` is off
+     or the request says ``X-Context-Lower-Output: off``. A plan that still does not fit is
+     refused by the exchange with its numbers, as before.
+
+  The returned request carries the limits the final plan was made under (``ProxyRequest.limits``),
+  so summaries and retries plan under them too.
+* ``on_usage(request, plan) -> Callable[[int], None] | None``: what to call with the upstream's
+  count of the forwarded plan (``Learner.observe``'s ``on_usage``) so that the conversation's next
+  request is anchored; None for a request far below its window (``ANCHOR_MIN_SHARE``: nothing is
+  kept for it, so small requests pay nothing).
+* ``stats``: how many requests each step settled (``anchored``, ``counted``, ``whole``, ``cut``,
+  ``lowered``), for the benchmark and the logs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+
+from ..core.anchors import AnchorMemory
+from ..core.boundary import (
+    lowered_output_tokens,
+    margin_for_count,
+    margin_ratio,
+    may_be_over,
+    may_fit,
+    room_tokens,
+    uncertainty,
+)
+from ..core.budget import Limits, Policy
+from ..core.messages import Message
+from ..core.plan import Plan
+from ..core.registry import ModelSpec
+from ..settings import Settings
+from ..upstream.client import UpstreamClient
+from .fastpath import run_plan
+from .learning import Learner
+from .request import Forwarded, ProxyRequest
+from .upstream_counts import UpstreamCounts
+
+ANCHOR_MIN_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCount:
+    """The upstream's count of the whole request, as bounds (equal when it counted it itself)."""
+
+    lower_tokens: int
+    upper_tokens: int
+    source: str  # "anchor" or "upstream"
+
+
+class Boundary:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        learner: Learner,
+        counts: UpstreamCounts | None = None,
+        exact: bool = True,
+        lower_output: bool = True,
+        anchors: AnchorMemory | None = None,
+    ) -> None:
+        self.learner = learner
+        self.counts = counts
+        self.exact = exact
+        self.lower_output = lower_output
+        self.anchors = anchors if anchors is not None else AnchorMemory()
+        self.stats: Counter[str] = Counter()
+
+    def policy_for(self, spec: ModelSpec, policy: Policy) -> Policy:
+        if not self.lower_output and policy.lower_output:
+            policy = replace(policy, lower_output=False)
+        if not self.exact:
+            return policy
+        exact = spec.encoding != "estimate"
+        ratio = margin_ratio(
+            self.learner.knowledge.precision(spec.name, exact=exact), policy=policy, exact=exact
+        )
+        if exact and ratio != policy.margin_exact_ratio:
+            return replace(policy, margin_exact_ratio=ratio)
+        if not exact and ratio != policy.margin_estimate_ratio:
+            return replace(policy, margin_estimate_ratio=ratio)
+        return policy
+
+    async def refine(self, request: ProxyRequest, plan: Plan) -> tuple[ProxyRequest, Plan]:
+        policy = request.policy
+        if policy.mode == "off" or not request.conversation.fittable:
+            return request, plan
+        unchanged = plan.fits and not plan.changed
+        if self.exact:
+            request, plan = await self._exact(request, plan, unchanged=unchanged)
+        if plan.fits and not plan.changed:
+            return request, plan
+        return await self._lower(request, plan)
+
+    def on_usage(self, request: ProxyRequest, plan: Plan) -> Callable[[int], None] | None:
+        if not self.exact or not request.conversation.fittable:
+            return None
+        budget = plan.budget
+        if plan.tokens_after + budget.reserve_tokens < ANCHOR_MIN_SHARE * budget.window_tokens:
+            return None
+        return partial(
+            self._remember,
+            request.model,
+            plan.messages,
+            plan.message_tokens,
+            plan.budget.tool_tokens,
+            plan.tokens_after,
+        )
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    async def _exact(
+        self, request: ProxyRequest, plan: Plan, *, unchanged: bool
+    ) -> tuple[ProxyRequest, Plan]:
+        policy, budget = request.policy, plan.budget
+        exact = request.counter.exact
+        u = uncertainty(
+            self.learner.knowledge.precision(request.model, exact=exact), policy=policy, exact=exact
+        )
+        tokens = plan.tokens_before
+        if unchanged and not may_be_over(tokens, budget, policy, u):
+            return request, plan
+        if not unchanged and not may_fit(tokens, budget, policy, u):
+            return request, plan
+        count = await self._count(request, plan)
+        if count is None:
+            return request, plan
+        room = room_tokens(budget, policy)
+        if count.upper_tokens <= room:
+            self.stats["whole"] += 1
+            if unchanged:
+                return request, replace(plan, upstream_tokens=count.upper_tokens)
+            # The upstream takes it whole: the margin under which our count of it fits exactly.
+            margin = budget.window_tokens - budget.reserve_tokens - tokens
+        else:
+            self.stats["cut"] += 1
+            margin = margin_for_count(
+                budget, policy, counted_tokens=tokens, upstream_tokens=count.upper_tokens
+            )
+            if not unchanged and margin == budget.margin_tokens:
+                return request, replace(plan, upstream_tokens=count.upper_tokens)
+        limits = Limits(margin_tokens=margin)
+        refined = request.limited(limits)
+        replanned = await run_plan(partial(refined.plan), size_bytes=len(request.raw))
+        return refined, replace(replanned, upstream_tokens=count.upper_tokens)
+
+    async def _count(self, request: ProxyRequest, plan: Plan) -> UpstreamCount | None:
+        """The upstream's count of the whole request: anchored, else asked (see the module docstring)."""
+        messages = request.conversation.messages
+        message_tokens = plan.message_tokens if not plan.changed else request.counter.count_messages(messages)
+        room = room_tokens(plan.budget, request.policy)
+        anchored = self.anchors.count(
+            request.model,
+            messages,
+            message_tokens,
+            tool_tokens=plan.budget.tool_tokens,
+            exact=request.counter.exact,
+        )
+        if anchored is not None:
+            self.stats["anchored"] += 1
+            if anchored.upper_tokens <= room or anchored.lower_tokens > room:
+                return UpstreamCount(anchored.lower_tokens, anchored.upper_tokens, "anchor")
+        counted = await self._ask(request, plan)
+        if counted is not None:
+            return counted
+        if anchored is not None:
+            return UpstreamCount(anchored.lower_tokens, anchored.upper_tokens, "anchor")
+        return None
+
+    async def _ask(self, request: ProxyRequest, plan: Plan) -> UpstreamCount | None:
+        if self.counts is None or request.options.upstream_count is False:
+            return None
+        tokens = await self.counts.count(request)
+        if tokens is None:
+            return None
+        self.stats["counted"] += 1
+        self.learner.learn_from_count(
+            request.model, tokens, counter=request.counter, counted=Forwarded.of(request, None).counted
+        )
+        return UpstreamCount(tokens, tokens, "upstream")
+
+    async def _lower(self, request: ProxyRequest, plan: Plan) -> tuple[ProxyRequest, Plan]:
+        policy = request.policy
+        requested = request.conversation.requested_output_tokens
+        cap = lowered_output_tokens(plan, requested_output_tokens=requested, policy=policy)
+        if cap is None or request.dialect.with_output_cap(request.body, cap) is None:
+            return request, plan
+        current = request.limits or Limits()
+        limits = replace(current, output_cap_tokens=cap, margin_tokens=plan.budget.margin_tokens)
+        lowered_request = request.limited(limits)
+        lowered = await run_plan(partial(lowered_request.plan), size_bytes=len(request.raw))
+        if not lowered.fits:
+            return request, plan
+        self.stats["lowered"] += 1
+        return lowered_request, replace(lowered, upstream_tokens=plan.upstream_tokens)
+
+    def _remember(
+        self,
+        model: str,
+        messages: tuple[Message, ...],
+        message_tokens: tuple[int, ...],
+        tool_tokens: int,
+        counted_tokens: int,
+        upstream_tokens: int,
+    ) -> None:
+        self.anchors.remember(
+            model,
+            messages,
+            message_tokens,
+            tool_tokens=tool_tokens,
+            counted_tokens=counted_tokens,
+            upstream_tokens=upstream_tokens,
+        )
+
+
+def build_boundary(settings: Settings, *, learner: Learner, upstream: UpstreamClient) -> Boundary:
+    """The boundary work as the settings say (``boundary_exact``, ``upstream_count``,
+    ``upstream_count_timeout_s``, ``lower_output``)."""
+    counts = (
+        UpstreamCounts(upstream, timeout_s=settings.upstream_count_timeout_s)
+        if settings.boundary_exact and settings.upstream_count
+        else None
+    )
+    return Boundary(
+        learner=learner, counts=counts, exact=settings.boundary_exact, lower_output=settings.lower_output
+    )
