@@ -33,9 +33,11 @@ The formula, with ``U`` the upstream's count of the remembered request, ``p`` ou
 ``r = U / p`` (bounded to [``RATIO_MIN``, ``RATIO_MAX``]), ``a`` our count of what was appended,
 ``d`` of what was removed, and ``s`` the spread: ``estimate = U + round((a - d) * r)``,
 ``upper = U + ceil(a * max(r, 1) * (1 + s)) - floor(d * min(r, 1) * (1 - s)) + SLACK_TOKENS``,
-``lower = U + floor(a * min(r, 1) * (1 - s)) - ceil(d * max(r, 1) * (1 + s))``. The upper bound
-never trusts a ratio below 1 for new text (a conversation whose history we over-count, e.g.
-encrypted reasoning priced high, may append plain text we count right).
+``lower = U + floor(a' * min(r, 1) * (1 - s) + a'' * PRICED_LOWER_RATIO) - ceil(d * max(r, 1) *
+(1 + s))`` where ``a''`` is the part of ``a`` in messages that hold a dialect's price (encrypted
+reasoning, images: priced by rule, and an upstream may count them far below it) and ``a'`` the
+rest. The upper bound never trusts a ratio below 1 for new text (a conversation whose history we
+over-count, e.g. encrypted reasoning priced high, may append plain text we count right).
 
 A conversation is recognised by its model and its first two messages (``frozen.anchor_of``); the
 latest request of each is kept, the least recently used forgotten first. Thread-safe; pure
@@ -51,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .frozen import anchor_of, common_prefix
+from .frozen import anchor_of, common_prefix, has_price
 from .messages import Message
 
 DEFAULT_MAX_CONVERSATIONS = 256
@@ -61,6 +63,7 @@ SLACK_TOKENS = 8
 RATIO_MIN = 0.25
 RATIO_MAX = 4.0
 CHANGED_TAIL_MAX = 4
+PRICED_LOWER_RATIO = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,8 @@ class AnchorMemory:
         if shared < remembered - CHANGED_TAIL_MAX:
             return None
         appended = sum(message_tokens[remembered:])
+        new = zip(messages[remembered:], message_tokens[remembered:], strict=True)
+        priced = sum(t for m, t in new if has_price(m))
         removed = 0
         for i in range(shared, remembered):
             old_tokens = anchor.message_tokens[i]
@@ -152,7 +157,9 @@ class AnchorMemory:
             ):
                 continue  # the same message but for a marker: the same count on both sides
             removed += old_tokens
-            appended += message_tokens[i] if i < len(messages) else 0
+            if i < len(messages):
+                appended += message_tokens[i]
+                priced += message_tokens[i] if has_price(messages[i]) else 0
         upstream = anchor.upstream_tokens
         ratio = min(max(upstream / anchor.counted_tokens, RATIO_MIN), RATIO_MAX)
         spread = APPENDED_SPREAD_EXACT if exact else APPENDED_SPREAD_ESTIMATE
@@ -160,8 +167,11 @@ class AnchorMemory:
         upper = (
             upstream + math.ceil(appended * high * (1 + spread)) - math.floor(removed * low * (1 - spread))
         )
+        plain = appended - priced
         lower = (
-            upstream + math.floor(appended * low * (1 - spread)) - math.ceil(removed * high * (1 + spread))
+            upstream
+            + math.floor(plain * low * (1 - spread) + priced * PRICED_LOWER_RATIO)
+            - math.ceil(removed * high * (1 + spread))
         )
         return AnchoredCount(
             upstream_tokens=upstream,

@@ -24,16 +24,24 @@ cap). The driver does what each command says and feeds back what happened:
   (``head``, see ``core.preamble``) were read before passing it on: an overflow reported in them
   (Responses' ``response.failed``) is handled like an overflow status; anything else is delivered
   (the head replayed first).
+* a success delivered after a refusal that stated no window carries ``proven_window_tokens``: the
+  window in which a plan of the same shape keeps its input to what the upstream just took
+  (``ceil(sent * window / budget)`` of the plan that succeeded). A geometric guess can be above the
+  real window; this one is not, so learning it, the next requests of the model do not fail.
 * ``replanned(plan) -> Send | Deliver``: the plan made under that cap is sent only when it fits,
   changed something and is smaller than what the upstream just refused: fewer input tokens, or
   the same with a lower output cap in the body (else it cannot help, and the refused answer is
   delivered as is).
 
-At most ``max_retries`` retries. Events out of order raise ``ExchangeStateError`` (a driver bug).
+At most ``max_retries`` retries, one more once a refusal stated no numbers (each such retry halves
+the window it fits to: a table off by more than eight times needs a third step, and a refusal
+delivered to the client is worse than one more upstream call). Events out of order raise
+``ExchangeStateError`` (a driver bug).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -70,9 +78,12 @@ class Replan:
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """Give the last answer to the client; ``overflow``: it was a context overflow not retried."""
+    """Give the last answer to the client; ``overflow``: it was a context overflow not retried;
+    ``proven_window_tokens``: a success after a refusal that stated no window, and the window that
+    success proves enough for what it carried (see ``Exchange``), to be learned."""
 
     overflow: ContextOverflow | None = None
+    proven_window_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +101,7 @@ class Exchange:
     """One request's send/classify/retry decisions (see the module docstring)."""
 
     __slots__ = (
+        "bounded",
         "dialect",
         "max_retries",
         "mode",
@@ -114,6 +126,7 @@ class Exchange:
         self.max_retries = max_retries
         self.policy = policy if policy is not None else Policy(mode=mode)
         self.requested_output_tokens = requested_output_tokens
+        self.bounded = False  # a refusal without numbers was retried
         self.retries = 0
         self.plan: Plan | None = None  # the plan of what was sent last
         self.state: State = "new"
@@ -142,20 +155,25 @@ class Exchange:
         self.plan = plan
 
     def reads_answer(self, status: int) -> bool:
-        return status >= 400 and self.retries < self.max_retries
+        return status >= 400 and self.retries < self._retry_limit()
+
+    def _retry_limit(self) -> int:
+        return self.max_retries + 1 if self.bounded else self.max_retries
 
     def answered(self, status: int, body: bytes | None) -> Deliver | Replan:
         self._expect("sending")
         if self.plan is None:
             raise ExchangeStateError("an answer before the plan of what was sent")
         self.state = "answered"
+        if status < 400:
+            return self._delivered_success()
         if not self.reads_answer(status):
             return self._deliver()
         return self._classify(status, body)
 
     def peeks(self) -> bool:
         """Whether a streamed success is worth peeking at: a retry is still allowed."""
-        return self.retries < self.max_retries
+        return self.retries < self._retry_limit()
 
     def answered_stream(self, head: bytes) -> Deliver | Replan:
         self._expect("sending")
@@ -163,9 +181,12 @@ class Exchange:
             raise ExchangeStateError("an answer before the plan of what was sent")
         self.state = "answered"
         if not self.peeks():
-            return self._deliver()
+            return self._delivered_success()
         # The stream's own status is 200; the failure it reports is a refused request.
-        return self._classify(400, head)
+        command = self._classify(400, head)
+        if isinstance(command, Deliver) and command.overflow is None:
+            return self._delivered_success()
+        return command
 
     def _classify(self, status: int, body: bytes | None) -> Deliver | Replan:
         assert self.plan is not None
@@ -184,6 +205,8 @@ class Exchange:
         )
         if size is None:
             return self._deliver(overflow)
+        if overflow.limit_tokens is None:
+            self.bounded = True
         self.state = "replanning"
         limits = Limits(
             window_tokens=size.window_tokens,
@@ -201,6 +224,20 @@ class Exchange:
         self.retries += 1
         self.plan, self.state = plan, "sending"
         return Send(plan)
+
+    def _delivered_success(self) -> Deliver:
+        self.state = "done"
+        plan = self.plan
+        if not self.bounded or plan is None:
+            return Deliver()
+        budget = plan.budget
+        room = budget.window_tokens - budget.reserve_tokens - budget.margin_tokens
+        if budget.cap_tokens is not None:
+            room = min(room, budget.cap_tokens)
+        if room <= 0 or plan.tokens_after <= 0:
+            return Deliver()
+        proven = math.ceil(min(plan.tokens_after, room) * budget.window_tokens / room)
+        return Deliver(proven_window_tokens=min(proven, budget.window_tokens))
 
     def _deliver(self, overflow: ContextOverflow | None = None) -> Deliver:
         self.state = "done"

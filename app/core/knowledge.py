@@ -39,7 +39,9 @@ Precedence of each figure (each spec carries the source of each in ``ModelSpec.s
   Responses: "Your input exceeds the context window of this model") proves the window is below
   what was sent; the window learned from it is ``retry.window_after_refusal`` of that (half of it,
   or the largest prompt the upstream took whole when that is more), source ``learned:bound``, and
-  each such error halves it again: the same model never fails the same way twice. A learned
+  each such error halves it again; the retry that then succeeds proves a window enough for what it
+  carried (``observe_proven``), and that is what the next requests are fitted to: the same model
+  never fails the same way twice. A learned
   window is a fact the upstream stated by refusing or cutting, so it also caps an operator's larger
   window (never raises it).
 * max output: operator table > discovered > built-in table > default; never above the window.
@@ -402,6 +404,21 @@ class Knowledge:
             return False
         entry = self._entry(model)
         return self._sample(entry, input_tokens, fixed_tokens, text_tokens, exact=exact, source="count")
+
+    @_locked
+    def observe_proven(self, model: str, window_tokens: int) -> bool:
+        """A success after a refusal that stated no window proved ``window_tokens`` enough for what
+        it carried (``exchange.Deliver.proven_window_tokens``): a window learned from such a
+        refusal (a geometric guess, possibly above the real one) comes down to it. True when it did."""
+        entry = self._entries.get(model)
+        if entry is None or entry.learned_from != "learned:bound" or window_tokens <= 0:
+            return False
+        current = entry.learned_window_tokens
+        if current is not None and window_tokens >= current:
+            return False
+        entry.learned_window_tokens = window_tokens
+        entry.version += 1
+        return True
 
     @_locked
     def precision(self, model: str, *, exact: bool) -> Precision | None:

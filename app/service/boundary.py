@@ -8,18 +8,21 @@ that leaves no room, and remember what the upstream counted (the I/O around ``ap
   as it is when ``exact`` is off.
 * ``await refine(request, plan) -> (request, plan)``, after the first plan and before it is sent:
 
-  1. a plan that fits unchanged and is not near the room (``core.boundary.may_be_over``) is
-     returned as it is, at no cost: no count, no plan, no I/O;
+  1. a plan that fits unchanged and is not near the room (under ``FAR_SHARE`` of the window, then
+     ``core.boundary.may_be_over``) is returned as it is, at no cost: no count, no plan, no I/O;
   2. near the boundary (a fitting plan that may be over the room; a plan that cuts or does not fit
-     although the whole request may fit, ``may_fit``), the upstream's own count of the whole
+     unless it is far over, ``ANCHOR_LOWEST_RATIO``), the upstream's own count of the whole
      request is found: first from the conversation's previous request (``core.anchors``: its usage
-     plus our count of what was appended), then, when that does not settle it and the dialect has
-     a counting endpoint (``counts``, on unless the setting or ``X-Context-Upstream-Count: off``
+     plus our count of what was appended: a comparison, no I/O), then, when that does not settle it,
+     the request lies in the uncertainty zone (``may_be_over``, ``may_fit``) and the dialect has a
+     counting endpoint (``counts``, on unless the setting or ``X-Context-Upstream-Count: off``
      turns it off), by asking it (bounded in time, cached; its answer also calibrates the model);
   3. a request the upstream takes whole is planned unchanged (the client's bytes are forwarded),
-     under the margin that count implies; one it would refuse is cut under the margin that count
-     implies (``core.boundary.margin_for_count``: the ratio of its count to ours), so the cut
-     aims at the upstream's room, not ours;
+     under the margin that count implies; one it would refuse is cut as before, under the
+     policy's margin, unless the count shows the upstream counting more than that margin covers
+     (``core.boundary.margin_for_count``: the ratio of its count to ours): then under the margin
+     the count implies. A request that fits by our count but not by the upstream's upper bound is
+     cut under the margin that bound implies;
   4. when the client's output cap leaves no room for what must be kept
      (``core.boundary.lowered_output_tokens``), the request is planned again with the output cap
      lowered (the dialect writes it: ``Dialect.with_output_cap``), unless ``lower_output`` is off
@@ -65,6 +68,13 @@ from .request import Forwarded, ProxyRequest
 from .upstream_counts import UpstreamCounts
 
 ANCHOR_MIN_SHARE = 0.5
+# A fitting request (with its reserve) under this share of its window is left alone, at no cost:
+# an upstream counting even 1.9 times ours would still take it.
+FAR_SHARE = 0.5
+# A request over its budget by our count is anchored only when an upstream counting this share of
+# ours could take it (the anchors' own bound on the ratio is ``core.anchors.RATIO_MIN``).
+ANCHOR_LOWEST_RATIO = 0.5
+LOWER_STEPS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +83,7 @@ class UpstreamCount:
 
     lower_tokens: int
     upper_tokens: int
+    estimate_tokens: int
     source: str  # "anchor" or "upstream"
 
 
@@ -115,6 +126,9 @@ class Boundary:
         if policy.mode == "off" or not request.conversation.fittable:
             return request, plan
         unchanged = plan.fits and not plan.changed
+        budget = plan.budget
+        if unchanged and plan.tokens_before + budget.reserve_tokens < FAR_SHARE * budget.window_tokens:
+            return request, plan  # far below the window: nothing to find out, nothing to lower
         if self.exact:
             request, plan = await self._exact(request, plan, unchanged=unchanged)
         if plan.fits and not plan.changed:
@@ -147,14 +161,19 @@ class Boundary:
             self.learner.knowledge.precision(request.model, exact=exact), policy=policy, exact=exact
         )
         tokens = plan.tokens_before
-        if unchanged and not may_be_over(tokens, budget, policy, u):
-            return request, plan
-        if not unchanged and not may_fit(tokens, budget, policy, u):
-            return request, plan
-        count = await self._count(request, plan)
+        room = room_tokens(budget, policy)
+        if unchanged:
+            if not may_be_over(tokens, budget, policy, u):
+                return request, plan
+            ask = True
+        else:
+            if tokens * ANCHOR_LOWEST_RATIO > room:
+                return request, plan  # far over: no upstream counts that much less than we do
+            # The anchor costs a comparison; the counting endpoint a call: only inside the zone.
+            ask = may_fit(tokens, budget, policy, u)
+        count = await self._count(request, plan, ask=ask)
         if count is None:
             return request, plan
-        room = room_tokens(budget, policy)
         if count.upper_tokens <= room:
             self.stats["whole"] += 1
             if unchanged:
@@ -163,18 +182,28 @@ class Boundary:
             margin = budget.window_tokens - budget.reserve_tokens - tokens
         else:
             self.stats["cut"] += 1
-            margin = margin_for_count(
-                budget, policy, counted_tokens=tokens, upstream_tokens=count.upper_tokens
-            )
-            if not unchanged and margin == budget.margin_tokens:
-                return request, replace(plan, upstream_tokens=count.upper_tokens)
+            if unchanged:
+                # Our count fits and the upstream's may not: cut to what its upper bound allows.
+                margin = margin_for_count(
+                    budget, policy, counted_tokens=tokens, upstream_tokens=count.upper_tokens
+                )
+            else:
+                # Cut as before unless the upstream counts more than the margin covers: the cut
+                # levels stay those of the requests around it (prompt caches keep hitting).
+                needed = margin_for_count(
+                    budget, policy, counted_tokens=tokens, upstream_tokens=count.estimate_tokens
+                )
+                if needed <= budget.margin_tokens:
+                    return request, replace(plan, upstream_tokens=count.upper_tokens)
+                margin = needed
         limits = Limits(margin_tokens=margin)
         refined = request.limited(limits)
         replanned = await run_plan(partial(refined.plan), size_bytes=len(request.raw))
         return refined, replace(replanned, upstream_tokens=count.upper_tokens)
 
-    async def _count(self, request: ProxyRequest, plan: Plan) -> UpstreamCount | None:
-        """The upstream's count of the whole request: anchored, else asked (see the module docstring)."""
+    async def _count(self, request: ProxyRequest, plan: Plan, *, ask: bool) -> UpstreamCount | None:
+        """The upstream's count of the whole request: anchored, else asked (when ``ask``) when the
+        anchor does not settle it (see the module docstring)."""
         messages = request.conversation.messages
         message_tokens = plan.message_tokens if not plan.changed else request.counter.count_messages(messages)
         room = room_tokens(plan.budget, request.policy)
@@ -188,12 +217,16 @@ class Boundary:
         if anchored is not None:
             self.stats["anchored"] += 1
             if anchored.upper_tokens <= room or anchored.lower_tokens > room:
-                return UpstreamCount(anchored.lower_tokens, anchored.upper_tokens, "anchor")
-        counted = await self._ask(request, plan)
+                return UpstreamCount(
+                    anchored.lower_tokens, anchored.upper_tokens, anchored.estimate_tokens, "anchor"
+                )
+        counted = await self._ask(request, plan) if ask else None
         if counted is not None:
             return counted
         if anchored is not None:
-            return UpstreamCount(anchored.lower_tokens, anchored.upper_tokens, "anchor")
+            return UpstreamCount(
+                anchored.lower_tokens, anchored.upper_tokens, anchored.estimate_tokens, "anchor"
+            )
         return None
 
     async def _ask(self, request: ProxyRequest, plan: Plan) -> UpstreamCount | None:
@@ -206,22 +239,34 @@ class Boundary:
         self.learner.learn_from_count(
             request.model, tokens, counter=request.counter, counted=Forwarded.of(request, None).counted
         )
-        return UpstreamCount(tokens, tokens, "upstream")
+        return UpstreamCount(tokens, tokens, tokens, "upstream")
 
     async def _lower(self, request: ProxyRequest, plan: Plan) -> tuple[ProxyRequest, Plan]:
+        """Lower the output cap while what must be kept does not fit next to it (at most
+        ``LOWER_STEPS`` plans: a larger input budget protects a longer tail, which may need a
+        little more room than the first plan showed)."""
         policy = request.policy
         requested = request.conversation.requested_output_tokens
-        cap = lowered_output_tokens(plan, requested_output_tokens=requested, policy=policy)
-        if cap is None or request.dialect.with_output_cap(request.body, cap) is None:
-            return request, plan
-        current = request.limits or Limits()
-        limits = replace(current, output_cap_tokens=cap, margin_tokens=plan.budget.margin_tokens)
-        lowered_request = request.limited(limits)
-        lowered = await run_plan(partial(lowered_request.plan), size_bytes=len(request.raw))
-        if not lowered.fits:
+        best: tuple[ProxyRequest, Plan] | None = None
+        current = plan
+        for _ in range(LOWER_STEPS):
+            cap = lowered_output_tokens(current, requested_output_tokens=requested, policy=policy)
+            if cap is None or request.dialect.with_output_cap(request.body, cap) is None:
+                break
+            limits = replace(
+                request.limits or Limits(), output_cap_tokens=cap, margin_tokens=plan.budget.margin_tokens
+            )
+            lowered_request = request.limited(limits)
+            lowered = await run_plan(partial(lowered_request.plan), size_bytes=len(request.raw))
+            if not lowered.fits:
+                break
+            best, current = (lowered_request, lowered), lowered
+            if not any(a.kind == "last_resort" for a in lowered.actions):
+                break
+        if best is None:
             return request, plan
         self.stats["lowered"] += 1
-        return lowered_request, replace(lowered, upstream_tokens=plan.upstream_tokens)
+        return best[0], replace(best[1], upstream_tokens=plan.upstream_tokens)
 
     def _remember(
         self,

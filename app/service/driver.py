@@ -281,6 +281,8 @@ class Service:
                 assert response is not None and exchange.plan is not None and forwarded is not None
                 if command.overflow is not None:
                     self._learn(request, command.overflow, forwarded, exchange.plan)
+                if command.proven_window_tokens is not None and request.conversation.fittable:
+                    self.learner.learn_proven_window(request.model, command.proven_window_tokens)
                 return await self._outcome(request, exchange, forwarded, response)
             if isinstance(command, Send):
                 if response is not None:

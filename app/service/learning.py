@@ -14,6 +14,8 @@ request (a handful of hooks, so the send loop stays readable):
 * ``await discover(model, base_url)``: the first time a model is seen, wait (at most the discovery's
   short timeout) for what the upstream says about it, and (with a ``KnowledgeShare``, when the
   cache backend is shared) for what other replicas learned. ``aclose()`` stops both.
+* ``learn_proven_window(model, window_tokens)``: a retry after such an error succeeded in that
+  window (``Knowledge.observe_proven``).
 * ``learn_from_overflow(model, overflow, *, counter, forwarded, sent_tokens=None,
   output_tokens=None)``: an upstream context error stated the window and/or its count of our
   prompt; one that states nothing teaches an upper bound of the window from what was sent (our
@@ -241,6 +243,16 @@ class Learner:
                     model,
                     facts.learned_window_tokens,
                 )
+
+    def learn_proven_window(self, model: str, window_tokens: int) -> None:
+        """A success after an error without numbers proved ``window_tokens`` enough (see
+        ``Knowledge.observe_proven``)."""
+        if self.knowledge.observe_proven(model, window_tokens):
+            if self.share is not None:
+                self.share.changed(model)
+            logger.info(
+                "%r: a %d-token window is proven enough after an error without numbers", model, window_tokens
+            )
 
     def learn_from_count(
         self, model: str, input_tokens: int, *, counter: MessageCounter, counted: Mapping[str, Any]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -234,3 +235,28 @@ def test_an_overflow_inside_a_200_stream_is_replanned_and_other_streams_are_deli
         ok.answered_stream(created + b'event: response.output_text.delta\ndata: {"delta":"x"}\n\n')
         == Deliver()
     )
+
+
+def test_a_success_after_a_refusal_without_numbers_proves_the_window_it_was_fitted_to() -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": "Your input exceeds the context window of this model.",
+                "code": "context_length_exceeded",
+            }
+        }
+    ).encode()
+    ex = Exchange(dialect=DIALECTS["responses"], mode="auto")
+    ex.start(plan(9_000))
+    command = ex.answered(400, body)
+    assert isinstance(command, Replan)
+    # The retry, planned in a 4,500-token window (budget 3,600), sends 1,800 tokens and succeeds.
+    small = Budget(window_tokens=4_500, reserve_tokens=855, margin_tokens=45, tool_tokens=0)
+    retry = replace(plan(1_800, changed=True), budget=small)
+    assert ex.replanned(retry) == Send(retry)
+    delivered = ex.answered(200, None)
+    assert delivered == Deliver(proven_window_tokens=math.ceil(1_800 * 4_500 / 3_600))
+    # Without such a refusal a success proves nothing.
+    plain = exchange()
+    plain.start(plan(500))
+    assert plain.answered(200, None) == Deliver()
