@@ -46,7 +46,7 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,7 +152,9 @@ class Upstream:
         if counter is None:
             counter = self.counters[model.pricing] = _counter(model.pricing)
         messages = dialect.parse(body).messages
-        tokens = sum(counter.count_messages(messages)) + REPLY_PRIMING_TOKENS + dialect.tool_tokens(body, counter)
+        tokens = (
+            sum(counter.count_messages(messages)) + REPLY_PRIMING_TOKENS + dialect.tool_tokens(body, counter)
+        )
         if model.pricing == "claude-like":
             return math.ceil(tokens * 1.15)
         if model.pricing == "encrypted":
@@ -199,8 +201,17 @@ def _overflow(path: str, model: Model, tokens: int, output: int) -> dict[str, An
             )
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
     if path == "/v1/responses" or not model.numbers:
-        message = "Your input exceeds the context window of this model. Please adjust your input and try again."
-        return {"error": {"message": message, "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}}
+        message = (
+            "Your input exceeds the context window of this model. Please adjust your input and try again."
+        )
+        return {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": "input",
+                "code": "context_length_exceeded",
+            }
+        }
     message = (
         f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} "
         "tokens. Please reduce the length of the messages."
@@ -225,7 +236,9 @@ def _answer(path: str, tokens: int) -> dict[str, Any]:
             "usage": {"input_tokens": tokens, "output_tokens": 1},
         }
     if path == "/v1/responses":
-        output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}]
+        output = [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
+        ]
         usage = {"input_tokens": tokens, "output_tokens": 1, "total_tokens": tokens + 1}
         return {"id": "resp_1", "object": "response", "status": "completed", "output": output, "usage": usage}
     return {
@@ -309,7 +322,9 @@ async def run_session(
                     true = upstream.count(DIALECT_OF[PATHS[api]], body)
                     before, spent = len(upstream.calls), upstream.spent_s
                     started = time.perf_counter()
-                    response = await client.post(PATHS[api], content=raw, headers={"content-type": "application/json"})
+                    response = await client.post(
+                        PATHS[api], content=raw, headers={"content-type": "application/json"}
+                    )
                     elapsed = time.perf_counter() - started - (upstream.spent_s - spent)
                     calls = upstream.calls[before:]
                     sends = [c for c in calls if c.path not in COUNT_PATHS]
@@ -348,11 +363,16 @@ class Shape:
     requests: int
 
 
-SHAPES = (Shape("chat", 16_384, 1_000, 45), Shape("agent", 32_768, 2_000, 50))
+SHAPES = (Shape("chat", 16_384, 1_000, 70), Shape("agent", 32_768, 2_000, 60))
 
 
 def fits_models() -> list[Model]:
-    encodings = {"exact": "o200k_base", "claude-like": "estimate", "gemma-like": "estimate", "encrypted": "o200k_base"}
+    encodings = {
+        "exact": "o200k_base",
+        "claude-like": "estimate",
+        "gemma-like": "estimate",
+        "encrypted": "o200k_base",
+    }
     return [
         Model(f"{pricing}-{shape.name}", shape.window_tokens, pricing, encodings[pricing])
         for pricing in PRICINGS
@@ -398,25 +418,51 @@ def summarize(rows: list[Row]) -> Summary:
     )
 
 
-async def fits_scenario(*, seed: int, quick: bool) -> dict[tuple[str, str, str, str], Summary]:
-    out: dict[tuple[str, str, str, str], Summary] = {}
+def _share(row: Row) -> float:
+    """What the upstream was given, input and output cap, as a share of the window."""
+    return ((row.forwarded_true or 0) + row.forwarded_output) / row.window_tokens
+
+
+@dataclass
+class Pair:
+    """One session in both modes, and the utilization of the requests the baseline trimmed."""
+
+    new: Summary
+    baseline: Summary
+    same_new: float | None
+    same_baseline: float | None
+
+
+async def fits_scenario(*, seed: int, quick: bool) -> dict[tuple[str, str, str], Pair]:
+    out: dict[tuple[str, str, str], Pair] = {}
     models = fits_models()
     for api in APIS:
         for pricing in PRICINGS:
             for shape in SHAPES:
+                rows: dict[str, list[Row]] = {}
                 for mode, settings in (("new", {}), ("baseline", BASELINE)):
-                    session = Session(shape.name, seed=seed, reasoning=pricing == "encrypted" and api != "chat")
-                    requests = shape.requests // 2 + 8 if quick else shape.requests
-                    rows = await run_session(
+                    session = Session(
+                        shape.name, seed=seed, reasoning=pricing == "encrypted" and api != "chat"
+                    )
+                    rows[mode] = await run_session(
                         models,
                         f"{pricing}-{shape.name}",
                         session,
                         api=api,
-                        requests=requests,
+                        requests=shape.requests * 2 // 3 if quick else shape.requests,
                         max_tokens=shape.max_tokens,
                         settings=settings,
                     )
-                    out[(api, pricing, shape.name, mode)] = summarize(rows)
+                # The same client requests in both modes (a session does not depend on the answers).
+                same = [i for i, r in enumerate(rows["baseline"]) if r.trimmed]
+                out[(api, pricing, shape.name)] = Pair(
+                    new=summarize(rows["new"]),
+                    baseline=summarize(rows["baseline"]),
+                    same_new=statistics.median(_share(rows["new"][i]) for i in same) if same else None,
+                    same_baseline=statistics.median(_share(rows["baseline"][i]) for i in same)
+                    if same
+                    else None,
+                )
     return out
 
 
@@ -476,8 +522,13 @@ def _med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _fmt(values: list[float | None], spec: str = ".3f") -> str:
+    known = [v for v in values if v is not None]
+    return format(_med(known), spec) if known else "-"
+
+
 def report(
-    fits: list[dict[tuple[str, str, str, str], Summary]],
+    fits: list[dict[tuple[str, str, str], Pair]],
     claude: list[dict[str, Summary]],
     no_numbers: list[tuple[NoNumbers, NoNumbers]],
     *,
@@ -488,47 +539,68 @@ def report(
         "",
         f"Medians over {runs} run(s) (seeds 1..{runs}); counts decide every figure but `proxy ms` (the",
         "proxy's own time per request in process, the fake upstream's time taken out). `new`: the",
-        "defaults; `baseline`: `CTXPROXY_BOUNDARY_EXACT`, `UPSTREAM_COUNT`, `LOWER_OUTPUT` off, same run.",
+        "defaults; `base`: `CTXPROXY_BOUNDARY_EXACT`, `UPSTREAM_COUNT`, `LOWER_OUTPUT` off (the fixed",
+        "margins of before), the same client requests in the same run.",
         "",
         "## Fits forwarded whole",
         "",
         "`fits`: requests whose true count + max_tokens <= 99% of the window; `whole`: of those, forwarded",
-        "byte-identical (must be all); `over`: upstream calls refused over the window (must be 0); `counts/req`:",
-        "counting calls per client request (<= 0.1); `util`: median (true forwarded + max_tokens) / window",
-        "of the trimmed requests.",
+        "byte-identical (must be all); `over`: upstream calls refused over the window (must be 0);",
+        "`counts/req`: counting calls per client request (<= 0.1); `util trimmed`: median over the",
+        "requests each mode trimmed of (true forwarded + max_tokens) / window; `util same`: the same",
+        "median over the requests the baseline trimmed, in each mode (the new mode forwards some of",
+        "them whole, so its own trimmed set starts later and differs).",
         "",
-        "| API | pricing | session | mode | requests | fits | whole | over | counts/req | trimmed | util | errors | proxy ms |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| API | pricing | session | requests | fits | whole new / base | over new / base | counts/req "
+        "| util trimmed new / base | util same new / base | proxy ms new / base |",
+        "|---|---|---|---:|---:|---|---|---:|---|---|---|",
     ]
-    keys = list(fits[0])
-    for key in keys:
-        runs_of = [f[key] for f in fits]
-        util = [s.utilization for s in runs_of if s.utilization is not None]
-        api, pricing, shape, mode = key
-        counts = _med([s.counted / s.requests for s in runs_of])
+    for key in fits[0]:
+        pairs = [f[key] for f in fits]
+        new, base = [p.new for p in pairs], [p.baseline for p in pairs]
+        api, pricing, shape = key
         lines.append(
-            f"| {api} | {pricing} | {shape} | {mode} | {_med([s.requests for s in runs_of]):.0f} "
-            f"| {_med([s.fits for s in runs_of]):.0f} | {_med([s.fits_identical for s in runs_of]):.0f} "
-            f"| {_med([s.over_reached for s in runs_of]):.0f} | {counts:.3f} "
-            f"| {_med([s.trimmed for s in runs_of]):.0f} | {(_med(util) if util else float('nan')):.3f} "
-            f"| {_med([s.errors for s in runs_of]):.0f} | {_med([s.proxy_ms for s in runs_of]):.2f} |"
+            f"| {api} | {pricing} | {shape} | {_med([s.requests for s in new]):.0f} | {_med([s.fits for s in new]):.0f} "
+            f"| {_med([s.fits_identical for s in new]):.0f} / {_med([s.fits_identical for s in base]):.0f} "
+            f"| {_med([s.over_reached for s in new]):.0f} / {_med([s.over_reached for s in base]):.0f} "
+            f"| {_med([s.counted / s.requests for s in new]):.3f} "
+            f"| {_fmt([s.utilization for s in new])} / {_fmt([s.utilization for s in base])} "
+            f"| {_fmt([p.same_new for p in pairs])} / {_fmt([p.same_baseline for p in pairs])} "
+            f"| {_med([s.proxy_ms for s in new]):.2f} / {_med([s.proxy_ms for s in base]):.2f} |"
         )
     lines += ["", "Totals over every session of the table (medians of the runs' totals):", ""]
     for mode in ("new", "baseline"):
-        totals = [
-            (
-                sum(s.fits for k, s in f.items() if k[3] == mode),
-                sum(s.fits_identical for k, s in f.items() if k[3] == mode),
-                sum(s.over_reached for k, s in f.items() if k[3] == mode),
-                sum(s.counted for k, s in f.items() if k[3] == mode) / sum(s.requests for k, s in f.items() if k[3] == mode),
+        totals = []
+        for f in fits:
+            summaries = [p.new if mode == "new" else p.baseline for p in f.values()]
+            totals.append(
+                (
+                    sum(s.fits for s in summaries),
+                    sum(s.fits_identical for s in summaries),
+                    sum(s.over_reached for s in summaries),
+                    sum(s.counted for s in summaries) / sum(s.requests for s in summaries),
+                    max(s.counted / s.requests for s in summaries),
+                    sum(s.errors for s in summaries),
+                )
             )
-            for f in fits
-        ]
         lines.append(
             f"- `{mode}`: {_med([t[1] for t in totals]):.0f} of {_med([t[0] for t in totals]):.0f} fitting requests "
             f"forwarded whole, {_med([t[2] for t in totals]):.0f} over-window requests reached the upstream, "
-            f"{_med([t[3] for t in totals]):.3f} counting calls per request."
+            f"{_med([t[3] for t in totals]):.3f} counting calls per request (at most "
+            f"{_med([t[4] for t in totals]):.3f} in one session), {_med([t[5] for t in totals]):.0f} errors."
         )
+    same = [
+        (p.same_new, p.same_baseline)
+        for f in fits
+        for p in f.values()
+        if p.same_new is not None and p.same_baseline is not None
+    ]
+    better = sum(1 for n, b in same if n >= b - 1e-9)
+    lines.append(
+        f"- Utilization over the requests the baseline trimmed: the new mode's at least the baseline's in "
+        f"{better} of {len(same)} sessions (all runs); median of the differences "
+        f"{_med([n - b for n, b in same]):+.3f} of the window."
+    )
     lines += [
         "",
         "## The Claude-Code-shaped session",

@@ -10,11 +10,11 @@ signed ``thinking`` blocks before a call). Deterministic for a seed.
 
 Shapes:
 
-* ``chat``: a system prompt, then user turns of prose, code or JSON (~300-500 tokens) each answered
-  by an assistant text (~150 tokens);
-* ``agent``: a system prompt, three tools, a task, then steps of one call and its result (400-2,500
-  tokens of code, JSON or prose), a new user message every 8 steps; with ``reasoning`` each call is
-  preceded by encrypted reasoning (~1,500-4,000 characters);
+* ``chat``: a system prompt, then user turns of prose, code or JSON (60-500 tokens, log-uniform)
+  each answered by an assistant text (40-200 tokens);
+* ``agent``: a system prompt, three tools, a task, then steps of one call and its result (150-2,500
+  tokens of code, JSON or prose, log-uniform), a new user message every 8 steps; with
+  ``reasoning`` each call is preceded by encrypted reasoning (~1,500-4,000 characters);
 * ``claude_code``: Claude Code's shape: ~6K tokens of system prompt and ~12K of tool definitions,
   a first user message of ~4K (its system reminders), then steps of a signed thinking block, a
   call and a result (300-8,000 tokens), a new user message every 10 steps;
@@ -31,11 +31,59 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_WORDS = (
-    "the proxy keeps every request inside the context window while the upstream counts tokens with its own "
-    "vocabulary and reports usage after each answer so the next request of a growing conversation is "
-    "counted from what the upstream said plus what was appended since then and nothing is cut that fits"
-).split()
+_WORDS = [
+    "the",
+    "proxy",
+    "keeps",
+    "every",
+    "request",
+    "inside",
+    "the",
+    "context",
+    "window",
+    "while",
+    "the",
+    "upstream",
+    "counts",
+    "tokens",
+    "with",
+    "its",
+    "own",
+    "vocabulary",
+    "and",
+    "reports",
+    "usage",
+    "after",
+    "each",
+    "answer",
+    "so",
+    "the",
+    "next",
+    "request",
+    "of",
+    "a",
+    "growing",
+    "conversation",
+    "is",
+    "counted",
+    "from",
+    "what",
+    "the",
+    "upstream",
+    "said",
+    "plus",
+    "what",
+    "was",
+    "appended",
+    "since",
+    "then",
+    "and",
+    "nothing",
+    "is",
+    "cut",
+    "that",
+    "fits",
+]
 
 
 def text_of(kind: int, size: int, rng: random.Random) -> str:
@@ -90,7 +138,9 @@ def big_tools(tokens: int, rng: random.Random) -> list[dict[str, Any]]:
                 "description": text_of(0, 520, rng),
                 "parameters": {
                     "type": "object",
-                    "properties": {f"arg_{k}": {"type": "string", "description": "An argument."} for k in range(6)},
+                    "properties": {
+                        f"arg_{k}": {"type": "string", "description": "An argument."} for k in range(6)
+                    },
                 },
             }
         )
@@ -133,11 +183,12 @@ class Session:
         self.step += 1
         if shape in ("chat", "history"):
             if self.events[-1].kind == "user":
-                self.events.append(Event("assistant", text_of(0, 150 if shape == "chat" else 60, rng)))
-            size = rng.randrange(300, 500) if shape == "chat" else 80
+                reply = int(40 * 5 ** rng.random()) if shape == "chat" else 60
+                self.events.append(Event("assistant", text_of(0, reply, rng)))
+            size = int(60 * (500 / 60) ** rng.random()) if shape == "chat" else 80
             self.events.append(Event("user", text_of(self.step % 3, size, rng)))
             return
-        every, low, high = (8, 400, 2500) if shape == "agent" else (10, 300, 8000)
+        every, low, high = (8, 150, 2500) if shape == "agent" else (10, 300, 8000)
         if self.step % every == 0:
             self.events.append(Event("assistant", "Done with this part. " + text_of(0, 60, rng)))
             self.events.append(Event("user", "Next: " + text_of(0, 50, rng)))
@@ -246,6 +297,7 @@ def messages_body(
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "system": system, "messages": messages}
     if tools:
         body["tools"] = [
-            {"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in tools
+            {"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
+            for t in tools
         ]
     return body

@@ -13,21 +13,27 @@ INTERFACE CONTRACT (``app.service.boundary`` relies on these):
   over ours, on the remembered part), ``estimate_tokens``, and the bounds ``lower_tokens`` <=
   ``estimate_tokens`` <= ``upper_tokens`` of the upstream's count of the new request.
 * ``AnchorMemory(*, max_conversations=256)``:
-  ``remember(model, messages, message_tokens, *, tool_tokens, counted_tokens, upstream_tokens)``:
-  the neutral ``messages`` a request forwarded, our counts of them (per message, of its tools, of
-  the whole request) and the upstream's count of it;
-  ``count(model, messages, message_tokens, *, tool_tokens, exact) -> AnchoredCount | None``: the
-  count of a new request that continues a remembered one (the same model and tool tokens, every
+  ``remember(model, messages, message_tokens, *, context, counted_tokens, upstream_tokens)``:
+  the neutral ``messages`` a request forwarded, our counts of them (per message and of the whole
+  request), what else it sent that is prompt (``context``, compared with ``==``: ``context_of``)
+  and the upstream's count of it;
+  ``count(model, messages, message_tokens, *, context, exact) -> AnchoredCount | None``: the
+  count of a new request that continues a remembered one (the same model and context, every
   remembered message but at most ``CHANGED_TAIL_MAX`` last ones equal), else None.
+* ``context_of(body, items_key) -> tuple``: the body's values besides its history array
+  (``items_key``) that can hold prompt text (tools, instructions, a schema...): every value but
+  numbers, booleans and null (output caps, ``stream``, sampling settings), in key order. Tools
+  are compared as sent, not by our count of them, which moves with an estimate's correction.
   ``message_tokens`` are our counts of ``messages``; ``exact``: our counter is a shipped tokenizer
   (its count of new text is within ``APPENDED_SPREAD_EXACT``; an estimate's within
   ``APPENDED_SPREAD_ESTIMATE``).
 
-Clients touch the end of what they resend (Claude Code moves its cache marker to the newest
-message): a remembered message among the last ``CHANGED_TAIL_MAX`` that the new request carries at
-the same place with the same role and the same count by ours is taken as the same message (a
-marker is not prompt text); any other differing one counts as removed, and its replacement as
-appended.
+Messages are compared as ``==`` but for the opaque mark (``conversation.OPAQUE_KEY``), which a
+dialect sets by where a message sits, not by what it holds. Clients touch the end of what they
+resend (Claude Code moves its cache marker to the newest message): a remembered message among the
+last ``CHANGED_TAIL_MAX`` that the new request carries at the same place with the same role and
+the same count by ours is taken as the same message (a marker is not prompt text); any other
+differing one counts as removed, and its replacement as appended.
 
 The formula, with ``U`` the upstream's count of the remembered request, ``p`` ours of it then,
 ``r = U / p`` (bounded to [``RATIO_MIN``, ``RATIO_MAX``]), ``a`` our count of what was appended,
@@ -49,10 +55,11 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .conversation import OPAQUE_KEY
 from .frozen import anchor_of, common_prefix, has_price
 from .messages import Message
 
@@ -83,7 +90,7 @@ class AnchoredCount:
 class _Anchor:
     messages: tuple[Message, ...]
     message_tokens: tuple[int, ...]
-    tool_tokens: int
+    context: object
     counted_tokens: int
     upstream_tokens: int
 
@@ -106,7 +113,7 @@ class AnchorMemory:
         messages: Sequence[Message],
         message_tokens: Sequence[int],
         *,
-        tool_tokens: int,
+        context: object,
         counted_tokens: int,
         upstream_tokens: int,
     ) -> None:
@@ -114,7 +121,7 @@ class AnchorMemory:
         key = _key(model, messages)
         if key is None or upstream_tokens <= 0 or counted_tokens <= 0 or len(messages) != len(message_tokens):
             return
-        anchor = _Anchor(tuple(messages), tuple(message_tokens), tool_tokens, counted_tokens, upstream_tokens)
+        anchor = _Anchor(tuple(messages), tuple(message_tokens), context, counted_tokens, upstream_tokens)
         with self._lock:
             self._anchors.pop(key, None)
             self._anchors[key] = anchor
@@ -127,7 +134,7 @@ class AnchorMemory:
         messages: Sequence[Message],
         message_tokens: Sequence[int],
         *,
-        tool_tokens: int,
+        context: object,
         exact: bool,
     ) -> AnchoredCount | None:
         """The upstream's count of a request of ``messages`` that continues a remembered one, or None."""
@@ -138,10 +145,10 @@ class AnchorMemory:
             anchor = self._anchors.get(key)
             if anchor is not None:
                 self._anchors.move_to_end(key)
-        if anchor is None or anchor.tool_tokens != tool_tokens or len(messages) != len(message_tokens):
+        if anchor is None or len(messages) != len(message_tokens) or anchor.context != context:
             return None
         remembered = len(anchor.messages)
-        shared = common_prefix(messages, anchor.messages)
+        shared = _shared_prefix(messages, anchor.messages)
         if shared < remembered - CHANGED_TAIL_MAX:
             return None
         appended = sum(message_tokens[remembered:])
@@ -181,6 +188,30 @@ class AnchorMemory:
             upper_tokens=upper + SLACK_TOKENS,
             lower_tokens=max(0, lower),
         )
+
+
+def context_of(body: Mapping[str, Any], items_key: str) -> tuple[tuple[str, Any], ...]:
+    """What ``body`` sends besides its history that can hold prompt text (module docstring)."""
+    return tuple(
+        (key, value)
+        for key, value in sorted(body.items())
+        if key != items_key and value is not None and not isinstance(value, int | float)
+    )
+
+
+def _shared_prefix(messages: Sequence[Message], remembered: tuple[Message, ...]) -> int:
+    """How many leading messages equal the remembered ones, the opaque mark aside: a dialect marks
+    a message opaque by where it sits (Anthropic's current tool loop), which is no prompt text, and
+    a new turn moves the mark."""
+    shared = common_prefix(messages, remembered)
+    limit = min(len(messages), len(remembered))
+    while shared < limit and _unmarked(messages[shared]) == _unmarked(remembered[shared]):
+        shared += 1
+    return shared
+
+
+def _unmarked(message: Message) -> Message:
+    return {k: v for k, v in message.items() if k != OPAQUE_KEY} if OPAQUE_KEY in message else message
 
 
 def _key(model: str, messages: Sequence[Message]) -> tuple[str, Any] | None:

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 
-from ..core.anchors import AnchorMemory
+from ..core.anchors import AnchorMemory, context_of
 from ..core.boundary import (
     lowered_output_tokens,
     margin_for_count,
@@ -141,12 +141,14 @@ class Boundary:
         budget = plan.budget
         if plan.tokens_after + budget.reserve_tokens < ANCHOR_MIN_SHARE * budget.window_tokens:
             return None
+        # The client's own context (a lowered output cap or thinking budget is not prompt): what
+        # its next request will be compared with.
         return partial(
             self._remember,
             request.model,
             plan.messages,
             plan.message_tokens,
-            plan.budget.tool_tokens,
+            context_of(request.body, request.dialect.items_key),
             plan.tokens_after,
         )
 
@@ -211,7 +213,7 @@ class Boundary:
             request.model,
             messages,
             message_tokens,
-            tool_tokens=plan.budget.tool_tokens,
+            context=context_of(request.body, request.dialect.items_key),
             exact=request.counter.exact,
         )
         if anchored is not None:
@@ -273,7 +275,7 @@ class Boundary:
         model: str,
         messages: tuple[Message, ...],
         message_tokens: tuple[int, ...],
-        tool_tokens: int,
+        context: object,
         counted_tokens: int,
         upstream_tokens: int,
     ) -> None:
@@ -281,7 +283,7 @@ class Boundary:
             model,
             messages,
             message_tokens,
-            tool_tokens=tool_tokens,
+            context=context,
             counted_tokens=counted_tokens,
             upstream_tokens=upstream_tokens,
         )
