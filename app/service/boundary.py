@@ -18,11 +18,10 @@ that leaves no room, and remember what the upstream counted (the I/O around ``ap
      counting endpoint (``counts``, on unless the setting or ``X-Context-Upstream-Count: off``
      turns it off), by asking it (bounded in time, cached; its answer also calibrates the model);
   3. a request the upstream takes whole is planned unchanged (the client's bytes are forwarded),
-     under the margin that count implies; one it would refuse is cut as before, under the
-     policy's margin, unless the count shows the upstream counting more than that margin covers
-     (``core.boundary.margin_for_count``: the ratio of its count to ours): then under the margin
-     the count implies. A request that fits by our count but not by the upstream's upper bound is
-     cut under the margin that bound implies;
+     under the margin that count implies; one it would refuse is cut as before (under the
+     policy's margin: the cut levels stay those of the requests around it). A request that fits
+     by our count but not by the upstream's upper bound is cut under the margin that bound implies
+     (``core.boundary.margin_for_count``: the ratio of its count to ours);
   4. when the client's output cap leaves no room for what must be kept
      (``core.boundary.lowered_output_tokens``), the request is planned again with the output cap
      lowered (the dialect writes it: ``Dialect.with_output_cap``), unless ``lower_output`` is off
@@ -83,7 +82,6 @@ class UpstreamCount:
 
     lower_tokens: int
     upper_tokens: int
-    estimate_tokens: int
     source: str  # "anchor" or "upstream"
 
 
@@ -184,20 +182,15 @@ class Boundary:
             margin = budget.window_tokens - budget.reserve_tokens - tokens
         else:
             self.stats["cut"] += 1
-            if unchanged:
-                # Our count fits and the upstream's may not: cut to what its upper bound allows.
-                margin = margin_for_count(
-                    budget, policy, counted_tokens=tokens, upstream_tokens=count.upper_tokens
-                )
-            else:
-                # Cut as before unless the upstream counts more than the margin covers: the cut
-                # levels stay those of the requests around it (prompt caches keep hitting).
-                needed = margin_for_count(
-                    budget, policy, counted_tokens=tokens, upstream_tokens=count.estimate_tokens
-                )
-                if needed <= budget.margin_tokens:
-                    return request, replace(plan, upstream_tokens=count.upper_tokens)
-                margin = needed
+            if not unchanged:
+                # Over the upstream's room too: cut as before, under the policy's margin, so the cut
+                # levels stay those of the requests around it (a cut lands at the cut target, far
+                # below the room, whatever the ratio of the upstream's count to ours).
+                return request, replace(plan, upstream_tokens=count.upper_tokens)
+            # Our count fits and the upstream's may not: cut to what its upper bound allows.
+            margin = margin_for_count(
+                budget, policy, counted_tokens=tokens, upstream_tokens=count.upper_tokens
+            )
         limits = Limits(margin_tokens=margin)
         refined = request.limited(limits)
         replanned = await run_plan(partial(refined.plan), size_bytes=len(request.raw))
@@ -219,16 +212,12 @@ class Boundary:
         if anchored is not None:
             self.stats["anchored"] += 1
             if anchored.upper_tokens <= room or anchored.lower_tokens > room:
-                return UpstreamCount(
-                    anchored.lower_tokens, anchored.upper_tokens, anchored.estimate_tokens, "anchor"
-                )
+                return UpstreamCount(anchored.lower_tokens, anchored.upper_tokens, "anchor")
         counted = await self._ask(request, plan) if ask else None
         if counted is not None:
             return counted
         if anchored is not None:
-            return UpstreamCount(
-                anchored.lower_tokens, anchored.upper_tokens, anchored.estimate_tokens, "anchor"
-            )
+            return UpstreamCount(anchored.lower_tokens, anchored.upper_tokens, "anchor")
         return None
 
     async def _ask(self, request: ProxyRequest, plan: Plan) -> UpstreamCount | None:
@@ -241,7 +230,7 @@ class Boundary:
         self.learner.learn_from_count(
             request.model, tokens, counter=request.counter, counted=Forwarded.of(request, None).counted
         )
-        return UpstreamCount(tokens, tokens, tokens, "upstream")
+        return UpstreamCount(tokens, tokens, "upstream")
 
     async def _lower(self, request: ProxyRequest, plan: Plan) -> tuple[ProxyRequest, Plan]:
         """Lower the output cap while what must be kept does not fit next to it (at most
