@@ -3,26 +3,29 @@ that leaves no room, and remember what the upstream counted (the I/O around ``ap
 
 ``Boundary(*, learner, counts=None, exact=True, lower_output=True)`` (one per ``Service``):
 
-* ``policy_for(spec, policy) -> Policy``: the policy with the model's learned margin
-  (``core.boundary.margin_ratio``: it shrinks as the upstream's counts confirm ours). The policy
-  as it is when ``exact`` is off.
+* ``policy_for(spec, policy) -> Policy``: the policy, lowering switched off when ``lower_output``
+  is.
 * ``await refine(request, plan) -> (request, plan)``, after the first plan and before it is sent:
 
   1. a plan that fits unchanged and is not near the room (under ``FAR_SHARE`` of the window, then
      ``core.boundary.may_be_over``) is returned as it is, at no cost: no count, no plan, no I/O;
-  2. near the boundary (a fitting plan that may be over the room; a plan that cuts or does not fit
+  2. a plan that cuts or does not fit is first planned whole under the model's learned margin
+     (``core.boundary.margin_ratio``: it shrinks as the upstream's counts confirm ours; cuts keep
+     the policy's margin, their levels being a function of the budget); when that lets it through,
+     it is sent whole;
+  3. near the boundary (a fitting plan that may be over the room; a plan that cuts or does not fit
      unless it is far over, ``ANCHOR_LOWEST_RATIO``), the upstream's own count of the whole
      request is found: first from the conversation's previous request (``core.anchors``: its usage
      plus our count of what was appended: a comparison, no I/O), then, when that does not settle it,
      the request lies in the uncertainty zone (``may_be_over``, ``may_fit``) and the dialect has a
      counting endpoint (``counts``, on unless the setting or ``X-Context-Upstream-Count: off``
      turns it off), by asking it (bounded in time, cached; its answer also calibrates the model);
-  3. a request the upstream takes whole is planned unchanged (the client's bytes are forwarded),
+  4. a request the upstream takes whole is planned unchanged (the client's bytes are forwarded),
      under the margin that count implies; one it would refuse is cut as before (under the
      policy's margin: the cut levels stay those of the requests around it). A request that fits
      by our count but not by the upstream's upper bound is cut under the margin that bound implies
      (``core.boundary.margin_for_count``: the ratio of its count to ours);
-  4. when the client's output cap leaves no room for what must be kept
+  5. when the client's output cap leaves no room for what must be kept
      (``core.boundary.lowered_output_tokens``), the request is planned again with the output cap
      lowered (the dialect writes it: ``Dialect.with_output_cap``), unless ``lower_output`` is off
      or the request says ``X-Context-Lower-Output: off``. A plan that still does not fit is
@@ -34,8 +37,8 @@ that leaves no room, and remember what the upstream counted (the I/O around ``ap
   count of the forwarded plan (``Learner.observe``'s ``on_usage``) so that the conversation's next
   request is anchored; None for a request far below its window (``ANCHOR_MIN_SHARE``: nothing is
   kept for it, so small requests pay nothing).
-* ``stats``: how many requests each step settled (``anchored``, ``counted``, ``whole``, ``cut``,
-  ``lowered``), for the benchmark and the logs.
+* ``stats``: how many requests each step settled (``learned``, ``anchored``, ``counted``,
+  ``whole``, ``cut``, ``lowered``), for the benchmark and the logs.
 """
 
 from __future__ import annotations
@@ -106,17 +109,7 @@ class Boundary:
 
     def policy_for(self, spec: ModelSpec, policy: Policy) -> Policy:
         if not self.lower_output and policy.lower_output:
-            policy = replace(policy, lower_output=False)
-        if not self.exact:
-            return policy
-        exact = spec.encoding != "estimate"
-        ratio = margin_ratio(
-            self.learner.knowledge.precision(spec.name, exact=exact), policy=policy, exact=exact
-        )
-        if exact and ratio != policy.margin_exact_ratio:
-            return replace(policy, margin_exact_ratio=ratio)
-        if not exact and ratio != policy.margin_estimate_ratio:
-            return replace(policy, margin_estimate_ratio=ratio)
+            return replace(policy, lower_output=False)
         return policy
 
     async def refine(self, request: ProxyRequest, plan: Plan) -> tuple[ProxyRequest, Plan]:
@@ -162,6 +155,10 @@ class Boundary:
         )
         tokens = plan.tokens_before
         room = room_tokens(budget, policy)
+        if not unchanged:
+            whole = await self._learned(request, plan, exact=exact)
+            if whole is not None:
+                return whole
         if unchanged:
             if not may_be_over(tokens, budget, policy, u):
                 return request, plan
@@ -195,6 +192,33 @@ class Boundary:
         refined = request.limited(limits)
         replanned = await run_plan(partial(refined.plan), size_bytes=len(request.raw))
         return refined, replace(replanned, upstream_tokens=count.upper_tokens)
+
+    async def _learned(
+        self, request: ProxyRequest, plan: Plan, *, exact: bool
+    ) -> tuple[ProxyRequest, Plan] | None:
+        """The request planned whole under the model's learned margin, when that is smaller than
+        the policy's and lets it through (``core.boundary.margin_ratio``); else None. Cuts keep the
+        policy's margin: their levels (``context.level_starts``) are a function of the budget, and
+        the requests around a cut must see the same ones."""
+        budget, policy = plan.budget, request.policy
+        precision = self.learner.knowledge.precision(request.model, exact=exact)
+        if precision is None:
+            return None
+        ratio = margin_ratio(precision, policy=policy, exact=exact)
+        margin = max(policy.margin_min_tokens, round(budget.window_tokens * ratio))
+        if margin >= budget.margin_tokens:
+            return None
+        room = budget.window_tokens - budget.reserve_tokens - margin
+        if budget.cap_tokens is not None:
+            room = min(room, budget.cap_tokens)
+        if plan.tokens_before > room:
+            return None
+        refined = request.limited(replace(request.limits or Limits(), margin_tokens=margin))
+        whole = await run_plan(partial(refined.plan), size_bytes=len(request.raw))
+        if not whole.fits or whole.changed:
+            return None
+        self.stats["learned"] += 1
+        return refined, whole
 
     async def _count(self, request: ProxyRequest, plan: Plan, *, ask: bool) -> UpstreamCount | None:
         """The upstream's count of the whole request: anchored, else asked (when ``ask``) when the

@@ -216,3 +216,34 @@ async def test_when_even_the_floor_leaves_no_room_the_proxy_refuses_with_its_num
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert int(response.headers["x-context-tokens-after"]) > 800
+
+
+async def test_as_the_upstreams_counts_confirm_ours_the_margin_shrinks_for_whole_requests_only() -> None:
+    # Usage equal to our count, three times (three conversations, so no anchor helps later): the
+    # margin comes down from 1% of the window (1,000) to its floor, 0.5% (500).
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        return chat_answer(sum(3 + 1 + len(m["content"].split()) for m in body["messages"]) + 3)
+
+    def single(tag: str, size: int) -> dict[str, Any]:
+        messages = [
+            {"role": "system", "content": f"task {tag}"},
+            {"role": "user", "content": words(size, tag)},
+        ]
+        return {"model": MODEL, "max_tokens": 1_000, "messages": messages}
+
+    router = respx.Router(assert_all_called=False)
+    route = router.post(CHAT).mock(side_effect=answer)
+    async with proxy(router, registry=Registry(window=100_000), discovery=False, upstream_count=False) as (
+        client,
+        _,
+    ):
+        for tag in ("a", "b", "c"):
+            assert (await client.post("/v1/chat/completions", json=single(tag, 60_000))).status_code == 200
+        # 98,300 tokens: over the 98,000 the 1% margin leaves, under the 98,500 the learned one does.
+        near = single("d", 98_300 - 13)
+        response = await client.post("/v1/chat/completions", json=near)
+    assert response.status_code == 200
+    assert int(response.headers["x-context-tokens-before"]) == 98_300
+    assert json.loads(route.calls[-1].request.content)["messages"] == near["messages"]
+    assert response.headers["x-context-budget"] == str(100_000 - 1_000 - 500)
