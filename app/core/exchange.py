@@ -208,10 +208,10 @@ class Exchange:
         if overflow.limit_tokens is None:
             self.bounded = True
         self.state = "replanning"
+        # An output cap lowered before (no room for what must be kept) stays lowered.
+        output = size.output_cap_tokens if size.output_cap_tokens is not None else sent.output_cap_tokens
         limits = Limits(
-            window_tokens=size.window_tokens,
-            output_cap_tokens=size.output_cap_tokens,
-            margin_tokens=size.margin_tokens,
+            window_tokens=size.window_tokens, output_cap_tokens=output, margin_tokens=size.margin_tokens
         )
         return Replan(size.cap_tokens, overflow, limits)
 

@@ -3,8 +3,8 @@ that leaves no room, and remember what the upstream counted (the I/O around ``ap
 
 ``Boundary(*, learner, counts=None, exact=True, lower_output=True)`` (one per ``Service``):
 
-* ``policy_for(spec, policy) -> Policy``: the policy, lowering switched off when ``lower_output``
-  is.
+* ``policy_for(policy) -> Policy``: the request's policy, lowering off when the setting is (a
+  request's ``X-Context-Lower-Output: on`` does not turn on what the operator turned off).
 * ``await refine(request, plan) -> (request, plan)``, after the first plan and before it is sent:
 
   1. a plan that fits unchanged and is not near the room (under ``FAR_SHARE`` of the window, then
@@ -38,7 +38,7 @@ that leaves no room, and remember what the upstream counted (the I/O around ``ap
   request is anchored; None for a request far below its window (``ANCHOR_MIN_SHARE``: nothing is
   kept for it, so small requests pay nothing).
 * ``stats``: how many requests each step settled (``learned``, ``anchored``, ``counted``,
-  ``whole``, ``cut``, ``lowered``), for the benchmark and the logs.
+  ``whole``, ``cut``, ``lowered``), for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ from ..core.boundary import (
 from ..core.budget import Limits, Policy
 from ..core.messages import Message
 from ..core.plan import Plan
-from ..core.registry import ModelSpec
 from ..settings import Settings
 from ..upstream.client import UpstreamClient
 from .fastpath import run_plan
@@ -107,7 +106,7 @@ class Boundary:
         self.anchors = anchors if anchors is not None else AnchorMemory()
         self.stats: Counter[str] = Counter()
 
-    def policy_for(self, spec: ModelSpec, policy: Policy) -> Policy:
+    def policy_for(self, policy: Policy) -> Policy:
         if not self.lower_output and policy.lower_output:
             return replace(policy, lower_output=False)
         return policy

@@ -146,7 +146,7 @@ class Service:
             dialect=dialect,
             conversation=dialect.parse(body, memo=self.parses),
             spec=spec,
-            policy=self.boundary.policy_for(spec, self.policy(options)),
+            policy=self.boundary.policy_for(self.policy(options)),
             counter=self.counter_for_spec(spec),
             base_url=self.upstream.base_url_for(model),
             options=options,

@@ -260,3 +260,11 @@ def test_a_success_after_a_refusal_without_numbers_proves_the_window_it_was_fitt
     plain = exchange()
     plain.start(plan(500))
     assert plain.answered(200, None) == Deliver()
+
+
+def test_an_output_cap_lowered_before_stays_lowered_in_the_retry() -> None:
+    ex = Exchange(dialect=CHAT, mode="auto", requested_output_tokens=32_000)
+    ex.start(replace(plan(9_000, changed=True), output_cap_tokens=20_000))
+    command = ex.answered(400, overflow_body(60_000, 62_000))
+    assert isinstance(command, Replan) and command.limits is not None
+    assert command.limits.output_cap_tokens == 20_000 and command.limits.window_tokens == 60_000

@@ -182,7 +182,7 @@ async def test_an_output_cap_that_leaves_no_room_is_lowered_instead_of_cutting_w
     cases: list[tuple[dict[str, Any], dict[str, str], bool]] = [
         ({}, {}, True),
         ({}, {"X-Context-Lower-Output": "off"}, False),
-        ({"lower_output": False}, {}, False),
+        ({"lower_output": False}, {"X-Context-Lower-Output": "on"}, False),  # the operator's off wins
     ]
     for settings, headers, lowers in cases:
         router = respx.Router(assert_all_called=False)
