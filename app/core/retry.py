@@ -39,11 +39,13 @@ The window and the output (``retry_size``):
 
 * ``L`` stated: the retry is fitted to window ``L``. When ``O`` takes half of ``L`` or more (an
   output reserve at or over the window: a table that put the window at 131,072 and a reserve of
-  4,096 in front of a 4,096-token server), ``O`` is lowered instead of giving up: to what keeps
-  the upstream's stated prompt whole (``L - P - margin``) when that is at least the policy's
-  ``output_floor_tokens``, else to the larger of the floor and the window's default reserve. A
-  client's own output cap is lowered only when ``policy.lower_output`` (else None: the refusal is
-  delivered); our own reserve always may be.
+  4,096 in front of a 4,096-token server), ``O`` is lowered instead of giving up. Our own reserve
+  (the client set no cap: the upstream never saw it) comes down to the window's default reserve. A
+  client's cap, when ``policy.lower_output``, comes down to what keeps the upstream's stated prompt
+  whole (``L - P - 1%`` of ``L``: the same prompt with a lower cap; ``cap_tokens`` is then ``S``
+  and ``margin_tokens`` makes the plan keep it whole) when that is at least the policy's
+  ``output_floor_tokens``, else to the larger of the floor and the window's default reserve (the
+  input is cut to fit next to it); without ``lower_output``, None (the refusal is delivered).
 * nothing stated: the upstream refused ``S`` plus the output cap it was sent, so its window is
   below that: the retry is fitted to ``window_after_refusal`` of it (``SHRINK`` of it, or the
   largest prompt the upstream took whole when that is more: geometric, so two refusals bring a
