@@ -213,8 +213,8 @@ def _overflow(path: str, model: Model, tokens: int, output: int) -> dict[str, An
             }
         }
     message = (
-        f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} "
-        "tokens. Please reduce the length of the messages."
+        f"This model's maximum context length is {window} tokens. However, your messages resulted in "
+        f"{tokens} tokens. Please reduce the length of the messages."
     )
     return {"error": {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}}
 
@@ -560,7 +560,8 @@ def report(
         new, base = [p.new for p in pairs], [p.baseline for p in pairs]
         api, pricing, shape = key
         lines.append(
-            f"| {api} | {pricing} | {shape} | {_med([s.requests for s in new]):.0f} | {_med([s.fits for s in new]):.0f} "
+            f"| {api} | {pricing} | {shape} | {_med([s.requests for s in new]):.0f} "
+            f"| {_med([s.fits for s in new]):.0f} "
             f"| {_med([s.fits_identical for s in new]):.0f} / {_med([s.fits_identical for s in base]):.0f} "
             f"| {_med([s.over_reached for s in new]):.0f} / {_med([s.over_reached for s in base]):.0f} "
             f"| {_med([s.counted / s.requests for s in new]):.3f} "
@@ -584,7 +585,8 @@ def report(
                 )
             )
         lines.append(
-            f"- `{mode}`: {_med([t[1] for t in totals]):.0f} of {_med([t[0] for t in totals]):.0f} fitting requests "
+            f"- `{mode}`: {_med([t[1] for t in totals]):.0f} of {_med([t[0] for t in totals]):.0f} "
+            "fitting requests "
             f"forwarded whole, {_med([t[2] for t in totals]):.0f} over-window requests reached the upstream, "
             f"{_med([t[3] for t in totals]):.3f} counting calls per request (at most "
             f"{_med([t[4] for t in totals]):.3f} in one session), {_med([t[5] for t in totals]):.0f} errors."
@@ -608,7 +610,8 @@ def report(
         "Messages API, ~18K tokens of system and tools, `max_tokens` 32,000, a 60K window, claude-like",
         "counts, signed thinking before every call.",
         "",
-        "| mode | requests | refused by the proxy | last resort (pinned or newest messages cut) | output cap lowered "
+        "| mode | requests | refused by the proxy | last resort (pinned or newest messages cut) "
+        "| output cap lowered "
         "| lowered cap (median) | over | counts/req | util | proxy ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -630,15 +633,18 @@ def report(
         "The table says 131,072; the upstream's window is 4,096. A first request of ~34K tokens (no output",
         "cap), then 10 more of the same conversation. `failed`: upstream calls refused over the window.",
         "",
-        "| case | failed, first request | failed, later requests | errors to the client | X-Context-Window (first; later) |",
+        "| case | failed, first request | failed, later requests | errors to the client "
+        "| X-Context-Window (first; later) |",
         "|---|---:|---:|---:|---|",
     ]
     for label, index in (("Responses, errors without numbers", 0), ("Chat, errors with numbers", 1)):
         runs_of = [n[index] for n in no_numbers]
         later = sorted({w for n in runs_of for w in n.later_windows})
         lines.append(
-            f"| {label} | {_med([n.first_failed for n in runs_of]):.0f} | {_med([n.later_failed for n in runs_of]):.0f} "
-            f"| {_med([n.client_errors for n in runs_of]):.0f} | {_med([n.first_window for n in runs_of]):.0f}; "
+            f"| {label} | {_med([n.first_failed for n in runs_of]):.0f} "
+            f"| {_med([n.later_failed for n in runs_of]):.0f} "
+            f"| {_med([n.client_errors for n in runs_of]):.0f} "
+            f"| {_med([n.first_window for n in runs_of]):.0f}; "
             f"{', '.join(str(w) for w in later)} |"
         )
     return "\n".join(lines)

@@ -92,7 +92,8 @@ def text_of(kind: int, size: int, rng: random.Random) -> str:
         return " ".join(rng.choice(_WORDS) for _ in range(size)) + "."
     if kind == 1:
         lines = [
-            f"def handler_{rng.randrange(10**6)}(request, limit={i * 10}):\n    return request.items[{i}:limit]"
+            f"def handler_{rng.randrange(10**6)}(request, limit={i * 10}):\n"
+            f"    return request.items[{i}:limit]"
             for i in range(max(1, size // 22))
         ]
         return "```python\n" + "\n\n".join(lines) + "\n```"
