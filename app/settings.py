@@ -109,6 +109,25 @@ class Settings(BaseSettings):
         description="Set by `ctxproxy serve --workers N` (leave unset): the directory its workers share.",
     )
 
+    boundary_exact: bool = Field(
+        default=True,
+        description="Near the budget, find the upstream's own count before cutting (its usage of the "
+        "conversation's previous request, its counting endpoint) and shrink the margin as its counts "
+        "confirm ours; off: the fixed margins alone.",
+    )
+    upstream_count: bool = Field(
+        default=True,
+        description="Near the budget, ask the API's own token-counting endpoint (where its dialect has "
+        "one) when the conversation's previous request does not settle the count.",
+    )
+    upstream_count_timeout_s: float = Field(default=1.0, gt=0)
+    lower_output: bool = Field(
+        default=True,
+        description="When the client's output cap (max_tokens, ...) leaves no room for what must be "
+        "kept, forward a lower one instead of refusing (never below OUTPUT_FLOOR_TOKENS).",
+    )
+    output_floor_tokens: int = Field(default=1024, ge=1)
+
     @field_validator("upstream_base_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
@@ -220,6 +239,8 @@ class Settings(BaseSettings):
             reserve_min_tokens=self.reserve_min_tokens,
             reserve_max_tokens=self.reserve_max_tokens,
             cut_target=self.cut_target,
+            lower_output=self.lower_output,
+            output_floor_tokens=self.output_floor_tokens,
         )
 
     def upstream_key(self) -> str | None:

@@ -19,6 +19,8 @@ POLICY = "X-Context-Policy"
 KEEP_TURNS = "X-Context-Keep-Turns"
 SUMMARIZE = "X-Context-Summarize"
 CUT_TARGET = "X-Context-Cut-Target"
+UPSTREAM_COUNT = "X-Context-Upstream-Count"
+LOWER_OUTPUT = "X-Context-Lower-Output"
 API = "X-Context-Api"  # the dry run's choice of wire API (app.api.routes.plan_dialect)
 SWITCH_VALUES = {"on": True, "off": False}
 
@@ -59,20 +61,25 @@ def parse_context_headers(headers: Mapping[str, str]) -> RequestOptions:
                 f"Header {POLICY} must be one of {'|'.join(POLICY_MODES)}, got {raw_mode!r}.", param=POLICY
             )
         mode = value
-    summarize: bool | None = None
-    raw_switch = headers.get(SUMMARIZE)
-    if raw_switch is not None:
-        switch = raw_switch.strip().lower()
-        if switch not in SWITCH_VALUES:
-            message = f"Header {SUMMARIZE} must be on or off, got {raw_switch!r}."
-            raise InvalidRequest(message, param=SUMMARIZE)
-        summarize = SWITCH_VALUES[switch]
     return RequestOptions(
         budget_tokens=_int(headers, BUDGET, minimum=1),
         reserve_tokens=_int(headers, RESERVE, minimum=0),
         window_tokens=_int(headers, WINDOW, minimum=1),
         mode=mode,
         keep_turns=_int(headers, KEEP_TURNS, minimum=0),
-        summarize=summarize,
+        summarize=_switch(headers, SUMMARIZE),
         cut_target=_share(headers, CUT_TARGET),
+        upstream_count=_switch(headers, UPSTREAM_COUNT),
+        lower_output=_switch(headers, LOWER_OUTPUT),
     )
+
+
+def _switch(headers: Mapping[str, str], name: str) -> bool | None:
+    """``on`` / ``off`` (any case); None when absent."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    switch = raw.strip().lower()
+    if switch not in SWITCH_VALUES:
+        raise InvalidRequest(f"Header {name} must be on or off, got {raw!r}.", param=name)
+    return SWITCH_VALUES[switch]

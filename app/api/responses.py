@@ -46,7 +46,11 @@ def context_headers(
     """Our response headers for a fitted request (``X-Context-Count`` is ``exact``, ``estimate`` or
     ``calibrated``; ``X-Context-Warning`` only when there is a warning, e.g. ``upstream-truncated``;
     ``X-Context-Prefix-Reuse``, when known, the share of the forwarded message tokens that the
-    previous forwarded request of the conversation already sent as its prefix, 3 decimals)."""
+    previous forwarded request of the conversation already sent as its prefix, 3 decimals;
+    ``X-Context-Output-Lowered``, the output cap forwarded when it was lowered below the client's;
+    ``X-Context-Upstream-Tokens``, the upstream's own count of the whole request when the plan was
+    decided by it). Window and budget are the ones the forwarded plan was fitted to (a retry's
+    learned window, an exact count's margin)."""
     headers = [
         ("X-Context-Window", str(plan.budget.window_tokens)),
         ("X-Context-Budget", str(request_budget_tokens(plan.budget))),
@@ -56,6 +60,10 @@ def context_headers(
         ("X-Context-Actions", plan.actions_header()),
         ("X-Context-Retries", str(retries)),
     ]
+    if plan.output_cap_tokens is not None:
+        headers.append(("X-Context-Output-Lowered", str(plan.output_cap_tokens)))
+    if plan.upstream_tokens is not None:
+        headers.append(("X-Context-Upstream-Tokens", str(plan.upstream_tokens)))
     if warnings:
         headers.append(("X-Context-Warning", ",".join(dict.fromkeys(warnings))))
     if prefix_reuse is not None:

@@ -3,7 +3,13 @@
 ``input_budget = window - output_reserve - safety_margin - tool_definition_tokens``, capped by the
 per-request budget header when one is given. The reserve is the request's own
 ``max_completion_tokens``/``max_tokens`` when set, else the policy's reserve, else 15% of the
-window clamped to [512, 4096] (and never more than the model's max output).
+window clamped to [512, 4096] (and never more than the model's max output, nor more than half the
+window: a reserve that fills the window would leave no room for any prompt).
+
+``Limits`` is what one request learned before it is planned again: the window an overflow taught,
+an output cap lower than the client's (``app.core.boundary``: no refusal when a fit exists), a
+margin measured for this request (the upstream's own count of it). ``budget_for(..., limits=)``
+applies it.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class Policy:
     drop_block_tokens: int | None = None
     summarize: bool = False
     cut_target: float = DEFAULT_CUT_TARGET
+    lower_output: bool = True
+    output_floor_tokens: int = 1024
 
     def refined(
         self,
@@ -64,8 +72,12 @@ class Policy:
         keep_turns: int | None = None,
         reserve_tokens: int | None = None,
         cut_target: float | None = None,
+        lower_output: bool | None = None,
     ) -> Policy:
-        """This policy with a request's overrides applied (None leaves a field as it is)."""
+        """This policy with a request's overrides applied (None leaves a field as it is).
+
+        ``lower_output``: when the client's output cap leaves no room for what must be kept, the
+        forwarded cap may be lowered (never below ``output_floor_tokens``) instead of refusing."""
         changes: dict[str, Any] = {}
         if mode is not None:
             changes["mode"] = mode
@@ -75,7 +87,26 @@ class Policy:
             changes["reserve_tokens"] = reserve_tokens
         if cut_target is not None:
             changes["cut_target"] = cut_target
+        if lower_output is not None:
+            changes["lower_output"] = lower_output
         return replace(self, **changes) if changes else self
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request knows, before it is (re)planned, beyond its spec and policy; None leaves a
+    figure as the spec and the policy say.
+
+    ``window_tokens``: the window to fit to (one an upstream's refusal taught during this request).
+    ``output_cap_tokens``: the output reserve, and the output cap to forward when the client asked
+    for more (the dialect writes it, ``Dialect.with_output_cap``). ``margin_tokens``: the safety
+    margin, measured for this request (it may be negative: our count is above the upstream's own,
+    e.g. encrypted reasoning priced high, and the budget is in our counting units).
+    """
+
+    window_tokens: int | None = None
+    output_cap_tokens: int | None = None
+    margin_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +144,19 @@ def requested_output_tokens(body: Mapping[str, Any]) -> int | None:
     return None
 
 
-def default_reserve_tokens(spec: ModelSpec, policy: Policy) -> int:
-    """15% of the window (by default), clamped, and never more than the model can output."""
-    share = round(spec.window_tokens * policy.reserve_ratio)
+def default_reserve_tokens(spec: ModelSpec, policy: Policy, *, window_tokens: int | None = None) -> int:
+    """15% of the window (by default), clamped, never more than the model can output nor more
+    than half the window (``window_tokens``, when given, stands for the spec's)."""
+    window = spec.window_tokens if window_tokens is None else window_tokens
+    share = round(window * policy.reserve_ratio)
     reserve = min(max(share, policy.reserve_min_tokens), policy.reserve_max_tokens)
-    return max(0, min(reserve, spec.max_output_tokens))
+    return max(0, min(reserve, spec.max_output_tokens, window // 2))
+
+
+def margin_tokens_for(window_tokens: int, policy: Policy, *, exact: bool) -> int:
+    """The policy's safety margin for a window: its share of it, at least ``margin_min_tokens``."""
+    ratio = policy.margin_exact_ratio if exact else policy.margin_estimate_ratio
+    return max(policy.margin_min_tokens, round(window_tokens * ratio))
 
 
 def budget_for(
@@ -128,19 +167,27 @@ def budget_for(
     tool_tokens: int,
     exact: bool,
     cap_tokens: int | None = None,
+    limits: Limits | None = None,
 ) -> Budget:
-    """The budget of ``body`` against ``spec`` under ``policy``."""
+    """The budget of ``body`` against ``spec`` under ``policy``, with ``limits`` applied."""
+    window = spec.window_tokens
+    if limits is not None and limits.window_tokens is not None:
+        window = limits.window_tokens
     reserve = requested_output_tokens(body)
     if reserve is None:
         reserve = (
             policy.reserve_tokens
             if policy.reserve_tokens is not None
-            else default_reserve_tokens(spec, policy)
+            else default_reserve_tokens(spec, policy, window_tokens=window)
         )
-    ratio = policy.margin_exact_ratio if exact else policy.margin_estimate_ratio
-    margin = max(policy.margin_min_tokens, round(spec.window_tokens * ratio))
+    if limits is not None and limits.output_cap_tokens is not None:
+        reserve = min(reserve, limits.output_cap_tokens)
+    if limits is not None and limits.margin_tokens is not None:
+        margin = limits.margin_tokens
+    else:
+        margin = margin_tokens_for(window, policy, exact=exact)
     return Budget(
-        window_tokens=spec.window_tokens,
+        window_tokens=window,
         reserve_tokens=reserve,
         margin_tokens=margin,
         tool_tokens=tool_tokens,

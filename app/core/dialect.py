@@ -73,6 +73,13 @@ composition root names an API or branches on which dialect it holds (``tests/tes
   - ``stream_error(error) -> bytes``: the SSE bytes that end a stream that failed midway, in this
     API's shape (chat: ``data: {"error": ...}``; Responses: an ``error`` event; Anthropic:
     ``event: error``).
+  - ``count_request(body) -> (path, body) | None``: the request that asks the upstream's own
+    token-counting endpoint for the input of ``body`` (the path under the base URL and the body
+    it takes: the input fields only), None when this API has none (``app.service.boundary``
+    asks it near the boundary);
+  - ``with_output_cap(body, tokens) -> dict | None``: ``body`` with its output cap set to
+    ``tokens`` (every other key as it is; what the cap constrains, e.g. Anthropic's thinking
+    budget, lowered with it), None when this API cannot take that cap for this body.
 
 * ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
   ``invalid_request_error``, ``upstream_timeout``, ...), ``message``, ``param``, and for a
@@ -174,6 +181,10 @@ class Dialect(Protocol):
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]: ...
 
     def stream_error(self, error: ErrorInfo, /) -> bytes: ...
+
+    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None: ...
+
+    def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None: ...
 
 
 def error_info(error: CoreError) -> ErrorInfo:

@@ -3,13 +3,16 @@
 INTERFACE CONTRACT (the service relies on this):
 
 ``plan_request(body, *, spec, policy, counter, cap_tokens=None, summaries=None,
-dialect=DEFAULT_DIALECT, conversation=None) -> Plan`` parses ``body`` with its ``dialect`` into the
-neutral conversation (raises ``InvalidRequest``; pass the ``conversation`` already parsed to skip
-that), counts, builds the budget and fits the neutral messages. It never raises ``CannotFit``
-itself: a plan that cannot fit has ``fits=False`` and the numbers. The plan renders its body through
-the same dialect (``Plan.body``). A conversation the dialect marks not ``fittable`` (its history
-lives upstream) is planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the
-proxy cannot know.
+dialect=DEFAULT_DIALECT, conversation=None, limits=None) -> Plan`` parses ``body`` with its
+``dialect`` into the neutral conversation (raises ``InvalidRequest``; pass the ``conversation``
+already parsed to skip that),
+counts, builds the budget (``limits``: a window, output cap or margin this request learned, see
+``budget.Limits``) and fits the neutral messages. An output cap below the client's own is the
+plan's ``output_cap_tokens`` (the plan then always renders its body: ``changed``, and its actions
+say ``output_lowered``). It never raises ``CannotFit`` itself: a plan that cannot fit has
+``fits=False`` and the numbers. The plan renders its body through the same dialect
+(``Plan.body``). A conversation the dialect marks not ``fittable`` (its history lives upstream) is
+planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the proxy cannot know.
 
 ``SummaryProvider`` is the seam for LLM summaries (a later issue): a *synchronous* lookup the
 pipeline may call for a span it is about to drop; ``None`` means "use the deterministic note".
@@ -48,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .budget import Budget, Policy, budget_for
+from .budget import Budget, Limits, Policy, budget_for
 from .context import SummaryProvider, build_context, protect_tokens_for, protected_start
 from .conversation import Conversation
 from .dialect import Dialect
@@ -79,6 +82,7 @@ def _prepare(
     policy: Policy,
     counter: MessageCounter,
     cap_tokens: int | None,
+    limits: Limits | None = None,
 ) -> tuple[tuple[Message, ...], tuple[int, ...], int, Budget]:
     messages = conversation.messages
     per_message = counter.count_messages(messages)
@@ -88,7 +92,7 @@ def _prepare(
     requested = conversation.requested_output_tokens
     caps = {"max_tokens": requested} if requested is not None else _NO_OUTPUT_CAP
     budget = budget_for(
-        spec, caps, policy, tool_tokens=tool_tokens, exact=counter.exact, cap_tokens=cap_tokens
+        spec, caps, policy, tool_tokens=tool_tokens, exact=counter.exact, cap_tokens=cap_tokens, limits=limits
     )
     return messages, per_message, tool_tokens, budget
 
@@ -164,12 +168,29 @@ def plan_request(
     summaries: SummaryProvider | None = None,
     dialect: Dialect = DEFAULT_DIALECT,
     conversation: Conversation | None = None,
+    limits: Limits | None = None,
 ) -> Plan:
     """Plan one request: unchanged when it fits, else the least destructive rewrite that fits."""
     parsed = dialect.parse(body) if conversation is None else conversation
     messages, per_message, tool_tokens, budget = _prepare(
-        body, parsed, dialect=dialect, spec=spec, policy=policy, counter=counter, cap_tokens=cap_tokens
+        body,
+        parsed,
+        dialect=dialect,
+        spec=spec,
+        policy=policy,
+        counter=counter,
+        cap_tokens=cap_tokens,
+        limits=limits,
     )
+    requested = parsed.requested_output_tokens
+    output_cap = limits.output_cap_tokens if limits is not None else None
+    lowered = (
+        output_cap if output_cap is not None and requested is not None and requested > output_cap else None
+    )
+    lowered_action: tuple[Action, ...] = ()
+    if lowered is not None and requested is not None:
+        detail = f"output cap lowered from {requested} to {lowered} tokens"
+        lowered_action = (Action("output_lowered", 1, 0, detail),)
     before = sum(per_message) + REPLY_PRIMING_TOKENS + tool_tokens
     fits = sum(per_message) + REPLY_PRIMING_TOKENS <= budget.input_budget_tokens
     count_kind: Any = "exact" if counter.exact else "estimate"
@@ -192,11 +213,12 @@ def plan_request(
             count_kind=count_kind,
             tokens_before=before,
             tokens_after=sum(tokens) + REPLY_PRIMING_TOKENS + tool_tokens,
-            changed=changed,
+            changed=changed or (lowered is not None and fits),
             fits=fits,
+            output_cap_tokens=lowered if fits else None,
             messages=tuple(out),
             message_tokens=tuple(tokens),
-            actions=tuple(actions),
+            actions=(*actions, *lowered_action) if fits else tuple(actions),
             dropped=tuple(dropped),
             dialect=dialect,
             warnings=warnings,

@@ -15,10 +15,15 @@ INTERFACE CONTRACT (the service, the CLI and the learning glue rely on these):
   ``effective(spec, *, header_window_tokens=None) -> ModelSpec`` (the precedence below),
   ``observe_usage(model, *, prompt_tokens, fixed_tokens, text_tokens, exact, window_tokens=None)
   -> UsageVerdict``,
-  ``observe_overflow(model, overflow, *, fixed_tokens, text_tokens, exact) -> None``,
+  ``observe_overflow(model, overflow, *, fixed_tokens, text_tokens, exact, sent_tokens=None,
+  output_tokens=None) -> None`` (an error without numbers teaches an upper bound of the window from
+  ``sent_tokens`` + ``output_tokens``, see below),
   ``observe_count(model, *, input_tokens, fixed_tokens, text_tokens, exact) -> bool`` (the upstream's
   counting endpoint: a calibration sample, never a truncation),
   ``take_warning(model) -> bool`` (a truncation seen on a streamed response, reported once),
+  ``precision(model, *, exact) -> Precision | None`` (how far the upstream's counts strayed from
+  ours, once ``PRECISION_MIN_SAMPLES`` samples are in: what ``app.core.boundary`` sizes the
+  margin and the uncertainty zone with),
   ``facts(model) -> ModelFacts | None`` and ``models()`` (every model with knowledge, oldest first).
 * ``is_truncated(*, prompt_tokens, expected_tokens, calibrated) -> bool``: the silent-truncation rule.
 * Sharing between replicas (``app.service.knowledge_share``): ``export(model) -> dict | None`` (the learned
@@ -30,8 +35,15 @@ INTERFACE CONTRACT (the service, the CLI and the learning glue rely on these):
 Precedence of each figure (each spec carries the source of each in ``ModelSpec.sources``):
 
 * window: per-request header > operator table > learned (from an upstream context error, or a silent
-  truncation) > discovered > built-in table > default. A learned window is a fact the upstream
-  stated by refusing or cutting, so it also caps an operator's larger window (never raises it).
+  truncation) > discovered > built-in table > default. An error that states no window (OpenAI
+  Responses: "Your input exceeds the context window of this model") proves the window is below
+  what was sent; the window learned from it is ``retry.window_after_refusal`` of that (half of it,
+  or the largest prompt the upstream took whole when that is more), source ``learned:bound``, and
+  each such error halves it again; the retry that then succeeds proves a window enough for what it
+  carried (``observe_proven``), and that is what the next requests are fitted to: the same model
+  never fails the same way twice. A learned
+  window is a fact the upstream stated by refusing or cutting, so it also caps an operator's larger
+  window (never raises it).
 * max output: operator table > discovered > built-in table > default; never above the window.
 * encoding: the table's (discovery does not name tokenizers).
 * correction (models counted by ``estimate`` only): the median of the last ``CALIBRATION_SAMPLES``
@@ -71,6 +83,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from .estimate import MAX_CORRECTION, MIN_CORRECTION
 from .overflow import ContextOverflow
 from .registry import ModelSpec
+from .retry import window_after_refusal
 
 MAX_MODELS = 4096
 CALIBRATION_SAMPLES = 9
@@ -84,9 +97,10 @@ LOWER_BOUND_BOOST = 1.1
 CUT_ROUND_TOKENS = 1024
 CUT_SAME_RATIO = 0.02
 CUT_DIFFERENT_RATIO = 0.1
+PRECISION_MIN_SAMPLES = 3
 
 _TABLE_SOURCES = frozenset({"builtin", "default"})
-_LEARNED_SOURCES = frozenset({"learned:overflow", "learned:truncation"})
+_LEARNED_SOURCES = frozenset({"learned:overflow", "learned:truncation", "learned:bound"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +122,18 @@ class UsageVerdict:
     learned_window_tokens: int | None = None
     sampled: bool = False
     expected_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    """How far the upstream's counts strayed from ours over the model's samples, as shares of
+    ours: ``under`` the most it counted above us (what a margin must cover), ``over`` the most it
+    counted below us (how far above the budget a request may still fit), after the calibrated
+    correction for an estimate (exact counts: against 1)."""
+
+    under: float
+    over: float
+    samples: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,13 +365,30 @@ class Knowledge:
 
     @_locked
     def observe_overflow(
-        self, model: str, overflow: ContextOverflow, *, fixed_tokens: int, text_tokens: int, exact: bool
+        self,
+        model: str,
+        overflow: ContextOverflow,
+        *,
+        fixed_tokens: int,
+        text_tokens: int,
+        exact: bool,
+        sent_tokens: int | None = None,
+        output_tokens: int | None = None,
     ) -> None:
-        """Learn from a context-length error: the window it states, and its count of our prompt."""
+        """Learn from a context-length error: the window it states, and its count of our prompt;
+        an error that states no window, the upper bound ``sent_tokens`` (our count of the input
+        sent) plus ``output_tokens`` (the output cap sent, None when the body had none) proves."""
         entry = self._entry(model)
         entry.version += 1
         if overflow.limit_tokens is not None and overflow.limit_tokens > 0:
             entry.learned_window_tokens, entry.learned_from = overflow.limit_tokens, "learned:overflow"
+        elif sent_tokens is not None and sent_tokens > 0:
+            bound = window_after_refusal(
+                sent_tokens + max(0, output_tokens or 0), known_good_tokens=entry.max_prompt_tokens
+            )
+            current = entry.learned_window_tokens
+            if current is None or bound < current:
+                entry.learned_window_tokens, entry.learned_from = bound, "learned:bound"
         prompt = overflow.prompt_tokens
         if prompt is not None and prompt > 0 and not overflow.prompt_at_least:
             self._sample(entry, prompt, fixed_tokens, text_tokens, exact=exact, source="overflow")
@@ -361,6 +404,32 @@ class Knowledge:
             return False
         entry = self._entry(model)
         return self._sample(entry, input_tokens, fixed_tokens, text_tokens, exact=exact, source="count")
+
+    @_locked
+    def observe_proven(self, model: str, window_tokens: int) -> bool:
+        """A success after a refusal that stated no window proved ``window_tokens`` enough for what
+        it carried (``exchange.Deliver.proven_window_tokens``): a window learned from such a
+        refusal (a geometric guess, possibly above the real one) comes down to it. True when it did."""
+        entry = self._entries.get(model)
+        if entry is None or entry.learned_from != "learned:bound" or window_tokens <= 0:
+            return False
+        current = entry.learned_window_tokens
+        if current is not None and window_tokens >= current:
+            return False
+        entry.learned_window_tokens = window_tokens
+        entry.version += 1
+        return True
+
+    @_locked
+    def precision(self, model: str, *, exact: bool) -> Precision | None:
+        """How far the upstream's counts strayed from ours (None before ``PRECISION_MIN_SAMPLES``)."""
+        entry = self._entries.get(model)
+        if entry is None or len(entry.samples) < PRECISION_MIN_SAMPLES:
+            return None
+        applied = 1.0 if exact else (entry.factor() or 1.0)
+        high = max(entry.samples) / applied
+        low = min(entry.samples) / applied
+        return Precision(under=max(0.0, high - 1.0), over=max(0.0, 1.0 - low), samples=len(entry.samples))
 
     @_locked
     def version(self, model: str) -> int:
@@ -391,7 +460,7 @@ class Knowledge:
         samples = data.get("samples")
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
             return False
-        if learned_from not in (None, "learned:overflow", "learned:truncation"):
+        if learned_from is not None and learned_from not in _LEARNED_SOURCES:
             return False
         if (
             not isinstance(samples, list)

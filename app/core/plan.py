@@ -12,7 +12,11 @@ INTERFACE CONTRACT (the service, the API and the CLI rely on these names):
   API's (``api`` its name); ``body(original)`` returns the request body to forward, rendered by
   that dialect; ``warnings`` are ``X-Context-Warning`` values (``history-upstream``); ``broken``
   the structural problems a strategy introduced that the final guard caught and undid (a bug,
-  see ``fit.plan_request``; the service logs it).
+  see ``fit.plan_request``; the service logs it); ``output_cap_tokens``: the output cap the body
+  is forwarded with when it is lower than the client's own (``budget.Limits``; the dialect writes
+  it, ``Dialect.with_output_cap``), else None; ``upstream_tokens``: the upstream's own count of
+  the whole request when the plan was decided by it (``app.service.boundary``: an anchor's upper
+  bound, or the counting endpoint's answer).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ ActionKind = Literal[
     "summarized",  # a dropped span replaced by a summary instead of a note
     "summary_failed",  # a summary was wanted but the deterministic note was used
     "last_resort",  # newest or pinned messages cut middle-out
+    "output_lowered",  # the forwarded output cap lowered so that what must be kept fits
     "rejected",  # policy reject / cannot fit
 ]
 
@@ -106,6 +111,8 @@ class Plan:
     # the request a second time.
     source: tuple[Message, ...] | None = None
     broken: tuple[str, ...] = ()
+    output_cap_tokens: int | None = None
+    upstream_tokens: int | None = None
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
@@ -116,6 +123,11 @@ class Plan:
         return self.dialect.name
 
     def body(self, original: Mapping[str, Any]) -> dict[str, Any]:
-        """``original`` with its conversation replaced by ours, through the plan's dialect; every
-        other key kept as is."""
-        return self.dialect.render(original, self.messages, source=self.source)
+        """``original`` with its conversation replaced by ours, through the plan's dialect, and
+        the output cap it lowered; every other key kept as is."""
+        body = self.dialect.render(original, self.messages, source=self.source)
+        if self.output_cap_tokens is not None:
+            capped = self.dialect.with_output_cap(body, self.output_cap_tokens)
+            if capped is not None:
+                body = capped
+        return body

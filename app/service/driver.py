@@ -52,6 +52,7 @@ from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
+from .boundary import build_boundary
 from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
 from .learning import Learner
 from .outcome import Outcome, PlanCannotFit, Readiness
@@ -95,6 +96,8 @@ class Service:
         self.parses = ParseMemo()
         # Recent bodies: a resent one is parsed only where it changed (its history's newest end).
         self.bodies = BodyMemo()
+        # Near the boundary: exact counts, lowered output caps, anchors (app.service.boundary).
+        self.boundary = build_boundary(settings, learner=self.learner, upstream=upstream)
 
     def counter(self, encoding: str) -> MessageCounter:
         counter = self._counters.get(encoding)
@@ -108,6 +111,7 @@ class Service:
             keep_turns=options.keep_turns,
             reserve_tokens=options.reserve_tokens,
             cut_target=options.cut_target,
+            lower_output=options.lower_output,
         )
 
     def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
@@ -145,7 +149,7 @@ class Service:
             route=match,
             conversation=conversation,
             spec=spec,
-            policy=self.policy(options),
+            policy=self.boundary.policy_for(self.policy(options)),
             counter=self.counter_for_spec(spec),
             base_url=self.upstream.base_url_for(model),
             options=options,
@@ -264,7 +268,12 @@ class Service:
 
     async def run(self, request: ProxyRequest) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
-        exchange = Exchange(dialect=request.dialect, mode=request.policy.mode)
+        exchange = Exchange(
+            dialect=request.dialect,
+            mode=request.policy.mode,
+            policy=request.policy,
+            requested_output_tokens=request.conversation.requested_output_tokens,
+        )
         size_bytes = self.counting_size(request)
         pending: asyncio.Future[Plan] | None = None
         command: Command
@@ -274,6 +283,7 @@ class Service:
             command = exchange.start_unplanned()
         else:
             plan = await run_plan(request.plan, size_bytes=size_bytes)
+            request, plan = await self.boundary.refine(request, plan)
             command = exchange.start(await self.summarized(request, plan))
         response: UpstreamResponse | None = None
         # Made by the first ``Send`` (``start`` answers ``Send`` or ``Fail``; ``Deliver`` and
@@ -285,7 +295,9 @@ class Service:
             if isinstance(command, Deliver):
                 assert response is not None and exchange.plan is not None and forwarded is not None
                 if command.overflow is not None:
-                    self._learn(request, command.overflow, forwarded)
+                    self._learn(request, command.overflow, forwarded, exchange.plan)
+                if command.proven_window_tokens is not None and request.conversation.fittable:
+                    self.learner.learn_proven_window(request.model, command.proven_window_tokens)
                 return await self._outcome(request, exchange, forwarded, response)
             if isinstance(command, Send):
                 if response is not None:
@@ -295,6 +307,8 @@ class Service:
                 pending = None
                 continue
             assert response is not None and exchange.plan is not None and forwarded is not None
+            sent = exchange.plan
+            request = request.limited(command.limits)
             try:
                 retry = await run_plan(
                     partial(request.plan, cap_tokens=command.cap_tokens), size_bytes=len(request.raw)
@@ -306,7 +320,7 @@ class Service:
             finally:
                 # Learned after sizing the retry (which has its own arithmetic); used from the next
                 # request on.
-                self._learn(request, command.overflow, forwarded)
+                self._learn(request, command.overflow, forwarded, sent)
             command = exchange.replanned(retry)
 
     async def _send(
@@ -370,7 +384,9 @@ class Service:
             and is_event_stream(response)
         )
 
-    def _learn(self, request: ProxyRequest, overflow: ContextOverflow, forwarded: Forwarded) -> None:
+    def _learn(
+        self, request: ProxyRequest, overflow: ContextOverflow, forwarded: Forwarded, sent: Plan
+    ) -> None:
         if not request.conversation.fittable:
             return  # the upstream counted a history we never saw: its numbers are not about ours
         self.learner.learn_from_overflow(
@@ -378,6 +394,8 @@ class Service:
             overflow,
             counter=request.counter,
             forwarded=forwarded.counted,
+            sent_tokens=sent.tokens_after,
+            output_tokens=sent.output_cap_tokens or request.conversation.requested_output_tokens,
         )
 
     async def _outcome(
@@ -406,6 +424,7 @@ class Service:
                 forwarded_tokens=plan.tokens_after,
                 usage=request.dialect.input_tokens_used,
                 usage_needles=request.dialect.usage_needles,
+                on_usage=self.boundary.on_usage(request, plan),
             )
         except BaseException:
             await response.aclose()

@@ -14,18 +14,24 @@ request (a handful of hooks, so the send loop stays readable):
 * ``await discover(model, base_url)``: the first time a model is seen, wait (at most the discovery's
   short timeout) for what the upstream says about it, and (with a ``KnowledgeShare``, when the
   cache backend is shared) for what other replicas learned. ``aclose()`` stops both.
-* ``learn_from_overflow(model, overflow, *, counter, forwarded)``: an upstream context error stated
-  the window and/or its count of our prompt.
-* ``await observe(response, *, model, counter, forwarded, stream, usage=None, usage_needles=...) ->
-  (response, warnings)``: a successful non-streaming response is read (its bytes are replayed
-  unchanged) and its ``usage.prompt_tokens`` (or what ``usage``, a dialect's ``input_tokens_used``,
-  finds in the answer or in the events holding every one of its ``usage_needles``) compared with our
-  count of ``forwarded``; a silent truncation adds the warning ``upstream-truncated`` to *this*
-  response (``window_tokens``: the window the request was planned for, None when it was a guess; a
-  usage at or over it is a cut too). A streamed response is wrapped so its SSE lines are scanned as
-  they pass (never buffered nor changed); its usage arrives after the headers, so a truncation found
-  there is logged and reported on the *next* response for that model. Either way the window is
-  learned at once.
+* ``learn_proven_window(model, window_tokens)``: a retry after such an error succeeded in that
+  window (``Knowledge.observe_proven``).
+* ``learn_from_overflow(model, overflow, *, counter, forwarded, sent_tokens=None,
+  output_tokens=None)``: an upstream context error stated the window and/or its count of our
+  prompt; one that states nothing teaches an upper bound of the window from what was sent (our
+  count ``sent_tokens`` and the body's output cap ``output_tokens``, ``Knowledge.observe_overflow``).
+* ``await observe(response, *, model, counter, forwarded, stream, usage=None, usage_needles=...,
+  on_usage=None) -> (response, warnings)``: a successful non-streaming response is read (its bytes
+  are replayed unchanged) and its ``usage.prompt_tokens`` (or what ``usage``, a dialect's
+  ``input_tokens_used``, finds in the answer or in the events holding every one of its
+  ``usage_needles``) compared with our count of ``forwarded``; a silent truncation adds the warning
+  ``upstream-truncated`` to *this* response (``window_tokens``: the window the request was planned
+  for, None when it was a guess; a usage at or over it is a cut too). A streamed response is
+  wrapped so its SSE lines are scanned as they pass (never buffered nor changed); its usage arrives
+  after the headers, so a truncation found there is logged and reported on the *next* response for
+  that model. Either way the window is learned at once. ``on_usage`` (optional) is called with the
+  upstream's count of the prompt once it is known and is not a truncation (the anchors of
+  ``app.service.boundary``).
 
 * ``report(resolve) -> list[dict]``: every model the proxy knows something about, with its
   effective figures, the source of each, the correction and what was learned (``GET
@@ -208,10 +214,18 @@ class Learner:
         *,
         counter: MessageCounter,
         forwarded: Mapping[str, Any],
+        sent_tokens: int | None = None,
+        output_tokens: int | None = None,
     ) -> None:
         fixed, text = counter.request_parts(forwarded)
         self.knowledge.observe_overflow(
-            model, overflow, fixed_tokens=fixed, text_tokens=text, exact=counter.exact
+            model,
+            overflow,
+            fixed_tokens=fixed,
+            text_tokens=text,
+            exact=counter.exact,
+            sent_tokens=sent_tokens,
+            output_tokens=output_tokens,
         )
         if self.share is not None:
             self.share.changed(model)
@@ -221,6 +235,24 @@ class Learner:
                 model,
                 overflow.limit_tokens,
                 overflow.dialect,
+            )
+        elif sent_tokens is not None:
+            facts = self.knowledge.facts(model)
+            if facts is not None and facts.learned_window_tokens is not None:
+                logger.info(
+                    "a context error without numbers: %r now taken to have at most a %d-token window",
+                    model,
+                    facts.learned_window_tokens,
+                )
+
+    def learn_proven_window(self, model: str, window_tokens: int) -> None:
+        """A success after an error without numbers proved ``window_tokens`` enough (see
+        ``Knowledge.observe_proven``)."""
+        if self.knowledge.observe_proven(model, window_tokens):
+            if self.share is not None:
+                self.share.changed(model)
+            logger.info(
+                "%r: a %d-token window is proven enough after an error without numbers", model, window_tokens
             )
 
     def learn_from_count(
@@ -250,6 +282,7 @@ class Learner:
         forwarded_tokens: int | None = None,
         usage: Extract | None = None,
         usage_needles: tuple[bytes, ...] = (b'"usage"',),
+        on_usage: Callable[[int], None] | None = None,
     ) -> tuple[UpstreamResponse, tuple[str, ...]]:
         warnings: list[str] = []
         if self.knowledge.take_warning(model):
@@ -272,6 +305,7 @@ class Learner:
                     streamed=False,
                     window_tokens=window_tokens,
                     forwarded_tokens=forwarded_tokens,
+                    on_usage=on_usage,
                 )
                 if verdict.truncated:
                     self.knowledge.take_warning(model)  # reported on this response
@@ -298,6 +332,7 @@ class Learner:
                     streamed=True,
                     window_tokens=window_tokens,
                     forwarded_tokens=forwarded_tokens,
+                    on_usage=on_usage,
                 )
 
         return ObservedResponse(response, on_chunk=scanner.feed, on_end=on_end), tuple(warnings)
@@ -312,6 +347,7 @@ class Learner:
         streamed: bool,
         window_tokens: int | None,
         forwarded_tokens: int | None,
+        on_usage: Callable[[int], None] | None = None,
     ) -> UsageVerdict:
         if counter.exact and forwarded_tokens is not None:
             # An exact count is only ever used whole (no correction splits it), and the plan
@@ -329,6 +365,8 @@ class Learner:
         )
         if self.share is not None and (verdict.sampled or verdict.truncated):
             self.share.changed(model)
+        if on_usage is not None and not verdict.truncated:
+            on_usage(prompt_tokens)
         if verdict.truncated:
             learned = (
                 f"; its window is now taken to be {verdict.learned_window_tokens} tokens"

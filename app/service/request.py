@@ -1,6 +1,8 @@
 """What a request brings, worked out once: its options, its body, and the request value.
 
-* ``RequestOptions``: the validated ``X-Context-*`` request headers.
+* ``RequestOptions``: the validated ``X-Context-*`` request headers (``upstream_count`` and
+  ``lower_output``: the ``X-Context-Upstream-Count`` / ``X-Context-Lower-Output`` switches of
+  ``app.service.boundary``).
 * ``parse_body(raw) -> dict`` turns bad JSON or a non-object into ``InvalidRequest``;
   ``dump_body(body) -> bytes`` writes a rewritten body back (``app.wire``).
 * ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
@@ -11,6 +13,9 @@
   the observers all take it; nothing resolves the model or builds the policy a second time.
   Its ``plan`` logs (ERROR) a plan the fit pipeline's final structural guard had to undo
   (``Plan.broken``: a strategy bug; the fallback plan is used).
+  ``limits`` (``budget.Limits``): what the request learned before it was (re)planned, a window, an
+  output cap, a margin (``app.service.boundary``, a retry); ``limited(limits)`` is the same request
+  with them, so every later plan of it (summaries too) applies them.
 * ``Forwarded``: what one plan sends (the body as a mapping and its bytes), built once per plan.
 """
 
@@ -25,7 +30,7 @@ from typing import Any
 import orjson
 
 from ..core.body_memo import BodyMemo
-from ..core.budget import Policy, PolicyMode
+from ..core.budget import Limits, Policy, PolicyMode
 from ..core.conversation import PRICE_KEY, Conversation
 from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
@@ -51,6 +56,8 @@ class RequestOptions:
     keep_turns: int | None = None
     summarize: bool | None = None
     cut_target: float | None = None
+    upstream_count: bool | None = None
+    lower_output: bool | None = None
 
 
 def load_json(raw: bytes) -> Any:
@@ -103,6 +110,7 @@ class ProxyRequest:
     options: RequestOptions
     headers: tuple[Header, ...] = ()
     calibrated: bool = False
+    limits: Limits | None = None
 
     @property
     def model(self) -> str:
@@ -112,9 +120,20 @@ class ProxyRequest:
     def stream(self) -> bool:
         return self.conversation.stream
 
-    def plan(self, *, cap_tokens: int | None = None, summaries: SummaryProvider | None = None) -> Plan:
-        """The plan of this request (no I/O), capped by ``X-Context-Budget`` and ``cap_tokens``;
-        ``summaries`` puts LLM summaries in place of dropped spans. Never raises ``CannotFit``."""
+    def limited(self, limits: Limits | None) -> ProxyRequest:
+        """This request with ``limits`` (None: the same request)."""
+        return self if limits is None or limits == self.limits else replace(self, limits=limits)
+
+    def plan(
+        self,
+        *,
+        cap_tokens: int | None = None,
+        summaries: SummaryProvider | None = None,
+        limits: Limits | None = None,
+    ) -> Plan:
+        """The plan of this request (no I/O), capped by ``X-Context-Budget`` and ``cap_tokens``,
+        under ``limits`` (default: the request's own); ``summaries`` puts LLM summaries in place of
+        dropped spans. Never raises ``CannotFit``."""
         caps = [c for c in (self.options.budget_tokens, cap_tokens) if c is not None]
         policy = self.policy if summaries is None else replace(self.policy, summarize=True)
         plan = plan_request(
@@ -126,6 +145,7 @@ class ProxyRequest:
             summaries=summaries,
             dialect=self.dialect,
             conversation=self.conversation,
+            limits=self.limits if limits is None else limits,
         )
         if plan.broken:
             logger.error(

@@ -50,6 +50,9 @@ def test_every_header_is_parsed_case_insensitively() -> None:
         ("X-Context-Cut-Target", "-0.5"),
         ("X-Context-Cut-Target", "nan"),
         ("X-Context-Cut-Target", "6e-1"),
+        ("X-Context-Upstream-Count", "no"),
+        ("X-Context-Lower-Output", "1"),
+        ("X-Context-Summarize", "yes"),
     ],
 )
 def test_bad_values_raise_invalid_request_naming_the_header(name: str, value: str) -> None:
@@ -57,3 +60,10 @@ def test_bad_values_raise_invalid_request_naming_the_header(name: str, value: st
         parse_context_headers(Headers({name: value}))
     assert info.value.param == name
     assert name in info.value.message
+
+
+def test_the_boundary_switches_are_on_or_off() -> None:
+    headers = Headers({"x-context-upstream-count": "OFF", "X-Context-Lower-Output": " on "})
+    options = parse_context_headers(headers)
+    assert options.upstream_count is False and options.lower_output is True
+    assert parse_context_headers(Headers({"X-Context-Summarize": "on"})).summarize is True

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import httpx
 import respx
 
-from app.api.responses import UpstreamStreamResponse, read_whole
+from app.api.responses import UpstreamStreamResponse, context_headers, read_whole
+from app.core.budget import Budget
+from app.core.dialects import DEFAULT_DIALECT
+from app.core.plan import Plan
+from app.core.registry import ModelSpec
 from app.upstream.client import UpstreamResponse
 from tests.api import UPSTREAM, chat_ok, proxy
 
@@ -134,3 +139,26 @@ async def test_a_stream_read_to_its_end_is_not_a_client_disconnect() -> None:
 async def test_a_client_that_leaves_mid_stream_is_a_disconnect() -> None:
     done = await run_stream(hang_up_after_end=False)
     assert done["fields"]["client_disconnected"] is True
+
+
+def test_context_headers_say_a_lowered_output_cap_and_the_upstreams_count() -> None:
+    spec = ModelSpec(name="m", window_tokens=4096, max_output_tokens=4096, encoding="o200k_base")
+    budget = Budget(window_tokens=4096, reserve_tokens=614, margin_tokens=41, tool_tokens=0)
+    plan = Plan(
+        model="m",
+        spec=spec,
+        budget=budget,
+        count_kind="exact",
+        tokens_before=3000,
+        tokens_after=3000,
+        changed=True,
+        fits=True,
+        messages=(),
+        message_tokens=(),
+        dialect=DEFAULT_DIALECT,
+    )
+    plain = dict(context_headers(plan, retries=0))
+    assert plain["X-Context-Window"] == "4096" and plain["X-Context-Budget"] == str(4096 - 614 - 41)
+    assert "X-Context-Output-Lowered" not in plain and "X-Context-Upstream-Tokens" not in plain
+    told = dict(context_headers(replace(plan, output_cap_tokens=614, upstream_tokens=2950), retries=1))
+    assert told["X-Context-Output-Lowered"] == "614" and told["X-Context-Upstream-Tokens"] == "2950"

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from app.core.budget import (
     POLICY_MODES,
     Budget,
+    Limits,
     Policy,
     budget_for,
     default_reserve_tokens,
+    margin_tokens_for,
     requested_output_tokens,
 )
 from app.core.registry import ModelSpec
@@ -85,7 +87,7 @@ def test_request_reserve_beats_policy_reserve() -> None:
         (8_192, 8_192, 1_229),
         (2_048, 2_048, 512),  # 307 clamped up to the minimum
         (128_000, 1_000, 1_000),  # never more than the model can output
-        (300, 300, 300),  # a tiny model: min clamp, then capped by max output
+        (300, 300, 150),  # a tiny model: min clamp, then never more than half the window
     ],
 )
 def test_default_reserve_is_15_percent_clamped(window: int, max_output: int, expected: int) -> None:
@@ -206,3 +208,38 @@ def test_policy_refined_applies_only_the_given_overrides() -> None:
     assert (refined.mode, refined.keep_turns, refined.reserve_tokens) == ("truncate", 0, 700)
     assert base.refined(reserve_tokens=10).reserve_tokens == 10
     assert base.keep_turns == 3  # the original value is untouched
+
+
+# ---- limits: what a request learned before it is planned again -----------------------------------
+
+
+def test_limits_override_the_window_the_reserve_and_the_margin() -> None:
+    limits = Limits(window_tokens=4_096, output_cap_tokens=500, margin_tokens=-200)
+    budget = budget_for(GPT4O, {"max_tokens": 32_000}, POLICY, tool_tokens=100, exact=True, limits=limits)
+    assert (budget.window_tokens, budget.reserve_tokens, budget.margin_tokens) == (4_096, 500, -200)
+    # A negative margin (we count more than the upstream) makes room above the window less reserve.
+    assert budget.input_budget_tokens == 4_096 - 500 + 200 - 100
+
+
+def test_a_learned_window_gets_its_own_default_reserve_and_margin() -> None:
+    budget = budget_for(GPT4O, {}, POLICY, tool_tokens=0, exact=True, limits=Limits(window_tokens=4_096))
+    assert (
+        budget.reserve_tokens == 614
+        and budget.margin_tokens == margin_tokens_for(4_096, POLICY, exact=True) == 41
+    )
+
+
+def test_an_output_cap_limit_never_raises_the_reserve() -> None:
+    budget = budget_for(
+        GPT4O, {"max_tokens": 300}, POLICY, tool_tokens=0, exact=True, limits=Limits(output_cap_tokens=900)
+    )
+    assert budget.reserve_tokens == 300
+
+
+def test_the_default_reserve_never_fills_the_window() -> None:
+    assert default_reserve_tokens(model(128_000, 16_384), POLICY, window_tokens=600) == 300
+
+
+def test_refined_switches_lowering_off_per_request() -> None:
+    assert Policy().lower_output and not Policy().refined(lower_output=False).lower_output
+    assert Policy(lower_output=False).refined(lower_output=None).lower_output is False

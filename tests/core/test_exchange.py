@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from app.core.budget import Budget, PolicyMode
+from app.core.budget import Budget, Policy, PolicyMode
 from app.core.dialects import CHAT, DIALECTS
 from app.core.exchange import Deliver, Exchange, ExchangeStateError, Fail, Replan, Send
 from app.core.plan import Plan
@@ -129,13 +130,74 @@ def test_other_errors_are_delivered_and_an_overflow_without_room_carries_its_num
     ex = exchange()
     ex.start(plan(9_000))
     assert ex.answered(500, b"<html>oops</html>") == Deliver()
-    ex = exchange()
+    # A client's output cap at the window that may not be lowered: no cap can help, but the
+    # overflow rides on the Deliver so the driver still learns the window from it.
+    ex = Exchange(dialect=CHAT, mode="auto", policy=Policy(lower_output=False), requested_output_tokens=1_000)
     ex.start(plan(9_000))
-    # The window is smaller than the output reserve: no cap can help, but the overflow rides on
-    # the Deliver so the driver still learns the window from it.
     command = ex.answered(400, overflow_body(800, 9_500))
     assert isinstance(command, Deliver) and command.overflow is not None
     assert command.overflow.limit_tokens == 800
+
+
+def test_a_reserve_at_or_over_the_window_is_lowered_not_a_reason_to_stop() -> None:
+    # Our own reserve (1,000: the client set none) is over the 800-token window the error states.
+    ex = exchange()
+    ex.start(plan(9_000))
+    command = ex.answered(400, overflow_body(800, 9_500))
+    assert isinstance(command, Replan) and command.limits is not None
+    assert command.limits.window_tokens == 800
+    assert command.limits.output_cap_tokens is not None and command.limits.output_cap_tokens <= 400
+    assert 0 < command.cap_tokens < 800 - command.limits.output_cap_tokens
+
+
+def test_a_clients_output_cap_over_the_window_is_lowered_to_keep_the_prompt_whole() -> None:
+    # Anthropic's numbers: the prompt (3,000) fits; the client's 32,000 output cap does not.
+    body = json.dumps(
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "input length and `max_tokens` exceed context limit: 3000 + 32000 > 8000, "
+                "decrease input length or `max_tokens` and try again",
+            },
+        }
+    ).encode()
+    ex = Exchange(dialect=DIALECTS["messages"], mode="auto", requested_output_tokens=32_000)
+    sent = plan(3_000)
+    ex.start(sent)
+    command = ex.answered(400, body)
+    assert isinstance(command, Replan) and command.limits is not None
+    assert command.limits.window_tokens == 8_000
+    assert command.limits.output_cap_tokens == 8_000 - 3_000 - 80  # the prompt whole, 1% kept free
+    assert command.cap_tokens == 3_000
+    # The same prompt with the lower cap is smaller for the upstream: it is sent.
+    lowered = replace(plan(3_000, changed=True), output_cap_tokens=command.limits.output_cap_tokens)
+    assert ex.replanned(lowered) == Send(lowered)
+    # Without a lower cap, the same prompt again would not help.
+    ex = Exchange(dialect=DIALECTS["messages"], mode="auto", requested_output_tokens=32_000)
+    ex.start(sent)
+    ex.answered(400, body)
+    assert ex.replanned(plan(3_000, changed=True)) == Deliver()
+
+
+def test_an_overflow_without_numbers_fits_the_retry_to_half_of_what_was_refused() -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": "Your input exceeds the context window of this model. Please adjust your input "
+                "and try again.",
+                "type": "invalid_request_error",
+                "param": "input",
+                "code": "context_length_exceeded",
+            }
+        }
+    ).encode()
+    ex = Exchange(dialect=DIALECTS["responses"], mode="auto")
+    ex.start(plan(9_000))
+    command = ex.answered(400, body)
+    assert isinstance(command, Replan) and command.limits is not None
+    assert command.limits.window_tokens == 4_500
+    assert command.cap_tokens == 4_500
 
 
 def test_at_most_max_retries_then_the_last_answer_is_delivered_unread() -> None:
@@ -195,3 +257,36 @@ def test_an_overflow_inside_a_200_stream_is_replanned_and_other_streams_are_deli
         ok.answered_stream(created + b'event: response.output_text.delta\ndata: {"delta":"x"}\n\n')
         == Deliver()
     )
+
+
+def test_a_success_after_a_refusal_without_numbers_proves_the_window_it_was_fitted_to() -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": "Your input exceeds the context window of this model.",
+                "code": "context_length_exceeded",
+            }
+        }
+    ).encode()
+    ex = Exchange(dialect=DIALECTS["responses"], mode="auto")
+    ex.start(plan(9_000))
+    command = ex.answered(400, body)
+    assert isinstance(command, Replan)
+    # The retry, planned in a 4,500-token window (budget 3,600), sends 1,800 tokens and succeeds.
+    small = Budget(window_tokens=4_500, reserve_tokens=855, margin_tokens=45, tool_tokens=0)
+    retry = replace(plan(1_800, changed=True), budget=small)
+    assert ex.replanned(retry) == Send(retry)
+    delivered = ex.answered(200, None)
+    assert delivered == Deliver(proven_window_tokens=math.ceil(1_800 * 4_500 / 3_600))
+    # Without such a refusal a success proves nothing.
+    plain = exchange()
+    plain.start(plan(500))
+    assert plain.answered(200, None) == Deliver()
+
+
+def test_an_output_cap_lowered_before_stays_lowered_in_the_retry() -> None:
+    ex = Exchange(dialect=CHAT, mode="auto", requested_output_tokens=32_000)
+    ex.start(replace(plan(9_000, changed=True), output_cap_tokens=20_000))
+    command = ex.answered(400, overflow_body(60_000, 62_000))
+    assert isinstance(command, Replan) and command.limits is not None
+    assert command.limits.output_cap_tokens == 20_000 and command.limits.window_tokens == 60_000

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.core.budget import Policy
+from app.core.budget import Limits, Policy
 from app.core.conversation import Conversation
 from app.core.dialects import CHAT, RESPONSES
 from app.core.errors import InvalidRequest
@@ -560,3 +560,41 @@ def test_the_output_cap_comes_from_the_conversation(counter: FakeMessageCounter)
     capped = replace(CHAT.parse(body(messages)), requested_output_tokens=321)
     result = plan_request(body(messages), spec=SPEC, policy=Policy(), counter=counter, conversation=capped)
     assert result.budget.reserve_tokens == 321
+
+
+def test_an_output_cap_limit_lowers_the_forwarded_cap_and_says_so(counter: FakeMessageCounter) -> None:
+    messages = chat(5)
+    request = {**body(messages), "max_tokens": 5_000}
+    plain = plan_request(request, spec=SPEC, policy=Policy(), counter=counter)
+    assert plain.output_cap_tokens is None and not plain.changed
+    lowered = plan_request(
+        request, spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=1_000)
+    )
+    assert lowered.fits and lowered.changed and lowered.output_cap_tokens == 1_000
+    assert lowered.budget.reserve_tokens == 1_000
+    assert [a.kind for a in lowered.actions] == ["output_lowered"]
+    forwarded = lowered.body(request)
+    assert forwarded["max_tokens"] == 1_000 and forwarded["messages"] == messages
+    # A cap at or above the client's own lowers nothing; a body without a cap is left without one.
+    same = plan_request(
+        request, spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=5_000)
+    )
+    assert same.output_cap_tokens is None and not same.changed
+    bare = plan_request(
+        body(messages), spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=10)
+    )
+    assert bare.output_cap_tokens is None and bare.budget.reserve_tokens == 10
+
+
+def test_a_plan_that_does_not_fit_carries_no_lowered_cap(counter: FakeMessageCounter) -> None:
+    request = {**body(chat(30)), "max_tokens": 5_000}
+    over = plan_request(
+        request,
+        spec=SPEC,
+        policy=Policy(mode="reject"),
+        counter=counter,
+        cap_tokens=50,
+        limits=Limits(output_cap_tokens=100),
+    )
+    assert not over.fits and over.output_cap_tokens is None
+    assert "output_lowered" not in [a.kind for a in over.actions]

@@ -311,3 +311,72 @@ def test_a_shared_count_calibration_keeps_its_source() -> None:
     other = Knowledge()
     assert other.absorb(M, exported)
     assert sources(other.effective(spec()))["correction"] == "calibrated:count"
+
+
+# -- errors without numbers, proven windows, precision -----------------------------------------------
+
+
+NO_NUMBERS = ContextOverflow("openai", message="Your input exceeds the context window of this model.")
+
+
+def test_an_error_without_numbers_teaches_half_of_what_was_refused_and_each_one_halves_again() -> None:
+    k = Knowledge()
+    k.observe_overflow(M, NO_NUMBERS, fixed_tokens=10, text_tokens=1000, exact=True, sent_tokens=33_000)
+    s = k.effective(spec(window=131_072))
+    assert s.window_tokens == 16_500 and sources(s)["window"] == "learned:bound"
+    # Nothing sent, nothing learned; a larger refusal does not raise it; a smaller one halves it.
+    k.observe_overflow(M, NO_NUMBERS, fixed_tokens=10, text_tokens=1000, exact=True)
+    k.observe_overflow(M, NO_NUMBERS, fixed_tokens=10, text_tokens=1000, exact=True, sent_tokens=40_000)
+    assert k.effective(spec(window=131_072)).window_tokens == 16_500
+    k.observe_overflow(
+        M, NO_NUMBERS, fixed_tokens=10, text_tokens=1000, exact=True, sent_tokens=6_000, output_tokens=2_000
+    )
+    assert k.effective(spec(window=131_072)).window_tokens == 4_000
+
+
+def test_a_window_stated_by_numbers_is_not_raised_by_a_bound() -> None:
+    k = Knowledge()
+    k.observe_overflow(
+        M, ContextOverflow("openai", limit_tokens=4096), fixed_tokens=10, text_tokens=1000, exact=True
+    )
+    k.observe_overflow(M, NO_NUMBERS, fixed_tokens=10, text_tokens=1000, exact=True, sent_tokens=20_000)
+    s = k.effective(spec(window=131_072))
+    assert s.window_tokens == 4096 and sources(s)["window"] == "learned:overflow"
+
+
+def test_a_success_after_a_bound_proves_the_window_the_next_requests_fit_to() -> None:
+    k = Knowledge()
+    assert not k.observe_proven(M, 3_000)  # nothing learned from a bound yet
+    k.observe_overflow(M, NO_NUMBERS, fixed_tokens=10, text_tokens=1000, exact=True, sent_tokens=10_000)
+    assert k.observe_proven(M, 3_900)
+    assert k.effective(spec(window=131_072)).window_tokens == 3_900
+    assert not k.observe_proven(M, 4_500)  # a proven window never raises the learned one
+
+
+def test_a_shared_bound_is_absorbed_like_any_learned_window() -> None:
+    k = Knowledge()
+    k.observe_overflow(M, NO_NUMBERS, fixed_tokens=10, text_tokens=1000, exact=True, sent_tokens=10_000)
+    exported = k.export(M)
+    assert exported is not None and exported["learned_from"] == "learned:bound"
+    other = Knowledge()
+    assert other.absorb(M, exported)
+    assert sources(other.effective(spec(window=131_072)))["window"] == "learned:bound"
+    assert not other.absorb(M, {**exported, "learned_from": "learned:guess"})
+
+
+def test_precision_needs_samples_and_measures_how_far_the_upstream_strayed_from_ours() -> None:
+    k = Knowledge()
+    for prompt in (1010, 1030):
+        usage(k, prompt, exact=True, fixed=1000, text=0)
+    assert k.precision(M, exact=True) is None
+    usage(k, 990, exact=True, fixed=1000, text=0)
+    exact = k.precision(M, exact=True)
+    assert exact is not None and exact.samples == 3
+    assert exact.under == pytest.approx(0.03) and exact.over == pytest.approx(0.01)
+    # An estimate's are measured against its calibrated correction (the median).
+    e = Knowledge()
+    for text in (1000, 1100, 1200):
+        e.observe_usage(M, prompt_tokens=10 + text, fixed_tokens=10, text_tokens=1000, exact=False)
+    measured = e.precision(M, exact=False)
+    assert measured is not None
+    assert measured.under == pytest.approx(1.2 / 1.1 - 1) and measured.over == pytest.approx(1 - 1.0 / 1.1)

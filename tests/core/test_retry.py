@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.budget import Budget
+from app.core.budget import Budget, Policy, default_reserve_tokens
 from app.core.overflow import ContextOverflow, classify_overflow
-from app.core.retry import MAX_RETRIES, retry_cap_tokens
+from app.core.registry import ModelSpec
+from app.core.retry import MAX_RETRIES, RetrySize, retry_cap_tokens, retry_size, window_after_refusal
 from app.core.tokens import REPLY_PRIMING_TOKENS
 
 BUDGET = Budget(window_tokens=8192, reserve_tokens=1000, margin_tokens=82, tool_tokens=0)
@@ -230,3 +231,118 @@ def test_the_cap_is_monotone(o: ContextOverflow, sent: int, budget: Budget, marg
         retry_cap_tokens(overflow=o, sent_tokens=sent, budget=budget, margin_ratio=min(margin + 0.05, 0.45))
     )
     assert wider <= base
+
+
+# ---- retry_size: the window and the output of the next attempt ------------------------------------
+
+
+SPEC_4K = ModelSpec(name="m", window_tokens=131_072, max_output_tokens=16_384, encoding="o200k_base")
+
+
+def test_window_after_refusal_halves_unless_a_larger_input_was_taken_whole() -> None:
+    assert window_after_refusal(33_660) == 16_830
+    assert window_after_refusal(10_000, known_good_tokens=7_000) == 7_000
+    assert window_after_refusal(10_000, known_good_tokens=20_000) == 9_999  # never at what it refused
+    assert window_after_refusal(1) == 1
+
+
+def test_a_stated_window_is_what_the_retry_is_fitted_to() -> None:
+    size = retry_size(
+        overflow=overflow(limit=8192, prompt=10000, output=1000),
+        sent_tokens=8000,
+        budget=BUDGET,
+        spec=SPEC_4K,
+        policy=Policy(),
+    )
+    assert size == RetrySize(cap_tokens=math.floor((8192 - 1000) / 1.25 * 0.95), window_tokens=8192)
+
+
+def test_our_reserve_over_the_stated_window_is_lowered_to_the_windows_default() -> None:
+    # The repro: no max_tokens, the table's 4,096 reserve, a 4,096-token server.
+    budget = Budget(window_tokens=131_072, reserve_tokens=4096, margin_tokens=1311, tool_tokens=0)
+    size = retry_size(
+        overflow=overflow(limit=4096, prompt=33_660),
+        sent_tokens=33_660,
+        budget=budget,
+        spec=SPEC_4K,
+        policy=Policy(),
+    )
+    assert size is not None and size.window_tokens == 4096
+    assert size.output_cap_tokens == 614  # 15% of 4,096
+    assert 0 < size.cap_tokens <= math.floor((4096 - 614) * 0.95)
+
+
+def test_a_clients_cap_over_the_window_keeps_the_prompt_whole_when_the_floor_allows() -> None:
+    budget = Budget(window_tokens=200_000, reserve_tokens=32_000, margin_tokens=2000, tool_tokens=0)
+    o = overflow(limit=60_000, prompt=30_000, output=32_000)
+    size = retry_size(
+        overflow=o,
+        sent_tokens=28_000,
+        budget=budget,
+        spec=SPEC_4K,
+        policy=Policy(),
+        requested_output_tokens=32_000,
+    )
+    assert size is not None and size.output_cap_tokens == 60_000 - 30_000 - 600
+    assert size.cap_tokens == 28_000 and size.margin_tokens == 60_000 - size.output_cap_tokens - 28_000
+    # Not allowed to lower the client's cap: nothing helps.
+    assert (
+        retry_size(
+            overflow=o,
+            sent_tokens=28_000,
+            budget=budget,
+            spec=SPEC_4K,
+            policy=Policy(lower_output=False),
+            requested_output_tokens=32_000,
+        )
+        is None
+    )
+
+
+def test_a_clients_cap_with_no_room_for_the_prompt_comes_down_to_the_floor_and_the_input_is_cut() -> None:
+    budget = Budget(window_tokens=200_000, reserve_tokens=32_000, margin_tokens=2000, tool_tokens=0)
+    o = overflow(limit=60_000, prompt=59_500, output=32_000)
+    size = retry_size(
+        overflow=o,
+        sent_tokens=55_000,
+        budget=budget,
+        spec=SPEC_4K,
+        policy=Policy(),
+        requested_output_tokens=32_000,
+    )
+    assert size is not None and size.output_cap_tokens == 4096  # the window's default, above the floor
+    assert size.cap_tokens < 55_000 and size.margin_tokens is None
+
+
+def test_no_numbers_fit_the_retry_to_half_of_what_was_refused_output_cap_included() -> None:
+    size = retry_size(overflow=overflow(), sent_tokens=30_000, budget=BUDGET, spec=SPEC_4K, policy=Policy())
+    assert size == RetrySize(cap_tokens=15_000, window_tokens=15_000)
+    with_cap = retry_size(
+        overflow=overflow(),
+        sent_tokens=30_000,
+        budget=BUDGET,
+        spec=SPEC_4K,
+        policy=Policy(),
+        requested_output_tokens=2_000,
+    )
+    assert with_cap is not None and with_cap.window_tokens == 16_000 and with_cap.output_cap_tokens is None
+    # A cap over half that window comes down (when allowed).
+    big = retry_size(
+        overflow=overflow(),
+        sent_tokens=30_000,
+        budget=BUDGET,
+        spec=SPEC_4K,
+        policy=Policy(),
+        requested_output_tokens=30_000,
+    )
+    assert big is not None and big.window_tokens == 30_000 and big.output_cap_tokens == 4096
+
+
+def test_two_refusals_without_numbers_bring_a_wrong_table_to_a_small_servers_reach() -> None:
+    first = retry_size(overflow=overflow(), sent_tokens=33_660, budget=BUDGET, spec=SPEC_4K, policy=Policy())
+    assert first is not None and first.window_tokens == 16_830
+    # The retry planned in that window (cut to its target share) is refused again.
+    second = retry_size(overflow=overflow(), sent_tokens=8_500, budget=BUDGET, spec=SPEC_4K, policy=Policy())
+    assert second is not None and second.window_tokens == 4_250
+    # Planned in that window, with its default reserve, the input stays under a 4,096-token server's.
+    assert second.window_tokens - default_reserve_tokens(SPEC_4K, Policy(), window_tokens=4_250) < 4_096

@@ -21,6 +21,8 @@ from tests.fake_upstream import FakeModel, serve_proxy
 MODEL = FakeModel("resp-e2e", 4096, max_output_tokens=512)
 # Counts 1.5x what the proxy counts (a tokenizer the proxy does not have): only a retry gets through.
 RATIO = FakeModel("resp-ratio", 4096, max_output_tokens=512, counter_ratio=1.5)
+# The same, for the streamed case: what the first refusal teaches (per model) must not carry over.
+RATIO_STREAM = FakeModel("resp-ratio-stream", 4096, max_output_tokens=512, counter_ratio=1.5)
 MAX_BODY_BYTES = 2 * 1024 * 1024
 TOOLS = [
     {
@@ -52,13 +54,13 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    fake = FakeResponsesUpstream([MODEL, RATIO])
+    fake = FakeResponsesUpstream([MODEL, RATIO, RATIO_STREAM])
     models_file: Path = tmp_path_factory.mktemp("responses") / "models.toml"
     models_file.write_text(
         "".join(
             f'[models."{m.name}"]\nwindow = {m.window_tokens}\nmax_output = {m.max_output_tokens}\n'
             f'encoding = "{m.encoding}"\n'
-            for m in (MODEL, RATIO)
+            for m in (MODEL, RATIO, RATIO_STREAM)
         ),
         encoding="utf-8",
     )
@@ -226,17 +228,26 @@ def test_an_upstream_overflow_is_retried_smaller(e2e: Stack, client: openai.Open
     """The upstream counts more than the proxy: its context_length_exceeded (a 400, or a
     ``response.failed`` event inside a 200 stream) makes the proxy retry with a smaller body."""
     e2e.fake.overflow_in_stream = stream
+    model = RATIO_STREAM if stream else RATIO
     items = long_session(e2e.fake, calls=6, output_words=300)
     if stream:
-        events = list(client.responses.create(model=RATIO.name, input=items, tools=TOOLS, stream=True))
+        events = list(client.responses.create(model=model.name, input=items, tools=TOOLS, stream=True))
         assert events[-1].type == "response.completed"
     else:
-        assert client.responses.create(model=RATIO.name, input=items, tools=TOOLS).status == "completed"
+        assert client.responses.create(model=model.name, input=items, tools=TOOLS).status == "completed"
     statuses = [r.status for r in e2e.fake.responses()]
     assert len(statuses) >= 2 and statuses[-1] == 200
     refused = e2e.fake.responses()[0]
     assert (refused.status == 200) if stream else (refused.status == 400)  # the failed event or the 400
     assert len(e2e.fake.responses()[-1].body) < len(refused.body)
+    # The refusal stated no window; the bound it taught holds for the next request of the model.
+    e2e.fake.clear()
+    more = [*items, {"role": "user", "content": "One more question, please."}]
+    if stream:
+        list(client.responses.create(model=model.name, input=more, tools=TOOLS, stream=True))
+    else:
+        client.responses.create(model=model.name, input=more, tools=TOOLS)
+    assert [r.status for r in e2e.fake.responses()] == [200]
 
 
 def test_previous_response_id_is_passed_through(e2e: Stack, client: openai.OpenAI) -> None:

@@ -7,12 +7,16 @@ fake upstream's count is over the 4,096-token window.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import openai
 import pytest
 
 from app.core.tokens import MessageCounter
 from tests.e2e.conftest import RATIO, WINDOW_TOKENS, Stack, conversation
-from tests.fake_upstream import DIALECTS
+from tests.fake_responses_upstream import FakeResponsesUpstream
+from tests.fake_upstream import DIALECTS, FakeModel, serve_proxy
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -47,3 +51,45 @@ def test_only_the_emergency_retry_saves_it(
     assert forwarded[0] == messages[0]
     assert forwarded[-1] == messages[-1]
     assert int(headers["x-context-tokens-after"]) < ours
+
+
+def test_errors_without_numbers_and_a_wrong_table_converge_in_the_first_request_and_never_fail_after(
+    tmp_path: Path,
+) -> None:
+    """The issue's target: the table says 131,072, the server's window is 4,096 and its refusals
+    ("Your input exceeds the context window of this model") carry no numbers. At most two refused
+    calls for the first request, none after, no error to the client (real HTTP, the OpenAI SDK)."""
+    model = FakeModel("wrong-table", 4096, max_output_tokens=1024)
+    fake = FakeResponsesUpstream([model])
+    table = tmp_path / "models.toml"
+    table.write_text(
+        f'[models."{model.name}"]\nwindow = 131072\nmax_output = 16384\nencoding = "o200k_base"\n',
+        encoding="utf-8",
+    )
+    items: list[dict[str, Any]] = []
+    for turn in range(60):  # ~34K tokens of history
+        items.append({"role": "user", "content": " ".join(f"question{turn}-{i}" for i in range(70))})
+        items.append({"role": "assistant", "content": " ".join(f"answer{turn}-{i}" for i in range(70))})
+    with (
+        fake.serve() as upstream_url,
+        serve_proxy(upstream_url, models_file=table, discovery=False) as proxy_url,
+    ):
+        client = openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="test", max_retries=0)
+        windows, budgets = [], []
+        for n in range(4):
+            items.append({"role": "user", "content": f"Next question {n}, please."})
+            raw = client.responses.with_raw_response.create(model=model.name, input=items)
+            assert raw.parse().status == "completed"
+            windows.append(int(raw.headers["x-context-window"]))
+            budgets.append(int(raw.headers["x-context-budget"]))
+            statuses = [r.status for r in fake.responses()]
+            if n == 0:
+                assert statuses[-1] == 200 and 1 <= statuses.count(400) <= 2
+                assert int(raw.headers["x-context-retries"]) == statuses.count(400)
+            else:
+                assert statuses == [200]
+            fake.clear()
+    # Every response reports what it was fitted to: the first the window its retry found, the
+    # next ones the window the first one's success proved, whose budget holds what it carried.
+    assert windows[0] < 131_072 and len(set(windows[1:])) == 1 and windows[1] <= windows[0]
+    assert all(b < 4096 for b in budgets[1:])

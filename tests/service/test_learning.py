@@ -9,7 +9,10 @@ from typing import Any
 import httpx
 import respx
 
+from app.core.estimate import EstimateCounter
+from app.core.overflow import ContextOverflow
 from app.core.registry import ModelSpec
+from app.core.tokens import MessageCounter
 from app.service.learning import Learner
 from tests.api import UPSTREAM, proxy
 
@@ -171,7 +174,8 @@ async def test_a_context_error_teaches_the_window_for_the_next_request() -> None
     async with proxy(router, registry=EstimateRegistry(), discovery=False) as (client, _):
         first = await client.post("/v1/chat/completions", json=request(4000))
         second = await client.post("/v1/chat/completions", json=request(4000, seed=1))
-    assert first.headers["x-context-retries"] == "1" and first.headers["x-context-window"] == "8192"
+    # The retry was fitted to the window the error taught, and says so.
+    assert first.headers["x-context-retries"] == "1" and first.headers["x-context-window"] == "4096"
     assert second.headers["x-context-retries"] == "0" and second.headers["x-context-window"] == "4096"
     assert route.call_count == 3
 
@@ -297,3 +301,57 @@ async def test_a_count_answer_that_is_not_a_count_teaches_nothing_and_passes_bac
         second = await client.post("/v1/messages/count_tokens", json=messages_request())
         assert first.json() == {"input_tokens": "many"} and second.content == b"input_tokens: 12"
         assert learner_of(app).knowledge.facts(MODEL) is None
+
+
+class Answer:
+    """The part of an upstream response ``Learner.observe`` reads, for a non-streaming answer."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.status_code = 200
+        self.headers: list[tuple[str, str]] = []
+        self._body = json.dumps(body).encode()
+
+    async def aread(self) -> bytes:
+        return self._body
+
+    def decoded_body(self) -> bytes:
+        return self._body
+
+
+async def test_usage_reaches_the_on_usage_hook_unless_it_is_a_truncation() -> None:
+    counter = MessageCounter(EstimateCounter())
+    forwarded = request(400)
+    fixed, text = counter.request_parts(forwarded)
+    learner = Learner()
+    seen: list[int] = []
+    for prompt in (fixed + text, 10):  # the same as ours; then far below it: a silent cut
+        await learner.observe(
+            Answer(usage_response(prompt).json()),  # type: ignore[arg-type]
+            model=MODEL,
+            counter=counter,
+            forwarded=forwarded,
+            stream=False,
+            on_usage=seen.append,
+        )
+    assert seen == [fixed + text]
+
+
+def test_a_proven_window_after_an_error_without_numbers_is_learned() -> None:
+    learner = Learner()
+    learner.learn_proven_window(MODEL, 3_000)  # nothing learned from a bound yet: no change
+    assert learner.knowledge.facts(MODEL) is None
+    counter_body = {"messages": [{"role": "user", "content": prose(50)}]}
+    learner.learn_from_overflow(
+        MODEL,
+        ContextOverflow("openai", message="Your input exceeds the context window of this model."),
+        counter=MessageCounter(EstimateCounter()),
+        forwarded=counter_body,
+        sent_tokens=20_000,
+    )
+    facts = learner.knowledge.facts(MODEL)
+    assert (
+        facts is not None and facts.learned_window_tokens == 10_000 and facts.learned_from == "learned:bound"
+    )
+    learner.learn_proven_window(MODEL, 3_500)
+    facts = learner.knowledge.facts(MODEL)
+    assert facts is not None and facts.learned_window_tokens == 3_500

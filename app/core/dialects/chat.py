@@ -32,6 +32,7 @@ from ..registry import ModelSpec
 from ..tokens import MessageCounter
 
 _AT_INDEX = re.compile(r" at \d+\b")
+OUTPUT_CAP_KEYS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
 
 
 def openai_error_type(error: ErrorInfo) -> str:
@@ -147,6 +148,21 @@ class ChatDialect:
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(openai_error(error), ensure_ascii=False, separators=(",", ":"))
         return b"data: " + payload.encode("utf-8") + b"\n\n"
+
+    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None:
+        """None: Chat Completions has no counting endpoint (vLLM's and llama.cpp's ``/tokenize``
+        live outside ``/v1`` and count a templated prompt, not this request)."""
+        return None
+
+    def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None:
+        """Every output cap the body sets (``max_completion_tokens``, ``max_tokens``) lowered to
+        ``tokens``; a body without one is returned as it is (the upstream's default applies)."""
+        capped = dict(body)
+        for key in OUTPUT_CAP_KEYS:
+            value = body.get(key)
+            if type(value) is int and value > tokens:
+                capped[key] = tokens
+        return capped
 
 
 CHAT = ChatDialect()

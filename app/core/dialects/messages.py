@@ -98,6 +98,25 @@ REDACTED_THINKING_CHARS_PER_TOKEN = 4
 # 32 MB request limit), so a hostile body cannot make parsing unbounded.
 DOCUMENT_MAX_DECODED_CHARS = 64 * 1024 * 1024
 
+# Anthropic: ``thinking.budget_tokens`` must be at least 1,024 and less than ``max_tokens``.
+THINKING_MIN_BUDGET_TOKENS = 1024
+# The body fields ``POST /v1/messages/count_tokens`` takes (Anthropic's reference; the beta ones
+# too, so a count of a beta request counts what the request sends).
+COUNT_FIELDS: frozenset[str] = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "mcp_servers",
+        "context_management",
+        "output_config",
+        "output_format",
+    }
+)
+
 LONG_CONTEXT_BETA = "context-1m-2025-08-07"
 LONG_CONTEXT_WINDOW_TOKENS = 1_000_000
 # Model-table keys (``ModelSpec.matched``) whose window the beta above raises to 1M tokens
@@ -569,6 +588,27 @@ class MessagesDialect:
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(anthropic_error(error), ensure_ascii=False, separators=(",", ":"))
         return b"event: error\ndata: " + payload.encode("utf-8") + b"\n\n"
+
+    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None:
+        """``POST messages/count_tokens`` with the fields it takes (``COUNT_FIELDS``: the prompt's;
+        ``max_tokens``, ``stream``, ``metadata``... are refused there as extra inputs)."""
+        return "messages/count_tokens", {k: v for k, v in body.items() if k in COUNT_FIELDS}
+
+    def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None:
+        """``max_tokens`` lowered to ``tokens``; an enabled thinking budget must stay below it (and
+        at least ``THINKING_MIN_BUDGET_TOKENS``), so it is lowered too, or None when it cannot."""
+        cap = body.get("max_tokens")
+        if type(cap) is not int or cap <= tokens:
+            return dict(body)
+        capped = {**body, "max_tokens": tokens}
+        thinking = body.get("thinking")
+        if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+            budget = thinking.get("budget_tokens")
+            if type(budget) is int and budget >= tokens:
+                if tokens - 1 < THINKING_MIN_BUDGET_TOKENS:
+                    return None
+                capped["thinking"] = {**thinking, "budget_tokens": tokens - 1}
+        return capped
 
 
 MESSAGES = MessagesDialect()

@@ -69,6 +69,25 @@ from .responses_items import (
     unfittable_reason,
 )
 
+# The body fields ``POST /v1/responses/input_tokens`` takes (OpenAI's reference: conversation,
+# input, instructions, model, parallel_tool_calls, previous_response_id, reasoning, text,
+# tool_choice, tools, truncation).
+COUNT_FIELDS: frozenset[str] = frozenset(
+    {
+        "conversation",
+        "input",
+        "instructions",
+        "model",
+        "parallel_tool_calls",
+        "previous_response_id",
+        "reasoning",
+        "text",
+        "tool_choice",
+        "tools",
+        "truncation",
+    }
+)
+
 # -- the dialect ------------------------------------------------------------------------------
 
 
@@ -212,6 +231,18 @@ class ResponsesDialect:
         }
         data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
         return f"event: error\ndata: {data}\n\n".encode()
+
+    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None:
+        """``POST responses/input_tokens`` with the fields it takes (``COUNT_FIELDS``): the same
+        input, tools and settings that shape the prompt; the output settings stay out."""
+        return "responses/input_tokens", {k: v for k, v in body.items() if k in COUNT_FIELDS}
+
+    def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None:
+        """``max_output_tokens`` lowered to ``tokens`` (reasoning tokens count against it too)."""
+        cap = body.get("max_output_tokens")
+        if type(cap) is int and cap > tokens:
+            return {**body, "max_output_tokens": tokens}
+        return dict(body)
 
 
 def _error_type(error: ErrorInfo) -> str:

@@ -95,3 +95,13 @@ def test_overflow_and_usage() -> None:
     assert CHAT.input_tokens_used({"usage": {"prompt_tokens": True}}) is None
     assert CHAT.input_tokens_used({"choices": []}) is None
     assert CHAT.count_answer(5)["input_tokens"] == 5
+
+
+def test_chat_has_no_counting_endpoint_and_lowers_every_output_cap_it_sets() -> None:
+    body = {"model": "m", "messages": [], "max_tokens": 5_000, "max_completion_tokens": 6_000, "n": 1}
+    assert CHAT.count_request(body) is None
+    capped = CHAT.with_output_cap(body, 1_000)
+    assert capped == {**body, "max_tokens": 1_000, "max_completion_tokens": 1_000}
+    assert body["max_tokens"] == 5_000  # the input is never mutated
+    assert CHAT.with_output_cap({"model": "m", "max_tokens": 500}, 1_000) == {"model": "m", "max_tokens": 500}
+    assert CHAT.with_output_cap({"model": "m"}, 1_000) == {"model": "m"}

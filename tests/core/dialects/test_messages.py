@@ -688,3 +688,45 @@ def test_any_body_is_planned_or_refused_as_an_invalid_request(body: dict[str, An
     assert isinstance(MESSAGES.problems(out), list)
     new = set(MESSAGES.problems(out)) - set(MESSAGES.problems(body))
     assert not new, (new, plan.actions)
+
+
+def test_the_count_request_drops_what_count_tokens_refuses() -> None:
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 32_000,
+        "stream": True,
+        "metadata": {"user_id": "u"},
+        "system": "Be careful.",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+        "thinking": {"type": "enabled", "budget_tokens": 2_000},
+        "temperature": 1,
+    }
+    call = MESSAGES.count_request(body)
+    assert call is not None
+    path, counted = call
+    assert path == "messages/count_tokens"
+    assert counted == {k: body[k] for k in ("model", "system", "messages", "tools", "thinking")}
+
+
+def test_lowering_max_tokens_lowers_a_thinking_budget_that_would_reach_it() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 32_000,
+        "messages": [],
+        "thinking": {"type": "enabled", "budget_tokens": 31_999},
+    }
+    capped = MESSAGES.with_output_cap(body, 20_000)
+    assert capped is not None
+    assert capped["max_tokens"] == 20_000 and capped["thinking"] == {
+        "type": "enabled",
+        "budget_tokens": 19_999,
+    }
+    assert body["thinking"]["budget_tokens"] == 31_999
+    small = {**body, "thinking": {"type": "enabled", "budget_tokens": 4_000}}
+    assert MESSAGES.with_output_cap(small, 20_000) == {**small, "max_tokens": 20_000}
+    # Below the smallest thinking budget the API takes, the cap cannot be lowered that far.
+    assert MESSAGES.with_output_cap(body, 1_000) is None
+    adaptive = {**body, "thinking": {"type": "adaptive"}}
+    assert MESSAGES.with_output_cap(adaptive, 1_000) == {**adaptive, "max_tokens": 1_000}
+    assert MESSAGES.with_output_cap({**body, "max_tokens": 500}, 1_000) == {**body, "max_tokens": 500}

@@ -422,3 +422,30 @@ def test_an_over_long_agent_session_is_fitted_keeping_reasoning_and_pairs_intact
     assert all(ORIGIN_KEY not in i and OPAQUE_KEY not in i for i in forwarded["input"])
     plan_again, again = fit(forwarded, cap_tokens=2000, counter=FakeMessageCounter())
     assert not plan_again.changed and again is forwarded
+
+
+def test_the_count_request_keeps_only_what_the_input_tokens_endpoint_takes() -> None:
+    body = {
+        "model": "gpt-5",
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": "hi"}],
+        "tools": [],
+        "reasoning": {"effort": "low"},
+        "max_output_tokens": 4_000,
+        "stream": True,
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "metadata": {"k": "v"},
+    }
+    call = RESPONSES.count_request(body)
+    assert call is not None
+    path, counted = call
+    assert path == "responses/input_tokens"
+    assert counted == {k: body[k] for k in ("model", "instructions", "input", "tools", "reasoning")}
+
+
+def test_the_output_cap_is_max_output_tokens() -> None:
+    body = {"model": "m", "input": "hi", "max_output_tokens": 8_000}
+    assert RESPONSES.with_output_cap(body, 2_000) == {**body, "max_output_tokens": 2_000}
+    assert RESPONSES.with_output_cap(body, 9_000) == body
+    assert body["max_output_tokens"] == 8_000
