@@ -23,7 +23,9 @@ import re
 import threading
 from collections.abc import Callable, Container, Iterable
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from ..settings import display_url
 
 MAX_MODEL_LABELS = 256
 MAX_TOKEN_VALUES = 16
@@ -44,21 +46,6 @@ OWN_ROUTES = {
 }
 # Every API version prefix (``/v1/``, ``/v1beta/``, ...) is proxied traffic.
 API_PREFIX = "/v1"
-
-
-def display_url(url: str) -> str:
-    """``url`` without credentials, query or fragment (operators paste keys into URLs)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "(invalid URL)"
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if port is not None:
-        host = f"{host}:{port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def proxied(path: str) -> bool:

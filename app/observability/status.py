@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from .labels import display_url
+from ..settings import display_url
 from .shared import SharedBoard, add_counts, merge
 
 RECENT_MAX = 200
