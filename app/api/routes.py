@@ -5,9 +5,11 @@
   router: ``fitted`` plans and forwards a route of kind ``fit`` (``Service.handle`` with the
   matched route), ``app.api.counting.count`` answers one of kind ``count``. Our errors are in
   that API's shape. A new dialect is served without a line here.
-* ``POST /v1/context/plan``: the dry run; the plan as JSON, the upstream is not called. The API of
-  the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header (a registry name), else detected
-  (``app.core.routes.detect``: each dialect's ``recognition`` of the body and headers).
+* ``POST /v1/context/plan``: the dry run; the plan as JSON (``app.service.report.plan_report``:
+  the figures, and ``body``, the request that would be forwarded, in the body's own API shape), the
+  upstream is not called. The API of the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header
+  (a registry name), else detected (``app.core.routes.detect``: each dialect's ``recognition`` of
+  the body and headers).
 * ``HEAD /``: 200 (a client's connectivity check; ``GET /`` is the status page).
 * ``GET /v1/context/models``: every model the proxy knows something about (discovered, learned,
   calibrated), with the source of each figure.
@@ -93,7 +95,7 @@ async def context_plan(request: Request) -> Response:
     request.scope[DIALECT_SCOPE_KEY] = dialect
     plan = service.plan(body, options, dialect=dialect, headers=raw_headers(request))
     record_plan(request.scope, plan, retries=0)
-    return json_response(plan_report(plan))
+    return json_response(plan_report(plan, body))
 
 
 @router.get("/v1/context/models")

@@ -342,7 +342,7 @@ async def test_dry_run_returns_the_plan_without_calling_the_upstream() -> None:
     assert plan["spec"]["source"] == "header"
     assert plan["spec"]["guessed"] is True
     assert plan["fits"] is True and plan["changed"] is False
-    assert plan["messages"] == body["messages"]
+    assert plan["body"] == body  # it fits: forwarded as it came
     assert len(plan["message_tokens"]) == len(body["messages"])
     assert plan["tokens_before"] == plan["tokens_after"]
     assert plan["count"] == "exact"
