@@ -115,6 +115,12 @@ class RouteLabels:
         """A request the proxy planned and forwarded (its route label is its API's name)."""
         return api is not None and route == api
 
+    @staticmethod
+    def plans_a_model(route: str, api: str | None) -> bool:
+        """A request whose plan may first ask the upstream about a new model (lazy discovery): a
+        fitted one, or the gateway engine's (which plans the same way, forwarding nothing)."""
+        return route == ENGINE or (api is not None and route == api)
+
 
 class TokenSet:
     """A capped set of sanitized label values for free-form hook arguments."""
