@@ -4,8 +4,8 @@
 
     ctxproxy serve  [--host H] [--port P] [--workers N]   run the proxy (uvicorn ctxproxy.main:create_app)
     ctxproxy demo   [--turns N] [--window N]              local demo: no API key, no internet
-    ctxproxy plan   FILE.json [--model-window N] [--policy auto|truncate|reject|off] [...]
-                                                          print the plan of a chat request, offline
+    ctxproxy plan   FILE.json [--api NAME] [--model-window N] [--policy auto|truncate|reject|off] [...]
+                                                          print the plan of a request body, offline
     ctxproxy models [--models-file PATH] [--upstream URL | --proxy URL]
                                                           print the model table; --upstream: the models
                                                           that upstream serves, as discovered; --proxy:
@@ -104,9 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget", type=_positive_int, help="cap on input tokens (like X-Context-Budget)")
     plan.add_argument("--reserve", type=_non_negative_int, help="output reserve when the body sets none")
     plan.add_argument("--models-file", type=Path, help="operator model table (TOML)")
-    plan.add_argument("--no-messages", action="store_true", help="with --json: leave the messages out")
     plan.add_argument(
-        "--json", action="store_true", help="print the whole plan as JSON (POST /v1/context/plan)"
+        "--no-body",
+        "--no-messages",  # its name before the plan showed the whole body
+        dest="no_body",
+        action="store_true",
+        help="with --json: leave out the body that would be forwarded",
+    )
+    plan.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole plan as JSON, with the body that would be forwarded (POST /v1/context/plan)",
     )
 
     models = commands.add_parser("models", help="print the model table")
@@ -249,7 +257,7 @@ def _read_body(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise CliError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
-        raise CliError(f"{path} must hold a JSON object (a chat-completions request body)")
+        raise CliError(f"{path} must hold a JSON object (a request body of one of the wire APIs)")
     return body
 
 
@@ -289,12 +297,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except InvalidRequest as exc:
         where = f" ({exc.param})" if exc.param else ""
         raise CliError(f"invalid request{where}: {exc.message}") from exc
-    report = plan_report(plan)
+    report = plan_report(plan, body)
     if not args.json:
         print(format_plan(report))
         return 0 if plan.fits else 1
-    if args.no_messages:
-        del report["messages"]
+    if args.no_body:
+        del report["body"]
     print(json.dumps(report, indent=2, ensure_ascii=False))
     return 0 if plan.fits else 1
 
@@ -326,7 +334,7 @@ def format_plan(report: dict[str, Any]) -> str:
         detail = f" ({action['detail']})" if action["detail"] else ""
         lines.append(f"action   {action['kind']} x{action['count']}{freed}{detail}")
     lines += [f"warning  {warning}" for warning in report["warnings"]]
-    lines.append("(--json for the whole plan, with the messages to forward)")
+    lines.append("(--json for the whole plan, with the body to forward)")
     return "\n".join(lines)
 
 

@@ -95,14 +95,14 @@ def test_plan_of_a_request_that_fits(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert report["tokens_before"] == report["tokens_after"] == expected
     assert report["fits"] is True
     assert report["changed"] is False
-    assert report["messages"] == body["messages"]
+    assert report["body"] == body  # forwarded as it came
     assert len(report["message_tokens"]) == len(body["messages"])
 
 
 def test_plan_over_a_small_window_under_reject(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_json(tmp_path / "req.json", chat(12, words=80))
     code = cli.main(
-        ["plan", str(path), "--model-window", "1024", "--policy", "reject", "--no-messages", "--json"]
+        ["plan", str(path), "--model-window", "1024", "--policy", "reject", "--no-body", "--json"]
     )
     report = json.loads(capsys.readouterr().out)
     assert code == 1
@@ -110,7 +110,7 @@ def test_plan_over_a_small_window_under_reject(tmp_path: Path, capsys: pytest.Ca
     assert report["spec"]["window_tokens"] == 1024
     assert report["spec"]["source"] == "cli"
     assert report["tokens_before"] > report["budget"]["input_budget_tokens"]
-    assert "messages" not in report
+    assert "body" not in report and "messages" not in report
 
 
 def test_plan_fits_a_long_conversation_by_truncating(
@@ -126,8 +126,11 @@ def test_plan_fits_a_long_conversation_by_truncating(
     assert report["fits"] is True
     assert report["changed"] is True
     assert report["tokens_after"] <= report["budget"]["input_budget_tokens"] < report["tokens_before"]
-    assert report["messages"][0] == body["messages"][0]
-    assert report["messages"][-1] == body["messages"][-1]
+    forwarded = report["body"]
+    assert forwarded.keys() == body.keys() and forwarded["model"] == body["model"]
+    assert forwarded["messages"][0] == body["messages"][0]
+    assert forwarded["messages"][-1] == body["messages"][-1]
+    assert len(forwarded["messages"]) == len(report["message_tokens"]) < len(body["messages"])
     assert report["actions_header"] != "none"
 
 
@@ -427,6 +430,37 @@ def test_plan_summary_of_a_request_that_cannot_fit(
     assert "does NOT fit" in out and "context_length_exceeded" in out
 
 
+def messages_body(n_turns: int, *, words: int = 80) -> dict[str, object]:
+    """An Anthropic Messages body: ``system`` at the top level, content blocks, a tool round."""
+    messages: list[dict[str, object]] = []
+    for i in range(n_turns):
+        text = f"question {i} " + "lorem " * words
+        messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+        messages.append({"role": "assistant", "content": f"answer {i} " + "dolor " * words})
+    messages.append({"role": "user", "content": "and finally?"})
+    return {"model": "claude-sonnet-4-5", "system": "You are terse.", "max_tokens": 256, "messages": messages}
+
+
+def test_plan_json_of_a_cut_messages_body_is_the_messages_body_to_forward(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.core.dialects import DIALECTS
+
+    body = messages_body(12)
+    path = str(write_json(tmp_path / "req.json", body))
+    assert cli.main(["plan", path, "--api", "messages", "--model-window", "2048", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    forwarded = report["body"]
+    assert report["api"] == "messages" and report["changed"] is True
+    # Anthropic's shape, not chat's: the system prompt stays at the top level, no system message.
+    assert forwarded["system"] == body["system"] and forwarded["max_tokens"] == 256
+    assert all(m["role"] in ("user", "assistant") for m in forwarded["messages"])
+    assert forwarded["messages"][-1] == body["messages"][-1]
+    assert len(forwarded["messages"]) < len(body["messages"])
+    assert DIALECTS["messages"].problems(forwarded) == []
+    assert "messages" not in report  # the engine's chat-form messages are not the answer
+
+
 def test_plan_of_a_responses_body_with_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     body = {
         "model": "gpt-4o",
@@ -437,7 +471,7 @@ def test_plan_of_a_responses_body_with_api(tmp_path: Path, capsys: pytest.Captur
     assert cli.main(["plan", path, "--api", "responses", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["api"] == "responses" and report["fits"] is True and report["count"] == "exact"
-    assert report["tokens_before"] > 0 and all("ctxproxy_origin" not in m for m in report["messages"])
+    assert report["tokens_before"] > 0 and report["body"] == body  # a Responses body, as forwarded
     # Without --api the body is detected as the dry run detects it; read as chat it has no
     # messages: a clear error, not a traceback.
     assert cli.main(["plan", path, "--json"]) == 0

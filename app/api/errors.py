@@ -11,11 +11,21 @@ UpstreamProtocolError           502     upstream_protocol_error
 UpstreamTimeout                 504     upstream_timeout
 UpstreamBusy                    503     upstream_busy (+ Retry-After)
 missing/wrong proxy key (auth)  401     invalid_api_key
-HTTPException (404, 405, ...)   as is   (none)
+unknown path (``unknown_path``)  404     (none; with a hint, below)
+a route's path, another method  405     (none; + Allow, see below)
+HTTPException (other)           as is   (none)
 anything else (a bug)           500     (none; logged with traceback)
 ==============================  ======  ===========================
 
 "(none)" is the code ``invalid_request_error``: no code of its own (OpenAI's ``code: null``).
+
+Paths, from the route table alone (no API is named here): an unknown path gets a hint when it is
+a route's path (or a pass-through resource's) without its prefix (``POST /messages``: "did you mean
+/v1/messages?") or with its first segment doubled (``/v1/v1/messages``: the client's base URL ends
+in ``/v1`` and the client adds it again; the pass-through answers it without forwarding), in the
+shape of the API that owns the corrected path (``RouteTable.owner``; ``path_hint``). A method other
+than POST on a route's path that the upstream refuses with 405 is our 405 in that route's API's
+shape with ``Allow: POST`` (``method_not_allowed``; ``app.api.routes.passthrough``).
 
 ``error_info_of(exc)`` maps an exception to an ``ErrorInfo`` once; the request's dialect puts it
 in its API's shape (``Dialect.error_body``; OpenAI's for chat:
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -42,7 +53,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..core.dialect import Dialect, ErrorInfo, error_info
 from ..core.dialects import DEFAULT_DIALECT
 from ..core.errors import CannotFit, CtxproxyError, InvalidRequest
-from ..core.routes import RouteTable
+from ..core.routes import RouteMatch, RouteTable
 from ..observability.context import DIALECT_SCOPE_KEY as DIALECT_SCOPE_KEY
 from ..observability.context import current_request
 from ..service.outcome import PlanCannotFit
@@ -138,9 +149,45 @@ PASSTHROUGH_RESOURCES = frozenset(
 )  # fmt: skip
 
 
-def missing_prefix_hint(path: str, table: RouteTable | None) -> str:
-    """A hint for an unknown ``path`` that a route (or the pass-through) would serve under a prefix
-    the client's base URL left out; "" when there is none."""
+@dataclass(frozen=True, slots=True)
+class PathHint:
+    """What an unknown path most likely meant: ``text`` (a sentence for the error message, with a
+    leading space) and ``owner``, the dialect whose route the corrected path is (None: no API's,
+    the answer is then in ``DEFAULT_DIALECT``'s shape)."""
+
+    text: str
+    owner: Dialect | None = None
+
+
+def doubled_prefix(path: str, table: RouteTable | None) -> RouteMatch | None:
+    """The route ``path`` is once its first segment, written twice, is written once
+    (``/v1/v1/messages`` -> ``/v1/messages``: a client whose base URL ends in ``/v1`` and that adds
+    ``/v1`` itself), else None. Any route of the table (fitted or counting)."""
+    if table is None:
+        return None
+    first = "/" + path.lstrip("/").split("/", 1)[0]
+    rest = path[len(first) :] if path.startswith(first) else ""
+    if not rest.startswith(first + "/"):
+        return None
+    try:
+        return table.match(rest)
+    except InvalidRequest:  # a dot segment: no hint, the pass-through refuses it on its own
+        return None
+
+
+def path_hint(path: str, table: RouteTable | None) -> PathHint | None:
+    """A hint for an unknown ``path``: the route it is with a doubled first segment
+    (:func:`doubled_prefix`), or a route (or a pass-through resource) it is under a prefix the
+    client's base URL left out; None when there is none. ``owner`` is the dialect that owns the
+    corrected path (``RouteTable.owner``), so the hint comes in that API's shape."""
+    doubled = doubled_prefix(path, table)
+    if doubled is not None:
+        first = doubled.route.prefix
+        return PathHint(
+            f" The client's base URL ends in {first} and the client adds {first} again: did you mean "
+            f"{doubled.path}? Remove the trailing {first} from the client's base URL.",
+            doubled.dialect,
+        )
     first = path.lstrip("/").split("/", 1)[0]
     prefixes: dict[str, str] = dict.fromkeys(PASSTHROUGH_RESOURCES, BASE_PREFIX)
     for _dialect, route in table.routes if table is not None else ():
@@ -150,18 +197,45 @@ def missing_prefix_hint(path: str, table: RouteTable | None) -> str:
             prefixes.setdefault(segment, route.prefix)
     prefix = prefixes.get(first)
     if prefix is None or path.startswith(prefix + "/"):
-        return ""
-    return f" Did you mean {prefix}{path}? The client's base URL must end with {prefix} (http://HOST:PORT{prefix})."
+        return None
+    owner = table.owner(prefix + path) if table is not None else None
+    return PathHint(
+        f" Did you mean {prefix}{path}? The client's base URL must end with {prefix} (http://HOST:PORT{prefix}).",
+        owner,
+    )
+
+
+def missing_prefix_hint(path: str, table: RouteTable | None) -> str:
+    """The text of :func:`path_hint` ("" when there is none)."""
+    hint = path_hint(path, table)
+    return hint.text if hint is not None else ""
+
+
+def unknown_path(
+    method: str, path: str, table: RouteTable | None, *, fallback: Dialect = DEFAULT_DIALECT
+) -> Response:
+    """Our 404 for ``method path``, with the hint of :func:`path_hint` when there is one, in the
+    shape of the API that owns the corrected path (else ``fallback``'s)."""
+    hint = path_hint(path, table)
+    message = f"Unknown path: {method} {path}." + (hint.text if hint is not None else "")
+    dialect = hint.owner if hint is not None and hint.owner is not None else fallback
+    return render_info(ErrorInfo(status=404, code="invalid_request_error", message=message), dialect)
+
+
+def method_not_allowed(method: str, path: str, dialect: Dialect, *, allow: str = "POST") -> Response:
+    """Our 405 for ``method`` on a route's ``path``, in ``dialect``'s shape, with ``Allow``."""
+    message = f"{method} is not allowed on {path}: this route takes {allow}."
+    response = render_info(ErrorInfo(status=405, code="invalid_request_error", message=message), dialect)
+    response.headers["Allow"] = allow
+    return response
 
 
 async def _handle_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    message = exc.detail if isinstance(exc.detail, str) else "Request failed."
     if exc.status_code == 404:
         table = getattr(request.app.state, "routes", None)
-        message = f"Unknown path: {request.method} {request.url.path}." + missing_prefix_hint(
-            request.url.path, table
-        )
+        return unknown_path(request.method, request.url.path, table, fallback=dialect_of(request.scope))
+    message = exc.detail if isinstance(exc.detail, str) else "Request failed."
     info = ErrorInfo(status=exc.status_code, code="invalid_request_error", message=message)
     response = render_info(info, dialect_of(request.scope))
     for name, value in (exc.headers or {}).items():

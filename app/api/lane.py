@@ -11,7 +11,8 @@ templates only when none matches), calls the route function of the route's kind
 (``app.api.routes.fitted`` or ``app.api.counting.count``) with the match, and renders the errors
 it raises on purpose with the same handler the app registers for them (``app.api.errors``).
 Anything else (a bug) propagates to ``LastResortMiddleware`` as from the router. Every other
-request goes on to FastAPI unchanged (a ``GET`` of a dialect's path is passed through there).
+request goes on to FastAPI unchanged (a ``GET`` of a dialect's path is passed through there, and
+is our 405 in that API's shape when the upstream refuses the method: ``app.api.routes.passthrough``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ adds a small login:
   keys (:func:`app.api.auth.key_matches`: constant time, every key compared) sets the session
   cookie and redirects (303) to the status page; a wrong key gets the login page again (401), no
   cookie.
-* ``GET /logout`` or ``POST /logout``: the cookie is cleared, back to the login page.
+* ``GET /logout`` or ``POST /logout``: the cookie is cleared, back to the login page. The status
+  page links to it (its "Sign out") when it was opened with a session (``SESSION_SCOPE_KEY``).
 
 The session grants the read-only pages only (:data:`SESSION_PATHS`: ``GET``/``HEAD`` of ``/``,
 ``/status.json`` and ``/metrics``), never an API call: the cookie is looked at for those paths
@@ -33,12 +34,12 @@ from urllib.parse import parse_qs
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..observability.context import SESSION_SCOPE_KEY
 from .auth import key_matches, presented_key
 
 COOKIE = "ctxproxy_status"
 SESSION_S = 12 * 3600
 SESSION_PATHS: frozenset[str] = frozenset({"/", "/status.json", "/metrics"})
-SESSION_SCOPE_KEY = "ctxproxy.status_session"
 LOGIN_PATHS: frozenset[str] = frozenset({"/login", "/logout"})
 MAX_FORM_BYTES = 4096
 _VERSION = "v1"

@@ -5,9 +5,11 @@
   router: ``fitted`` plans and forwards a route of kind ``fit`` (``Service.handle`` with the
   matched route), ``app.api.counting.count`` answers one of kind ``count``. Our errors are in
   that API's shape. A new dialect is served without a line here.
-* ``POST /v1/context/plan``: the dry run; the plan as JSON, the upstream is not called. The API of
-  the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header (a registry name), else detected
-  (``app.core.routes.detect``: each dialect's ``recognition`` of the body and headers).
+* ``POST /v1/context/plan``: the dry run; the plan as JSON (``app.service.report.plan_report``:
+  the figures, and ``body``, the request that would be forwarded, in the body's own API shape), the
+  upstream is not called. The API of the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header
+  (a registry name), else detected (``app.core.routes.detect``: each dialect's ``recognition`` of
+  the body and headers).
 * ``HEAD /``: 200 (a client's connectivity check; ``GET /`` is the status page).
 * ``GET /v1/context/models``: every model the proxy knows something about (discovered, learned,
   calibrated), with the source of each figure.
@@ -16,12 +18,14 @@
   (``RouteTable.passthrough_prefixes``: ``/v1/{path}``, ...): forwarded untouched, the rest of the
   path under the upstream base URL, or the client's whole path at its origin for a prefix whose
   routes all send theirs there; the operator's key goes in the key slot of the dialect that owns
-  the path (``RouteTable.owner``), else where the client put its own.
+  the path (``RouteTable.owner``), else where the client put its own. A route's path with its
+  first segment doubled (``/v1/v1/messages``) is our 404 with a hint, and an upstream's 405 to
+  another method on a route's path our 405 (``passthrough``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from urllib.parse import unquote
 
 import orjson
@@ -38,7 +42,7 @@ from ..service.request import parse_body
 from ..upstream.errors import UpstreamError
 from ..upstream.headers import labelled_json
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
-from .errors import DIALECT_SCOPE_KEY, BodyTooLarge
+from .errors import DIALECT_SCOPE_KEY, BodyTooLarge, doubled_prefix, method_not_allowed, unknown_path
 from .headers import API, parse_context_headers
 from .request_io import json_response, raw_headers, read_body, service_of
 from .responses import UpstreamStreamResponse, access_fields, fitted_response, read_whole, record_plan
@@ -93,7 +97,7 @@ async def context_plan(request: Request) -> Response:
     request.scope[DIALECT_SCOPE_KEY] = dialect
     plan = service.plan(body, options, dialect=dialect, headers=raw_headers(request))
     record_plan(request.scope, plan, retries=0)
-    return json_response(plan_report(plan))
+    return json_response(plan_report(plan, body))
 
 
 @router.get("/v1/context/models")
@@ -181,9 +185,33 @@ def _model_of(raw: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-async def passthrough(request: Request, path: str, *, prefix: str, at_origin: bool) -> UpstreamStreamResponse:
+def allowed_methods(upstream_headers: Iterable[tuple[str, str]]) -> str:
+    """``Allow`` of our 405 on a route's path: POST (the route's), then what the upstream's own
+    ``Allow`` lists besides."""
+    methods = ["POST"]
+    for name, value in upstream_headers:
+        if name.lower() == "allow":
+            methods += [m.strip().upper() for m in value.split(",") if m.strip()]
+    return ", ".join(dict.fromkeys(methods))
+
+
+async def passthrough(
+    request: Request, path: str, *, prefix: str, at_origin: bool
+) -> UpstreamStreamResponse | Response:
     """Forward untouched. The body streams through, except that a JSON body is read (within
-    ``max_body_bytes``) when per-model routes exist, to route it by its ``model``."""
+    ``max_body_bytes``) when per-model routes exist, to route it by its ``model``.
+
+    Two answers are ours, in the shape of the API whose route the path is: a route's path with its
+    first segment doubled (``/v1/v1/messages``: the client's base URL ends in ``/v1``) is our 404
+    with the hint, never forwarded (the proxy would not fit it); and when the upstream answers
+    405 to another method than POST on a route's own path (``GET /v1/chat/completions`` of an
+    upstream without OpenAI's stored completions), our 405 with ``Allow``, where the upstream's
+    may be plain text. Every other answer of the upstream is passed back as it came (OpenAI's
+    ``GET /v1/chat/completions`` lists stored completions: the method is the upstream's to refuse)."""
+    table: RouteTable = request.app.state.routes
+    full_path = f"{prefix}/{path}"
+    if doubled_prefix(full_path, table) is not None:
+        return unknown_path(request.method, full_path, table)
     service = service_of(request)
     content: bytes | AsyncIterable[bytes] | None = None
     limited: _LimitedBody | None = None
@@ -202,8 +230,7 @@ async def passthrough(request: Request, path: str, *, prefix: str, at_origin: bo
             content = limited = _LimitedBody(request, limit_bytes=limit_bytes)
     access_fields(request.scope)["model"] = model
     forwarded_path = _raw_path(request, path, prefix=prefix, at_origin=at_origin)
-    table: RouteTable = request.app.state.routes
-    owner = table.owner(f"{prefix}/{path}")
+    owner = table.owner(full_path)
     try:
         upstream = await service.passthrough(
             request.method,
@@ -220,6 +247,13 @@ async def passthrough(request: Request, path: str, *, prefix: str, at_origin: bo
         if limited is not None and limited.over:
             raise BodyTooLarge(limit_bytes=limit_bytes) from None
         raise
+    if upstream.status_code == 405:
+        route = table.match(full_path)
+        if route is not None:
+            await upstream.aclose()
+            access_fields(request.scope)["upstream_status"] = 405
+            allow = allowed_methods(upstream.headers)
+            return method_not_allowed(request.method, full_path, route.dialect, allow=allow)
     # A stream the upstream breaks off ends with an error event in the owning API's shape.
     return UpstreamStreamResponse(upstream, dialect=owner or DEFAULT_DIALECT)
 

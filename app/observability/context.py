@@ -17,7 +17,9 @@ imports them):
   upstream status, ...) the routes fill in (``app.api.responses.access_fields``);
 * :data:`DIALECT_SCOPE_KEY`: the dialect of the route that took the request (an object with a
   ``name``: the wire API), recorded before anything can fail. Observability labels a request by
-  that name, so a new dialect needs no edit here.
+  that name, so a new dialect needs no edit here;
+* :data:`SESSION_SCOPE_KEY`: True when the status page's login (``app.api.login``) found a valid
+  session cookie on the request: the page then offers to sign out.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 ACCESS_SCOPE_KEY = "ctxproxy.access"
 DIALECT_SCOPE_KEY = "ctxproxy.dialect"
+SESSION_SCOPE_KEY = "ctxproxy.status_session"
 
 _VALID_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 

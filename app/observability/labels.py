@@ -2,9 +2,10 @@
 
 * ``route`` (:class:`RouteLabels`): the wire API's name for a fitted request (the dialect the route
   recorded in the scope, see :mod:`app.observability.context`), ``count`` for an API's
-  token-counting endpoint, and the proxy's own endpoints: ``plan``, ``health``,
-  ``observability``; ``passthrough`` for anything else under an API version prefix (``/v1...``),
-  else ``other``.
+  token-counting endpoint, and the proxy's own endpoints: ``plan``, ``engine`` (the gateway
+  engine's ``/v1/compress`` and ``/v1/context/compact/...``: the engine's label, whatever API the
+  body is in; the ``api`` label names that), ``health``, ``observability``; ``passthrough`` for
+  anything else under an API version prefix (``/v1...``), else ``other``.
 * ``api`` (:class:`ApiLabels`): the names of the registered wire APIs (given by the composition
   root), ``none`` when a request has none (health, pass-through, ...); a name from elsewhere is
   sanitized and capped (``MAX_TOKEN_VALUES``).
@@ -34,16 +35,20 @@ OTHER = "other"
 NONE = "none"
 COUNT = "count"
 PASSTHROUGH = "passthrough"
+ENGINE = "engine"
 
 # The proxy's own endpoints (no wire API's): their route labels.
 OWN_ROUTES = {
     "/v1/context/plan": "plan",
+    "/v1/compress": ENGINE,
     "/healthz": "health",
     "/readyz": "health",
     "/metrics": "observability",
     "/": "observability",
     "/status.json": "observability",
 }
+# The gateway engine's whole-body endpoints: this prefix, then an API's own route path.
+ENGINE_PREFIX = "/v1/context/compact/"
 # Every API version prefix (``/v1/``, ``/v1beta/``, ...) is proxied traffic.
 API_PREFIX = "/v1"
 
@@ -52,6 +57,15 @@ def proxied(path: str) -> bool:
     """Whether ``path`` is proxied traffic (under an API version prefix, the dry run included),
     which the status board lists and the in-flight gauge counts."""
     return path.startswith(API_PREFIX)
+
+
+def own_route(path: str) -> str | None:
+    """The route label of one of the proxy's own endpoints (``OWN_ROUTES``, and ``engine`` under
+    ``ENGINE_PREFIX``), else None."""
+    own = OWN_ROUTES.get(path)
+    if own is None and path.startswith(ENGINE_PREFIX):
+        return ENGINE
+    return own
 
 
 class RouteLabels:
@@ -69,14 +83,14 @@ class RouteLabels:
     def before(self, path: str) -> str:
         """The label known before the route ran (no API yet): own endpoints, else ``passthrough``
         or ``other``; a fitted request is relabelled by :meth:`after`."""
-        own = OWN_ROUTES.get(path)
+        own = own_route(path)
         if own is not None:
             return own
         return PASSTHROUGH if path.startswith(API_PREFIX) else OTHER
 
     def after(self, path: str, api: str | None) -> str:
         """The final label, given the API the route recorded (None: no dialect)."""
-        own = OWN_ROUTES.get(path)
+        own = own_route(path)
         if own is not None:
             return own
         if api is not None:
@@ -87,6 +101,12 @@ class RouteLabels:
     def fitted(route: str, api: str | None) -> bool:
         """A request the proxy planned and forwarded (its route label is its API's name)."""
         return api is not None and route == api
+
+    @staticmethod
+    def plans_a_model(route: str, api: str | None) -> bool:
+        """A request whose plan may first ask the upstream about a new model (lazy discovery): a
+        fitted one, or the gateway engine's (which plans the same way, forwarding nothing)."""
+        return route == ENGINE or (api is not None and route == api)
 
 
 class TokenSet:

@@ -55,9 +55,10 @@ def discovery_call(method: str, path: str, *, route: str | None, api: str | None
     """The discovery endpoint (``models``: an OpenAI-style ``GET {base}/models``;
     ``lmstudio_models``: LM Studio's ``GET /api/v0/models``; ``props``; ``show``) an upstream call
     was made to, when it is model discovery: made outside any request (``route`` None: start-up,
-    background) or for a fitted request (lazy discovery of a new model). A client's own
+    background) or for a request that plans on a model (lazy discovery of a new model: a fitted
+    request, or the gateway engine's, ``RouteLabels.plans_a_model``). A client's own
     ``GET /v1/models`` (pass-through) and the readiness probe are not discovery."""
-    if route is not None and not RouteLabels.fitted(route, api):
+    if route is not None and not RouteLabels.plans_a_model(route, api):
         return None
     path = path.rstrip("/")
     for verb, suffix, endpoint in DISCOVERY_ENDPOINTS:

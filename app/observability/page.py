@@ -7,6 +7,9 @@ column per API plus ``all``, and a selector narrows the chart and the recent req
 The chart is drawn on a ``<canvas>`` by the script itself: input tokens before vs after fitting
 for each recent fitted request, on a log axis. ``CONTENT_SECURITY_POLICY`` allows nothing but the
 inline code and same-origin polling. The script is in :mod:`app.observability.page_script`.
+
+:func:`status_html` is the page; ``signed_in`` (opened with the login's session, see
+``app.api.login``) adds a "Sign out" link to ``logout`` in the header (relative, like the polling).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ header { display:flex; flex-wrap:wrap; gap:8px 24px; align-items:baseline; paddi
          background:#1d2330; color:#fff; }
 header h1 { margin:0; font-size:20px; }
 header .meta { color:#c9d1e0; font-size:13px; }
+header .sign-out { margin-left:auto; align-self:center; color:#fff; font-size:13px; text-decoration:none;
+                   border:1px solid #6b7589; border-radius:6px; padding:3px 10px; }
+header .sign-out:hover, header .sign-out:focus { background:#2f3a4f; }
 main { padding:16px 24px 32px; max-width:1400px; }
 section { background:var(--card); border:1px solid var(--line); border-radius:8px;
           padding:14px 16px; margin-bottom:16px; }
@@ -72,6 +78,7 @@ select { font:inherit; }
   <span class="meta" id="version">version …</span>
   <span class="meta" id="upstream">upstream …</span>
   <span class="meta" id="uptime"></span>
+<!--sign-out-->
 </header>
 <main>
 <section id="error"></section>
@@ -147,3 +154,11 @@ select { font:inherit; }
 </body>
 </html>
 """
+
+SIGN_OUT_LINK = '  <a class="sign-out" id="sign-out" href="logout">Sign out</a>'
+STATUS_HTML_SIGNED_IN = STATUS_HTML.replace("<!--sign-out-->", SIGN_OUT_LINK, 1)
+
+
+def status_html(*, signed_in: bool = False) -> str:
+    """The status page; ``signed_in``: with the "Sign out" link (a session opened it)."""
+    return STATUS_HTML_SIGNED_IN if signed_in else STATUS_HTML

@@ -65,7 +65,7 @@ function renderCards(data) {
 
 // Figures of the per-API tables: [key, label, value of one API's counters].
 const API_ROWS = [
-  ["requests", "requests (fitted, counting, dry runs)", (c) => num(c.requests)],
+  ["requests", "requests (every route)", (c) => num(c.requests)],
   ["fitted_requests", "fitted requests", (c) => num(c.fitted_requests)],
   ["changed_requests", "cut to fit", (c) => num(c.changed_requests)],
   ["tokens_before", "tokens before", (c) => num(c.tokens_before)],

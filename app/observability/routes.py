@@ -1,4 +1,5 @@
-"""``GET /metrics`` (Prometheus), ``GET /`` (the status page) and ``GET /status.json`` (its data)."""
+"""``GET /metrics`` (Prometheus), ``GET /`` (the status page; with a "Sign out" link when the
+login's session opened it) and ``GET /status.json`` (its data)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from .context import SESSION_SCOPE_KEY
 from .observer import Observability
-from .page import CONTENT_SECURITY_POLICY, STATUS_HTML
+from .page import CONTENT_SECURITY_POLICY, status_html
 
 router = APIRouter()
 
@@ -45,10 +47,11 @@ async def status_json(request: Request) -> Response:
 
 
 @router.get("/")
-async def status_page() -> Response:
+async def status_page(request: Request) -> Response:
     headers = {
         **_NO_STORE,
         "Content-Security-Policy": CONTENT_SECURITY_POLICY,
         "X-Content-Type-Options": "nosniff",
     }
-    return Response(STATUS_HTML, media_type="text/html; charset=utf-8", headers=headers)
+    page = status_html(signed_in=request.scope.get(SESSION_SCOPE_KEY) is True)
+    return Response(page, media_type="text/html; charset=utf-8", headers=headers)

@@ -8,7 +8,7 @@ status, outcome and timings: never a message, a header value or a key. Upstream 
 without user info and query string.
 
 Counters (``counters`` in the snapshot; the same keys in total and in ``counters.by_api[api]``):
-``requests`` (every proxied request of the API: fitted, counting, dry runs), ``fitted_requests``
+``requests`` (every proxied request of the API: fitted, counting, dry runs, engine), ``fitted_requests``
 (planned and forwarded, or rejected), ``changed_requests`` (cut), ``tokens_before``,
 ``tokens_after`` and ``tokens_saved`` (rejected requests forwarded nothing: no "after", nothing
 saved), ``prefix_reused_tokens``, ``emergency_retries``, ``by_outcome``, ``actions``, ``memory``

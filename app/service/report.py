@@ -1,15 +1,15 @@
 """The plan as numbers for people: the dry run's JSON and the whole-request budget.
 
-``plan_report(plan, *, retries=0) -> dict`` is the answer of ``POST /v1/context/plan`` and of
-``ctxproxy plan``; ``request_budget_tokens(budget)`` is the figure ``X-Context-Budget`` caps.
+``plan_report(plan, original, *, retries=0) -> dict`` is the answer of ``POST /v1/context/plan``
+and of ``ctxproxy plan``; ``request_budget_tokens(budget)`` is the figure ``X-Context-Budget`` caps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..core.budget import Budget
-from ..core.conversation import strip_reserved
 from ..core.plan import Plan
 
 
@@ -22,10 +22,22 @@ def request_budget_tokens(budget: Budget) -> int:
     return max(0, room)
 
 
-def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
-    """The plan as JSON-ready data (the dry run's answer, and ``ctxproxy plan``'s output). ``messages``
-    are the neutral messages the engine fitted (chat-shaped; the other APIs' items mapped, see
-    ``app.core.conversation``), without the engine's reserved keys."""
+def forwarded_body(plan: Plan, original: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The request body ``plan`` sends for ``original``, in the request's own API shape: the
+    client's own body when the plan changed nothing (forwarded byte for byte), else the body the
+    plan's dialect renders (exactly what the proxy forwards, ``Forwarded.of``)."""
+    return plan.body(original) if plan.changed else original
+
+
+def plan_report(plan: Plan, original: Mapping[str, Any], *, retries: int = 0) -> dict[str, Any]:
+    """The plan of the request body ``original`` as JSON-ready data (the dry run's answer, and
+    ``ctxproxy plan``'s output).
+
+    ``body`` is the request the proxy would forward, in the request's own API shape
+    (:func:`forwarded_body`); when ``fits`` is false the proxy refuses the request instead (policy
+    ``off`` aside), and ``body`` shows how far the policy got. ``message_tokens`` and ``dropped``
+    index the conversation as the engine counts it (one entry per message; for Chat Completions
+    these are the body's ``messages``; another API's items map to messages as its dialect says)."""
     spec, budget = plan.spec, plan.budget
     return {
         "api": plan.api,
@@ -69,5 +81,5 @@ def plan_report(plan: Plan, *, retries: int = 0) -> dict[str, Any]:
             for d in plan.dropped
         ],
         "message_tokens": list(plan.message_tokens),
-        "messages": [strip_reserved(message) for message in plan.messages],
+        "body": forwarded_body(plan, original),
     }

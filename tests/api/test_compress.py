@@ -1,5 +1,5 @@
-"""The gateway engine's routes against the gateways' own contracts, on a test app that mounts them
-the way ``create_app`` will (before the pass-through).
+"""The gateway engine's routes against the gateways' own contracts, on the app ``create_app`` builds
+(the engine's routes ahead of the pass-through).
 
 agentgateway (``yuval-k/compression-extension-point``, ``crates/agentgateway/src/llm/policy/``):
 ``POST /v1/compress`` ``{messages, model}``; it takes only a 200 whose JSON has a ``messages``
@@ -17,9 +17,8 @@ from typing import Any
 
 import httpx
 import respx
-from fastapi import FastAPI
 
-from app.api.compress import ASIDE, COMPRESS_PATH, build_compress_router, compact_path
+from app.api.compress import ASIDE, COMPRESS_PATH, compact_path
 from app.core.dialects import DIALECTS
 from tests.api import proxy
 from tests.service.test_compress import anthropic_history, chat_history, responses_history
@@ -27,16 +26,10 @@ from tests.summaries_kit import conversation, fake_upstream, summary_message
 from tests.summaries_kit import proxy as summaries_proxy
 
 
-def mount(app: FastAPI) -> None:
-    """What the one line in create_app does: the engine's routes ahead of the pass-through."""
-    app.router.routes[0:0] = build_compress_router(app.state.dialects).routes
-
-
 @asynccontextmanager
 async def engine(**settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, respx.Router]]:
     upstream = respx.Router(assert_all_called=False)
-    async with proxy(upstream, **settings) as (client, app):
-        mount(app)
+    async with proxy(upstream, **settings) as (client, _app):
         yield client, upstream
 
 
@@ -215,8 +208,7 @@ async def test_each_apis_whole_body_comes_back_in_its_shape_as_llm_d_accepts_it(
 async def test_summaries_when_on_take_the_place_of_the_cut_turns() -> None:
     fake = fake_upstream()
     history = conversation(turns=14, size=40)
-    async with summaries_proxy(fake, discovery=False) as (client, app):
-        mount(app)
+    async with summaries_proxy(fake, discovery=False) as (client, _app):
         response = await client.post(
             COMPRESS_PATH, json={"messages": history, "model": "m"}, headers={ASIDE: "0"}
         )
@@ -225,3 +217,27 @@ async def test_summaries_when_on_take_the_place_of_the_cut_turns() -> None:
     assert "summarized" in answer["actions"]
     assert summary_message(answer["messages"]) is not None
     assert not fake.client_requests()  # only the summary call reached the upstream
+
+
+async def test_the_engines_requests_have_their_own_route_label_and_are_no_fitted_requests() -> None:
+    async with engine() as (client, _):
+        messages = await client.post(
+            COMPRESS_PATH,
+            json={"messages": anthropic_history(10), "model": "m"},
+            headers={"anthropic-version": "2023-06-01"},
+        )
+        whole = await client.post(
+            compact_path(DIALECTS["responses"]), json={"model": "m", "input": responses_history(10)}
+        )
+        metrics = (await client.get("/metrics")).text
+        status = (await client.get("/status.json")).json()
+    assert messages.status_code == whole.status_code == 200
+    requests = [line for line in metrics.splitlines() if line.startswith("ctxproxy_requests_total{")]
+    engine_lines = [line for line in requests if 'route="engine"' in line]
+    assert any('api="messages"' in line for line in engine_lines), requests
+    assert any('api="responses"' in line for line in engine_lines), requests
+    assert not any('route="passthrough"' in line or 'route="other"' in line for line in requests)
+    counters = status["counters"]
+    assert counters["by_route"].get("engine") == 2
+    assert counters["fitted_requests"] == 0  # a compression is no request the proxy forwarded
+    assert [r["route"] for r in status["recent"][:2]] == ["engine", "engine"]

@@ -247,6 +247,72 @@ async def test_a_path_missing_v1_gets_a_hint(method: str, path: str) -> None:
     assert f"Did you mean /v1{path}?" in message and "base URL must end with /v1" in message
 
 
+def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    assert body["error"]["type"] == kind
+    message: str = body["error"]["message"]
+    return message
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+async def test_a_doubled_v1_is_our_404_in_the_owning_apis_shape_with_the_hint_and_is_not_forwarded(
+    method: str,
+) -> None:
+    router = respx.Router(assert_all_called=False)
+    anything = router.route().mock(return_value=httpx.Response(200, json=chat_ok()))
+    body = {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    async with proxy(router) as (client, _):
+        messages = await client.request(method, "/v1/v1/messages", json=body)
+        counting = await client.post("/v1/v1/messages/count_tokens", json=body)
+        chat = await client.request(method, "/v1/v1/chat/completions", json=GOOD)
+        responses = await client.post("/v1/v1/responses", json={"model": "gpt-test", "input": "hi"})
+    assert anything.call_count == 0  # the proxy would not fit it: never forwarded
+    message = assert_anthropic_error(messages, 404, "not_found_error")
+    assert message == (
+        f"Unknown path: {method} /v1/v1/messages. The client's base URL ends in /v1 and the client adds "
+        "/v1 again: did you mean /v1/messages? Remove the trailing /v1 from the client's base URL."
+    )
+    counted = assert_anthropic_error(counting, 404, "not_found_error")
+    assert "did you mean /v1/messages/count_tokens?" in counted
+    assert_openai_error(chat, 404, code=None)
+    assert "did you mean /v1/chat/completions?" in chat.json()["error"]["message"]
+    assert_openai_error(responses, 404, code=None)
+    assert "did you mean /v1/responses?" in responses.json()["error"]["message"]
+
+
+async def test_a_missing_prefix_hint_is_in_the_shape_of_the_api_whose_route_it_would_be() -> None:
+    body = {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    async with proxy(respx.Router(assert_all_called=False)) as (client, _):
+        messages = await client.post("/messages", json=body)
+        responses = await client.post("/responses", json={"model": "gpt-test", "input": "hi"})
+    message = assert_anthropic_error(messages, 404, "not_found_error")
+    assert "Did you mean /v1/messages?" in message and "base URL must end with /v1" in message
+    assert_openai_error(responses, 404, code=None)
+    assert "Did you mean /v1/responses?" in responses.json()["error"]["message"]
+
+
+async def test_the_hints_come_from_the_route_table_templated_routes_and_other_prefixes_included() -> None:
+    from dataclasses import replace
+
+    from app.core.dialects import DIALECTS, MESSAGES
+    from app.core.routes import Route
+
+    # Anthropic's error shape on a templated route under a prefix of its own: no API is named here.
+    route = Route("/v9/talkers/{model}:talk", upstream="talkers/{model}")
+    toy = replace(MESSAGES, name="toy", routes=(route,))
+    router = respx.Router(assert_all_called=False)
+    anything = router.route().mock(return_value=httpx.Response(200, json=chat_ok()))
+    async with proxy(router, dialects={**DIALECTS, "toy": toy}) as (client, _):
+        doubled = await client.post("/v9/v9/talkers/m1:talk", json={})
+        missing = await client.post("/talkers/m1:talk", json={})
+    assert anything.call_count == 0
+    assert "did you mean /v9/talkers/m1:talk?" in assert_anthropic_error(doubled, 404, "not_found_error")
+    message = assert_anthropic_error(missing, 404, "not_found_error")
+    assert "Did you mean /v9/talkers/m1:talk? The client's base URL must end with /v9" in message
+
+
 async def test_an_unrelated_unknown_path_gets_no_hint() -> None:
     async with proxy(respx.Router(assert_all_called=False)) as (client, _):
         response = await client.get("/favicon.ico")

@@ -153,3 +153,23 @@ async def test_a_malformed_cookie_header_is_no_session(cookie: str) -> None:
     async with proxy(router(), **settings()) as (client, _):
         response = await client.get("/status.json", headers={"Cookie": cookie})
     assert response.status_code == 401
+
+
+async def test_the_page_offers_to_sign_out_only_to_a_session() -> None:
+    async with proxy(router(), **settings()) as (client, _):
+        with_key = await client.get("/", headers={**HTML, "Authorization": f"Bearer {KEYS[0]}"})
+        await login(client, KEYS[0])
+        with_session = await client.get("/", headers=HTML)
+        signed_out = await client.get("/logout", headers=HTML)
+    link = '<a class="sign-out" id="sign-out" href="logout">Sign out</a>'
+    assert with_key.status_code == 200 and 'id="sign-out"' not in with_key.text
+    assert with_session.status_code == 200 and link in with_session.text
+    assert signed_out.status_code == 303 and f"{COOKIE}=;" in signed_out.headers["set-cookie"]
+
+
+async def test_without_proxy_keys_the_page_has_no_sign_out() -> None:
+    async with proxy(router()) as (client, _):
+        page = await client.get("/", headers=HTML)
+        logout = await client.get("/logout")
+    assert page.status_code == 200 and 'id="sign-out"' not in page.text
+    assert logout.status_code == 404  # no login without keys

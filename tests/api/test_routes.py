@@ -342,7 +342,7 @@ async def test_dry_run_returns_the_plan_without_calling_the_upstream() -> None:
     assert plan["spec"]["source"] == "header"
     assert plan["spec"]["guessed"] is True
     assert plan["fits"] is True and plan["changed"] is False
-    assert plan["messages"] == body["messages"]
+    assert plan["body"] == body  # it fits: forwarded as it came
     assert len(plan["message_tokens"]) == len(body["messages"])
     assert plan["tokens_before"] == plan["tokens_after"]
     assert plan["count"] == "exact"
@@ -503,3 +503,56 @@ async def test_a_send_that_fails_because_the_client_left_ends_quietly_and_closes
     await UpstreamStreamResponse(upstream)({"type": "http"}, receive, send)
     assert closed == [True]
     assert [m["type"] for m in sent] == ["http.response.start"]
+
+
+async def test_another_method_on_a_routes_path_refused_by_the_upstream_is_our_405_in_its_apis_shape() -> None:
+    router = respx.Router(assert_all_called=False)
+    # As Starlette (the demo upstream, FastAPI servers) answers: plain text, its own Allow.
+    refused = router.route(method__in=["GET", "PUT", "HEAD"]).mock(
+        return_value=httpx.Response(405, text="Method Not Allowed", headers={"allow": "POST"})
+    )
+    async with proxy(router, discovery=False) as (client, _):
+        chat = await client.get("/v1/chat/completions")
+        put = await client.put("/v1/responses", json={})
+        messages = await client.get("/v1/messages", headers={"anthropic-version": "2023-06-01"})
+        counting = await client.get("/v1/messages/count_tokens")
+        head = await client.head("/v1/chat/completions")
+    assert refused.call_count == 5  # the upstream is asked: the method is its to refuse
+    for response in (chat, put, messages, counting, head):
+        assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert chat.json() == {
+        "error": {
+            "message": "GET is not allowed on /v1/chat/completions: this route takes POST.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert put.json()["error"]["message"].startswith("PUT is not allowed on /v1/responses")
+    assert messages.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "GET is not allowed on /v1/messages: this route takes POST.",
+        },
+    }
+    assert counting.json()["type"] == "error"
+    assert head.content == b""
+
+
+async def test_a_get_the_upstream_serves_on_a_routes_path_is_passed_through() -> None:
+    """OpenAI lists stored chat completions at ``GET /v1/chat/completions``: not ours to refuse."""
+    router = respx.Router(assert_all_called=False)
+    listed = {"object": "list", "data": [{"id": "chatcmpl-1"}], "has_more": False}
+    route = router.get(CHAT).mock(return_value=httpx.Response(200, json=listed))
+    other = router.get(f"{UPSTREAM}/models").mock(
+        return_value=httpx.Response(405, text="no", headers={"allow": "PUT"})
+    )
+    async with proxy(router, discovery=False) as (client, _):
+        response = await client.get("/v1/chat/completions?limit=1", headers={"Authorization": "Bearer sk-c"})
+        not_a_route = await client.get("/v1/models")
+    assert response.status_code == 200 and response.json() == listed
+    assert route.calls[0].request.url.query == b"limit=1"
+    assert route.calls[0].request.headers["authorization"] == "Bearer sk-c"
+    # A 405 on a path that is no route of ours is the upstream's answer, as it came.
+    assert not_a_route.status_code == 405 and not_a_route.text == "no" and other.call_count == 1

@@ -251,6 +251,39 @@ async def test_the_dry_run_takes_a_responses_or_messages_body() -> None:
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "api"
 
 
+async def test_the_dry_run_of_a_cut_body_is_the_body_the_upstream_receives_in_its_own_shape() -> None:
+    router = respx.Router(assert_all_called=False)
+    responses = router.post(RESPONSES_URL).mock(return_value=httpx.Response(200, json=response_ok()))
+    messages = router.post(MESSAGES_URL).mock(return_value=httpx.Response(200, json={"type": "message"}))
+    turns: list[dict[str, Any]] = []
+    for i in range(8):
+        turns += [
+            {"role": "user", "content": [{"type": "text", "text": f"question {i} " + words(150, "q")}]},
+            {"role": "assistant", "content": f"answer {i} " + words(150, "a")},
+        ]
+    bodies = {
+        "responses": (
+            {"model": "gpt-test", "instructions": "be brief", "input": long_input()},
+            "/v1/responses",
+        ),
+        "messages": (
+            {"model": "claude-x", "system": "be brief", "max_tokens": 50, "messages": [*turns, turns[0]]},
+            "/v1/messages",
+        ),
+    }
+    async with proxy(router) as (client, _):
+        for api, (body, path) in bodies.items():
+            plan = (await client.post(f"/v1/context/plan?api={api}", json=body)).json()
+            sent_for_real = await client.post(path, json=body)
+            assert sent_for_real.status_code == 200, sent_for_real.text
+            assert plan["changed"] is True and plan["fits"] is True
+            assert plan["body"] == sent(responses if api == "responses" else messages), api
+            assert "messages" not in plan  # not the engine's chat-form messages
+    assert sent(responses)["instructions"] == "be brief" and "messages" not in sent(responses)
+    assert sent(messages)["system"] == "be brief"  # Anthropic's top-level system, not a message
+    assert all(m["role"] != "system" for m in sent(messages)["messages"])
+
+
 async def test_the_messages_route_sends_the_operator_key_as_x_api_key_and_anthropic_headers() -> None:
     router = respx.Router(assert_all_called=False)
     route = router.post(MESSAGES_URL).mock(return_value=httpx.Response(200, json=chat_ok()))

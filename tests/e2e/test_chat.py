@@ -174,3 +174,25 @@ def test_date_and_server_come_once(e2e: Stack, stream: bool) -> None:
     assert response.status_code == 200
     assert len(response.headers.get_list("date")) == 1
     assert len(response.headers.get_list("server")) == 1
+
+
+def test_listing_stored_completions_on_an_upstream_without_them_is_our_405_in_openais_shape(
+    e2e: Stack, client: openai.OpenAI, direct: openai.OpenAI
+) -> None:
+    """``GET /v1/chat/completions`` (the SDK's ``chat.completions.list()``) goes to the upstream,
+    whose method it is to refuse; this fake (like the demo's and FastAPI servers) refuses it in
+    plain text, and the client gets a 405 it can read, with ``Allow: POST``."""
+    with pytest.raises(openai.APIStatusError) as plain:
+        direct.chat.completions.list()
+    assert plain.value.status_code == 405 and plain.value.body == "Method Not Allowed"  # plain text
+    with pytest.raises(openai.APIStatusError) as ours:
+        client.chat.completions.list()
+    error = ours.value
+    assert error.status_code == 405 and error.response.headers["allow"] == "POST"
+    assert "GET is not allowed on /v1/chat/completions" in error.message  # the SDK shows ours
+    assert error.body == {
+        "message": "GET is not allowed on /v1/chat/completions: this route takes POST.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }

@@ -260,3 +260,22 @@ def test_calibration_from_usage_counts_the_tool_definitions(stack: AnthropicStac
     ours = int(raw.headers["x-context-tokens-before"])
     theirs = stack.fake.count(stack.fake.message_requests()[-1].json())
     assert 0.8 * theirs <= ours <= 1.3 * theirs, (ours, theirs)
+
+
+def test_a_base_url_ending_in_v1_gets_our_404_with_the_hint_in_anthropics_shape(
+    stack: AnthropicStack,
+) -> None:
+    """``ANTHROPIC_BASE_URL=http://HOST:PORT/v1``: the SDK posts ``/v1/v1/messages``."""
+    http = anthropic.DefaultHttpxClient(timeout=30)
+    base_url = f"{stack.proxy_url}/v1"
+    with (
+        anthropic.Anthropic(base_url=base_url, api_key="test", max_retries=0, http_client=http) as client,
+        pytest.raises(anthropic.NotFoundError) as raised,
+    ):
+        client.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    error = raised.value
+    assert error.response.url.path == "/v1/v1/messages"
+    assert isinstance(error.body, dict) and error.body["type"] == "error"
+    assert error.body["error"]["type"] == "not_found_error"
+    assert "did you mean /v1/messages?" in error.body["error"]["message"]
+    assert stack.fake.requests == []  # never forwarded

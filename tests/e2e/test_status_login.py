@@ -1,7 +1,7 @@
 """The status page with proxy keys on, in a real headless browser (Debian's Chromium driven by
 Playwright, as in ``test_status_page.py``): the login form, a wrong key, the right key, the page
 loaded with no console error, an API call from the page refused (the session is not a key), the
-logout. Chromium must be installed: a missing browser fails the test."""
+page's "Sign out" clicked. Chromium must be installed: a missing browser fails the test."""
 
 from __future__ import annotations
 
@@ -87,9 +87,15 @@ def test_a_person_signs_in_sees_the_status_page_and_signs_out(browser: Browser, 
         assert statuses == [200, 401, 401]
         page.wait_for_timeout(2_500)  # one more poll of status.json: still no error
 
-        page.goto(f"{proxy_url}/logout")
+        # The page offers to sign out; clicking it ends the session, back to the form.
+        sign_out = page.locator("#sign-out")
+        assert sign_out.is_visible() and sign_out.inner_text() == "Sign out"
+        sign_out.click()
         page.wait_for_selector("#key")
         assert context.cookies() == []
+        assert page.url == f"{proxy_url}/"
+        again = page.goto(f"{proxy_url}/")  # the session is over: the form again
+        assert again is not None and again.status == 401 and page.locator("#sign-out").count() == 0
     finally:
         context.close()
     assert problems == []

@@ -97,6 +97,11 @@ def test_route_labels_come_from_the_recorded_api_and_the_own_endpoints() -> None
     assert routes.after("/v1beta/models/g:generateContent", "gemini") == "gemini"  # no table of paths
     assert routes.after("/v1/messages/count_tokens", "messages") == "count"
     assert routes.after("/v1/context/plan", "responses") == "plan"  # the dry run records its API too
+    # The gateway engine's endpoints are the engine's, whatever API the body is in.
+    assert routes.after("/v1/compress", "messages") == routes.before("/v1/compress") == "engine"
+    assert routes.after("/v1/context/compact/v1/responses", "responses") == "engine"
+    assert routes.after("/v1/context/compact/v1beta/models/g:generateContent", "gemini") == "engine"
+    assert not RouteLabels.fitted(routes.after("/v1/compress", "chat"), "chat")
     assert routes.after("/v1/embeddings", None) == "passthrough"
     assert routes.after("/readyz", None) == "health"
     assert routes.after("/metrics", None) == routes.after("/", None) == "observability"
@@ -155,3 +160,14 @@ def test_display_url_drops_credentials_query_and_fragment() -> None:
     assert display_url("https://k:s@h.test:8443/v1?key=s#f") == "https://h.test:8443/v1"
     assert display_url("http://[::1]:8080/v1") == "http://[::1]:8080/v1"
     assert display_url("http://a b:99999/") == "(invalid URL)"
+
+
+def test_the_engine_label_covers_the_paths_the_api_layer_serves() -> None:
+    from app.api.compress import COMPACT_PREFIX, COMPRESS_PATH, compact_path
+    from app.core.dialects import DIALECTS
+
+    routes = RouteLabels()
+    assert routes.after(COMPRESS_PATH, "chat") == "engine"
+    for dialect in DIALECTS.values():
+        assert compact_path(dialect).startswith(COMPACT_PREFIX + "/")
+        assert routes.after(compact_path(dialect), dialect.name) == "engine"

@@ -35,6 +35,9 @@ def test_discovery_calls_are_told_from_client_traffic() -> None:
     assert discovery_call("POST", "http://u/api/show", route=None) == "show"
     assert discovery_call("POST", "http://u/v1/models", route=None) is None
     assert discovery_call("GET", "http://u/v1/models", route="messages", api="messages") == "models"
+    # The gateway engine plans on a model too: a new model's discovery during its request counts.
+    assert discovery_call("GET", "http://u/v1/models", route="engine", api="chat") == "models"
+    assert discovery_call("GET", "http://u/v1/models", route="plan", api="chat") is None
     assert discovery_call("GET", "http://u/v1/models", route="passthrough") is None  # a client's listing
     assert discovery_call("GET", "http://u/v1/models", route="count", api="messages") is None
     assert discovery_call("GET", "http://u/v1/models", route="health") is None  # the readiness probe

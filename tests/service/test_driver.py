@@ -120,12 +120,15 @@ def test_budget_header_caps_the_plan() -> None:
 
 def test_plan_report_is_json_ready() -> None:
     svc = service(respx.Router())
-    plan = svc.plan({"model": "m", "messages": conversation(turns=6, size=60)}, RequestOptions())
-    report = json.loads(json.dumps(plan_report(plan)))
+    body = {"model": "m", "messages": conversation(turns=6, size=60), "temperature": 0}
+    plan = svc.plan(body, RequestOptions())
+    report = json.loads(json.dumps(plan_report(plan, body)))
     assert report["budget"]["window_tokens"] == WINDOW_TOKENS
     assert report["tokens_after"] == plan.tokens_after
     assert report["actions_header"] == plan.actions_header()
-    assert len(report["messages"]) == len(report["message_tokens"])
+    assert plan.changed and report["body"] == plan.body(body)  # what the proxy forwards
+    assert report["body"]["temperature"] == 0
+    assert len(report["body"]["messages"]) == len(report["message_tokens"]) < len(body["messages"])
 
 
 async def test_reject_raises_cannot_fit_with_the_numbers() -> None:
