@@ -28,6 +28,9 @@ composition root names an API or branches on which dialect it holds (``tests/tes
   - ``items_key``: the top-level key of the array a client's history grows at the end of
     (``"messages"``, ``"input"``): a resent body is parsed only from where it changed near that
     array's end (``body_memo.BodyMemo``);
+  - ``output_in_window``: True when the upstream counts the requested output against the
+    model's window (OpenAI, Anthropic: the budget keeps an output reserve); False when its limit
+    is on the input alone (Gemini's ``inputTokenLimit``: no output reserve);
   - ``chat_shaped``: True when a body of this API is itself a chat body to the chat accounting
     (messages and tool definitions): learning compares the upstream's usage with the body as it
     is; else with the neutral messages plus the tool definitions' tokens as one priced message;
@@ -72,7 +75,11 @@ composition root names an API or branches on which dialect it holds (``tests/tes
     (every status: 400, 401, 404, 413, 500, 502, 503, 504, ...);
   - ``stream_error(error) -> bytes``: the SSE bytes that end a stream that failed midway, in this
     API's shape (chat: ``data: {"error": ...}``; Responses: an ``error`` event; Anthropic:
-    ``event: error``).
+    ``event: error``; Gemini: ``data: {"error": ...}`` ended by CRLF CRLF);
+  - ``json_stream_error(error, *, started) -> bytes | None``: the bytes that end a streamed
+    answer that is not an event stream (Gemini's JSON array sent element by element) when it
+    failed midway (``started``: some of its bytes went out already); None for an API without
+    such a stream: the body is then cut short (the client sees a truncated body).
 
 * ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
   ``invalid_request_error``, ``upstream_timeout``, ...), ``message``, ``param``, and for a
@@ -141,6 +148,9 @@ class Dialect(Protocol):
     def chat_shaped(self) -> bool: ...
 
     @property
+    def output_in_window(self) -> bool: ...
+
+    @property
     def preamble_events(self) -> frozenset[str]: ...
 
     @property
@@ -172,6 +182,8 @@ class Dialect(Protocol):
     def input_tokens_used(self, answer: Mapping[str, Any], /) -> int | None: ...
 
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]: ...
+
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None: ...
 
     def stream_error(self, error: ErrorInfo, /) -> bytes: ...
 

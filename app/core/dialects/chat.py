@@ -83,6 +83,7 @@ class ChatDialect:
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "messages"
     chat_shaped: bool = True
+    output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     # OpenAI's usage chunk (``stream_options.include_usage``); every other chunk says ``"usage":
     # null`` and is not parsed.
@@ -143,6 +144,9 @@ class ChatDialect:
         # Chat Completions has no counting endpoint; the shape of OpenAI's Responses one is the
         # closest a client of ours could expect.
         return {"object": "response.input_tokens", "input_tokens": input_tokens}
+
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return None  # every answer of this API streams as server-sent events
 
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(openai_error(error), ensure_ascii=False, separators=(",", ":"))

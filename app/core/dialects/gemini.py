@@ -3,27 +3,43 @@
 
 INTERFACE CONTRACT (pure, standard library only; the wire facts are in ``docs/gemini.md``):
 
-* ``parse_gemini(body, *, model, stream, memo=None) -> Conversation``: the model and the
-  streaming flag come from the request's path (``/v1beta/models/{model}:streamGenerateContent``),
-  not from the body. Validates what planning relies on (``InvalidRequest`` naming the field) and
-  maps ``contents`` onto neutral messages by ``gemini_wire``'s rules (``systemInstruction`` is
-  pinned; a model content's function calls and the next content's function responses are one
-  unit; signed parts are opaque). ``requested_output_tokens`` is
+* ``GEMINI`` (``GeminiDialect``) implements ``app.core.dialect.Dialect``:
+
+  - routes, under ``/v1beta`` and ``/v1``: ``POST /{v}/models/{model}:generateContent``
+    (streaming: no), ``:streamGenerateContent`` (streaming: yes; SSE with ``?alt=sse``, one JSON
+    array streamed element by element without it) and ``:countTokens`` (kind ``count``, the
+    upstream's own count first: Gemini's tokenizer is not public; ours, a labelled estimate, only
+    when the upstream has no such endpoint). Every one goes upstream at the client's own path
+    (query kept) at the base URL's origin (``Route.upstream == ""``), so a base URL ending in
+    ``/v1`` serves ``/v1beta`` requests too;
+  - ``key_slots``: the ``x-goog-api-key`` header (where the operator's key goes), then the
+    ``key`` query parameter;
+  - ``model_of``: the path's ``{model}``; without a path (the dry run, the gateway engine) the
+    body's ``model`` (or its ``generateContentRequest``'s), ``models/`` stripped;
+  - ``recognition``: 2 for a ``contents`` array holding an object with ``parts`` or a
+    ``generateContentRequest`` (no other API has them), else 0; ``refine_spec`` changes nothing;
+  - ``preamble_events`` is empty: Gemini refuses an input over its window with a 400 before the
+    stream opens (gemini-cli #5807: ``generateContentStream`` throws on the status), never inside
+    a 200 stream; ``usage_needles``: ``"usageMetadata"`` (on every stream chunk);
+    ``upstream_count``: ``totalTokens`` of a ``:countTokens`` answer; ``chat_shaped`` False;
+  - ``output_in_window = False``: Gemini's ``inputTokenLimit`` limits the input alone and
+    ``maxOutputTokens`` is not counted against it ("The input token count (N) exceeds the maximum
+    number of tokens allowed (M)" compares the input with ``inputTokenLimit``), so the budget
+    keeps no output reserve (``fit``); ``requested_output_tokens`` still says what the body asked
+    for (``outputTokenLimit`` caps it upstream).
+
+* ``parse(body, *, memo=None)`` / ``parse_gemini(body, *, model, stream, memo=None)``: validates
+  what planning relies on (``InvalidRequest`` naming the field) and maps ``contents`` onto
+  neutral messages by ``gemini_wire``'s rules (``systemInstruction`` pinned; a model content's
+  function calls and the next content's function responses one unit; signed parts opaque). A
+  ``:countTokens`` body is read through ``counted_request``. ``requested_output_tokens`` is
   ``generationConfig.maxOutputTokens``. A body with ``cachedContent`` is not fittable (part of
-  its prompt lives upstream): it is forwarded unchanged. ``memo`` is accepted for the protocol
-  and not used yet.
+  its prompt lives upstream): it is forwarded unchanged. With ``memo`` (``parse_memo``), the
+  neutral messages of a resent history's strictly equal leading contents are reused (those of
+  content ``i`` are a pure function of ``i``, it and the content before it); the result equals a
+  fresh parse.
 * ``counted_request(body)``: the ``generateContentRequest`` of a ``:countTokens`` body when it
   has one, else the body itself (``{"contents": [...]}``): what to parse and count.
-* ``GEMINI`` (``GeminiDialect``) implements ``app.core.dialect.Dialect`` as it stands today:
-  ``parse(body, *, memo=None, model=None, stream=None)`` reads the model from the body's
-  ``model`` (``models/`` stripped) when the path's is not given; ``upstream_path`` is the path
-  template ``models/{model}:generateContent``; ``items_key`` is ``contents``.
-  It is NOT in ``DIALECTS`` yet: the routes cannot take a model from the path until the seam can.
-* ``output_in_window = False``: Gemini's ``inputTokenLimit`` limits the input alone and
-  ``maxOutputTokens`` is not counted against it ("The input token count (N) exceeds the maximum
-  number of tokens allowed (M)" compares the input with ``inputTokenLimit``). A budget for a
-  Gemini request is ``window - margin - tools`` with no output reserve; ``requested_output_tokens``
-  still says what the body asked for (and ``outputTokenLimit`` caps it upstream).
 * ``gemini_error(error)``: our errors in Google's shape ``{"error": {"code", "message",
   "status"}}`` (``status`` the canonical code: ``INVALID_ARGUMENT``, ``RESOURCE_EXHAUSTED``,
   ``UNAVAILABLE``, ...); a cannot-fit error speaks Gemini's own overflow wording with our numbers:
@@ -50,14 +66,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conversation import Conversation
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, Headers
+from ..endpoints import KeySlot, Route
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
-from ..parse_memo import ParseMemo
+from ..parse_memo import NOTHING, ParseMemo, Recalled, item_shapes
+from ..registry import ModelSpec
 from ..tokens import MessageCounter
-from .gemini_wire import field, neutral_messages, render_contents, wire_problems
+from .chat import positive_count
+from .gemini_wire import content_messages, field, render_contents, system_message, wire_problems
 
+GEMINI_NAME = "gemini"
 ROLES: frozenset[str] = frozenset({"user", "model"})
 # Google's canonical error codes by HTTP status (google.rpc.Code's HTTP mapping).
 STATUS_NAMES: Mapping[int, str] = {
@@ -75,6 +95,8 @@ STATUS_NAMES: Mapping[int, str] = {
     504: "DEADLINE_EXCEEDED",
 }
 UNFITTABLE_CACHED = "cachedContent: part of the prompt is cached upstream"
+VERSIONS: tuple[str, ...] = ("/v1beta", "/v1")
+MODEL_PREFIX = "models/"
 
 
 def status_name(status: int) -> str:
@@ -101,9 +123,11 @@ def _json_bytes(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def array_stream_error(error: ErrorInfo) -> bytes:
-    """The error as the element that closes an open JSON-array stream (after at least one chunk)."""
-    return b",\r\n" + _json_bytes(gemini_error(error)) + b"]"
+def array_stream_error(error: ErrorInfo, *, started: bool = True) -> bytes:
+    """The error as the element that closes an open JSON-array stream (``started``: after its
+    first bytes), else as a whole one-element array (what Google sends for an error there)."""
+    element = _json_bytes(gemini_error(error))
+    return b",\r\n" + element + b"]" if started else b"[" + element + b"]"
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -134,14 +158,21 @@ def _check_parts(parts: object, where: str) -> None:
             raise _invalid("a functionResponse needs a string 'name'", f"{where}[{k}].functionResponse")
 
 
-def validate_body(body: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
-    """What planning relies on (raise ``InvalidRequest`` naming the field): ``(contents, system)``."""
+def validate_body(
+    body: Mapping[str, Any], *, recalled: Recalled = NOTHING
+) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
+    """What planning relies on (raise ``InvalidRequest`` naming the field): ``(contents, system)``.
+    A content ``recalled.reusable`` at its index is not checked again: it is strictly equal to one
+    an earlier parse validated at the same index (the checks are pure functions of both)."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("The request body must be a JSON object.", param=None)
     contents = field(body, "contents")
     if not isinstance(contents, list):
         raise _invalid("Field required (an array of Content objects)", "contents")
-    for i, content in enumerate(contents):
+    for i in range(recalled.limit, len(contents)):
+        if recalled.reusable(i):
+            continue
+        content = contents[i]
         if not isinstance(content, Mapping):
             raise _invalid("Input should be a Content object", f"contents[{i}]")
         role = content.get("role")
@@ -172,22 +203,68 @@ def counted_request(body: Mapping[str, Any]) -> Mapping[str, Any]:
     return inner if isinstance(inner, Mapping) else body
 
 
+@dataclass(frozen=True, slots=True)
+class _Remembered:
+    """What a parse leaves in a ``ParseMemo``: the neutral messages built from each content
+    (``built[i]``, a pure function of ``i``, ``contents[i]`` and ``contents[i - 1]``)."""
+
+    built: tuple[list[dict[str, Any]], ...]
+
+
 def parse_gemini(
     body: Mapping[str, Any], *, model: str, stream: bool, memo: ParseMemo | None = None
 ) -> Conversation:
     """The neutral conversation of a Gemini body; ``model`` and ``stream`` from the path."""
-    contents, system = validate_body(body)
-    config = field(body, "generationConfig")
+    request = counted_request(body)
+    wire = field(request, "contents") if isinstance(request, Mapping) else None
+    if memo is not None and not (isinstance(wire, list) and memo.remembers(wire)):
+        memo = None  # too short to be remembered: nothing to recall or keep
+    recalled = memo.recall(GEMINI_NAME, wire) if memo is not None and isinstance(wire, list) else NOTHING
+    previous = recalled.state if isinstance(recalled.state, _Remembered) else None
+    if previous is None:
+        recalled = NOTHING
+    contents, system = validate_body(request, recalled=recalled)
+    out: list[dict[str, Any]] = []
+    if system is not None:
+        instruction = system_message(system)
+        if instruction is not None:
+            out.append(instruction)
+    built: list[list[dict[str, Any]]] = []
+    if previous is not None:
+        # Every content below the limit, and the one before it, are strictly equal to the
+        # remembered ones: what was built from them is taken at once.
+        built = list(previous.built[: recalled.limit])
+    for i in range(len(built), len(contents)):
+        reuse = previous is not None and recalled.reusable(i) and (i == 0 or recalled.reusable(i - 1))
+        group = previous.built[i] if reuse and previous is not None else None
+        if group is None:
+            group = content_messages(i, contents[i], contents[i - 1] if i else None)
+        built.append(group)
+    for group in built:
+        out.extend(group)
+    if memo is not None:
+        memo.keep(GEMINI_NAME, contents, item_shapes(contents, recalled), _Remembered(tuple(built)),
+                  replacing=recalled.entry)  # fmt: skip
+    config = field(request, "generationConfig")
     cap = field(config, "maxOutputTokens") if isinstance(config, Mapping) else None
-    cached = field(body, "cachedContent")
+    cached = field(request, "cachedContent")
     return Conversation(
         model=model,
-        messages=tuple(neutral_messages(contents, system)),
+        messages=tuple(out),
         requested_output_tokens=cap,
         stream=stream,
         fittable=cached is None,
         unfittable_reason="" if cached is None else UNFITTABLE_CACHED,
     )
+
+
+def _body_model(body: Mapping[str, Any]) -> str | None:
+    """The body's ``model`` (or its ``generateContentRequest``'s), ``models/`` stripped."""
+    for source in (body, counted_request(body)):
+        named = source.get("model") if isinstance(source, Mapping) else None
+        if isinstance(named, str) and named.removeprefix(MODEL_PREFIX):
+            return named.removeprefix(MODEL_PREFIX)
+    return None
 
 
 # -- upstream answers --------------------------------------------------------------------------
@@ -203,30 +280,63 @@ def _usage_prompt(answer: Mapping[str, Any]) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
+def _routes() -> tuple[Route, ...]:
+    routes: list[Route] = []
+    for version in VERSIONS:
+        routes += [
+            Route(f"{version}/models/{{model}}:generateContent", stream=False),
+            Route(f"{version}/models/{{model}}:streamGenerateContent", stream=True),
+            Route(f"{version}/models/{{model}}:countTokens", kind="count", upstream_first=True),
+        ]
+    return tuple(routes)
+
+
 @dataclass(frozen=True, slots=True)
 class GeminiDialect:
     """Gemini's native API (see the module docstring)."""
 
-    name: str = "gemini"
-    upstream_path: str = "models/{model}:generateContent"
+    name: str = GEMINI_NAME
+    routes: tuple[Route, ...] = _routes()
+    key_slots: tuple[KeySlot, ...] = (KeySlot("x-goog-api-key"), KeySlot("key", in_query=True))
     items_key: str = "contents"
+    chat_shaped: bool = False
     output_in_window: bool = False
+    preamble_events: frozenset[str] = frozenset()
+    usage_needles: tuple[bytes, ...] = (b'"usageMetadata"',)
 
-    def parse(
-        self,
-        body: Mapping[str, Any],
-        /,
-        *,
-        memo: ParseMemo | None = None,
-        model: str | None = None,
-        stream: bool | None = None,
-    ) -> Conversation:
-        if model is None:
-            named = body.get("model") if isinstance(body, Mapping) else None
-            model = named.removeprefix("models/") if isinstance(named, str) else ""
-        return parse_gemini(body, model=model, stream=bool(stream), memo=memo)
+    def recognition(self, body: Mapping[str, Any], headers: Mapping[str, str], /) -> int:
+        """2 for a ``contents`` array holding a Content (an object with ``parts``: no other API's
+        item has them) or a ``generateContentRequest``; 1 for an empty ``contents``; else 0 (the
+        gateway engine asks with any API's items under ``contents``)."""
+        if isinstance(body.get("generateContentRequest"), Mapping):
+            return 2
+        contents = body.get("contents")
+        if not isinstance(contents, list):
+            return 0
+        if any(isinstance(c, Mapping) and isinstance(c.get("parts"), list) for c in contents):
+            return 2
+        return 0 if contents else 1
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        model = params.get("model") or _body_model(body)
+        if not model:
+            raise InvalidRequest("The path names no model (models/{model}:generateContent).", param="model")
+        return model.removeprefix(MODEL_PREFIX)
+
+    def refine_spec(self, spec: ModelSpec, headers: Headers, /) -> ModelSpec:
+        return spec
+
+    def upstream_count(self, answer: Mapping[str, Any], /) -> int | None:
+        """``{"totalTokens": N, ...}``."""
+        return positive_count(answer, "totalTokens")
+
+    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+        """The model is the body's (``models/`` stripped) or ""; the service sets the path's."""
+        model = _body_model(body) if isinstance(body, Mapping) else None
+        return parse_gemini(body, model=model or "", stream=False, memo=memo)
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
+        body = counted_request(body)
         tools = field(body, "tools")
         shaped: list[Any] = []
         for tool in tools if isinstance(tools, list) else []:
@@ -290,6 +400,9 @@ class GeminiDialect:
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
         return {"totalTokens": input_tokens}
 
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return array_stream_error(error, started=started)
+
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         return b"data: " + _json_bytes(gemini_error(error)) + b"\r\n\r\n"
 
@@ -298,6 +411,7 @@ GEMINI = GeminiDialect()
 
 __all__ = [
     "GEMINI",
+    "GEMINI_NAME",
     "STATUS_NAMES",
     "UNFITTABLE_CACHED",
     "GeminiDialect",

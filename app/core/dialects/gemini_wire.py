@@ -6,7 +6,10 @@ INTERFACE CONTRACT (``gemini.py`` builds the dialect on these; pure, standard li
   (Gemini's REST API accepts both: ``systemInstruction``/``system_instruction``, ...);
   ``key_of(mapping, name)``: which of the two spellings the mapping uses (``name`` when neither);
 * ``neutral_messages(contents, system) -> list[dict]``: the neutral messages of validated
-  ``contents`` (and the ``systemInstruction`` content, or None) by the mapping below;
+  ``contents`` (and the ``systemInstruction`` content, or None) by the mapping below; they are
+  ``system_message(system)`` (None for a system instruction without parts) followed by
+  ``content_messages(i, contents[i], contents[i - 1] or None)`` for each content, a pure
+  function of those three (what a resent history's parse reuses);
 * ``render_contents(body, messages, *, source=None) -> dict``: ``body`` with ``contents`` (and the
   system instruction when it changed) rebuilt from fitted neutral messages; ``source`` (the
   parse's own messages) lets every unchanged message be written back without comparing it;
@@ -256,7 +259,7 @@ def _responses_of(parts: Sequence[Any]) -> list[tuple[int, str, str | None]]:
 # -- parse -------------------------------------------------------------------------------------
 
 
-def _system_message(system: Mapping[str, Any]) -> dict[str, Any] | None:
+def system_message(system: Mapping[str, Any]) -> dict[str, Any] | None:
     parts = _parts(system)
     if not parts:
         return None
@@ -271,50 +274,58 @@ def neutral_messages(
     """The neutral messages of validated ``contents`` (see the module docstring)."""
     out: list[dict[str, Any]] = []
     if system is not None:
-        message = _system_message(system)
+        message = system_message(system)
         if message is not None:
             out.append(message)
-    previous_calls: list[tuple[int, str, str | None]] = []
     for i, content in enumerate(contents):
-        parts = _parts(content)
-        signed = any(is_signed(p) for p in parts)
-        if _role(content) == "model":
-            previous_calls = _calls_of(parts)
-            call_at = {k for k, _, _ in previous_calls}
-            # A signed call is priced by its signature (the call itself by ``tool_calls``).
-            body = [
-                p
-                for k, part in enumerate(parts)
-                for p in (_signature_parts(part) if k in call_at else neutral_parts(part))
-            ]
-            origin: list[Path] = [(i, k) for k in range(len(parts))] or [(i,)]
-            calls = [
-                {
-                    "id": f"c{i}.{k}",
-                    "type": "function",
-                    "function": {"name": name, "arguments": _arguments(field(parts[k], "functionCall"))},
-                }
-                for k, name, _ in previous_calls
-            ]
-            if calls:
-                out.append(neutral("assistant", body, origin=origin, opaque=signed, tool_calls=calls))
-            else:
-                out.append(neutral("assistant", body, origin=origin, opaque=signed))
-            continue
-        responses = _responses_of(parts)
-        calls_before = previous_calls if i > 0 and _role(contents[i - 1]) == "model" else []
-        answered = pair_responses([(n, c) for _, n, c in calls_before], [(n, r) for _, n, r in responses])
-        for (k, name, _), c in zip(responses, answered, strict=True):
-            call_id = f"c{i - 1}.{calls_before[c][0]}" if c is not None else f"r{i}.{k}"
-            text, _key = response_content(field(parts[k], "functionResponse"))
-            out.append(neutral("tool", text, origin=[(i, k)], opaque=signed, tool_call_id=call_id, name=name))
-        response_at = {k for k, _, _ in responses}
-        rest = [k for k in range(len(parts)) if k not in response_at]
-        if rest or not responses:
-            body = [p for k in rest for p in neutral_parts(parts[k])]
-            paths: list[Path] = [(i, k) for k in rest] or [(i,)]
-            out.append(neutral("user", body, origin=paths, opaque=signed))
-        previous_calls = []
+        out.extend(content_messages(i, content, contents[i - 1] if i else None))
+    return out
+
+
+def content_messages(
+    index: int, content: Mapping[str, Any], previous: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The neutral messages of ``contents[index]`` (validated), ``previous`` the content before it
+    (None for the first): a pure function of the three, so a parse may reuse them for a resent
+    history whose contents up to ``index`` are strictly equal (``parse_memo``)."""
+    i = index
+    parts = _parts(content)
+    signed = any(is_signed(p) for p in parts)
+    if _role(content) == "model":
+        calls_here = _calls_of(parts)
+        call_at = {k for k, _, _ in calls_here}
+        # A signed call is priced by its signature (the call itself by ``tool_calls``).
+        body = [
+            p
+            for k, part in enumerate(parts)
+            for p in (_signature_parts(part) if k in call_at else neutral_parts(part))
+        ]
+        origin: list[Path] = [(i, k) for k in range(len(parts))] or [(i,)]
+        calls = [
+            {
+                "id": f"c{i}.{k}",
+                "type": "function",
+                "function": {"name": name, "arguments": _arguments(field(parts[k], "functionCall"))},
+            }
+            for k, name, _ in calls_here
+        ]
+        if calls:
+            return [neutral("assistant", body, origin=origin, opaque=signed, tool_calls=calls)]
+        return [neutral("assistant", body, origin=origin, opaque=signed)]
+    out: list[dict[str, Any]] = []
+    responses = _responses_of(parts)
+    calls_before = _calls_of(_parts(previous)) if previous is not None and _role(previous) == "model" else []
+    answered = pair_responses([(n, c) for _, n, c in calls_before], [(n, r) for _, n, r in responses])
+    for (k, name, _), c in zip(responses, answered, strict=True):
+        call_id = f"c{i - 1}.{calls_before[c][0]}" if c is not None else f"r{i}.{k}"
+        text, _key = response_content(field(parts[k], "functionResponse"))
+        out.append(neutral("tool", text, origin=[(i, k)], opaque=signed, tool_call_id=call_id, name=name))
+    response_at = {k for k, _, _ in responses}
+    rest = [k for k in range(len(parts)) if k not in response_at]
+    if rest or not responses:
+        user_body = [p for k in rest for p in neutral_parts(parts[k])]
+        paths: list[Path] = [(i, k) for k in rest] or [(i,)]
+        out.append(neutral("user", user_body, origin=paths, opaque=signed))
     return out
 
 
@@ -560,6 +571,7 @@ def wire_problems(body: Mapping[str, Any]) -> list[str]:
 __all__ = [
     "SEPARATOR_TEXT",
     "SYSTEM_INDEX",
+    "content_messages",
     "field",
     "is_signed",
     "key_of",
@@ -568,5 +580,6 @@ __all__ = [
     "pair_responses",
     "render_contents",
     "response_content",
+    "system_message",
     "wire_problems",
 ]

@@ -433,6 +433,7 @@ class MessagesDialect:
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-api-key"), AUTHORIZATION)
     items_key: str = "messages"
     chat_shaped: bool = False
+    output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"usage"',)
 
@@ -565,6 +566,9 @@ class MessagesDialect:
 
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
         return {"input_tokens": input_tokens}
+
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return None  # every answer of this API streams as server-sent events
 
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(anthropic_error(error), ensure_ascii=False, separators=(",", ":"))

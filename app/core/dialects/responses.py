@@ -84,6 +84,7 @@ class ResponsesDialect:
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "input"
     chat_shaped: bool = False
+    output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset(
         {"response.created", "response.in_progress", "response.queued"}
     )
@@ -201,6 +202,9 @@ class ResponsesDialect:
 
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
         return {"object": "response.input_tokens", "input_tokens": input_tokens}
+
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return None  # every answer of this API streams as server-sent events
 
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         event = {

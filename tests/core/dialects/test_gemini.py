@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from app.core.budget import Policy
 from app.core.conversation import PRICE_KEY, is_opaque, origin_of
 from app.core.dialect import ErrorInfo, error_info
 from app.core.dialects import DIALECTS
@@ -28,8 +29,12 @@ from app.core.dialects.gemini_media import (
     media_tokens,
 )
 from app.core.dialects.gemini_wire import SEPARATOR_TEXT, pair_responses
+from app.core.endpoints import UpstreamTarget
 from app.core.errors import CannotFit, InvalidRequest
+from app.core.fit import plan_request
 from app.core.overflow import classify_overflow
+from app.core.parse_memo import ParseMemo
+from app.core.routes import RouteTable, detect
 from app.core.strategies import IMAGE_PLACEHOLDER
 from tests.core.dialects.gemini_kit import (
     PNG_DATA,
@@ -38,6 +43,7 @@ from tests.core.dialects.gemini_kit import (
     fit,
     result_part,
     said,
+    spec,
     step,
     strict_check,
     thought,
@@ -363,6 +369,10 @@ def test_stream_errors_are_crlf_sse_frames_or_the_closing_element_of_an_array() 
     assert GEMINI.overflow(200, frame) is not None
     closing = array_stream_error(error)
     assert json.loads(b"[{}" + closing)[1] == GEMINI.error_body(error)
+    assert GEMINI.json_stream_error(error, started=True) == closing
+    whole = GEMINI.json_stream_error(error, started=False)  # nothing went out yet: a whole array
+    assert whole is not None and json.loads(whole) == [GEMINI.error_body(error)]
+    assert GEMINI.overflow(400, whole) is not None
 
 
 @pytest.mark.parametrize(
@@ -423,7 +433,109 @@ def test_usage_counting_answers_and_tools() -> None:
     assert GEMINI.tool_tokens({"contents": []}, counter) == 0
 
 
-def test_the_budget_facts_and_the_dialect_is_not_registered_yet() -> None:
-    assert GEMINI.output_in_window is False
-    assert GEMINI.items_key == "contents" and GEMINI.name == "gemini"
-    assert "gemini" not in DIALECTS  # registered by the lead once the seam can route it
+def test_the_dialect_is_registered_with_its_routes_keys_and_budget_facts() -> None:
+    assert DIALECTS["gemini"] is GEMINI and GEMINI.items_key == "contents"
+    assert GEMINI.output_in_window is False and not GEMINI.chat_shaped
+    assert GEMINI.preamble_events == frozenset()  # overflows come as a 400 before the stream opens
+    table = RouteTable.of(DIALECTS)
+    for version in ("/v1beta", "/v1"):
+        for verb, stream, kind in (
+            ("generateContent", False, "fit"),
+            ("streamGenerateContent", True, "fit"),
+            ("countTokens", None, "count"),
+        ):
+            path = f"{version}/models/gemini-2.5-flash:{verb}"
+            matched = table.match(path, "alt=sse&key=k")
+            assert matched is not None and matched.dialect is GEMINI
+            assert (matched.route.stream, matched.route.kind) == (stream, kind)
+            assert matched.route.upstream_first is (kind == "count")  # the tokenizer is not public
+            assert matched.params == {"model": "gemini-2.5-flash"}
+            assert matched.target == UpstreamTarget(path, at_origin=True)  # its own path, at the origin
+            assert matched.query == "alt=sse&key=k"
+    assert ("/v1beta", True) in table.passthrough_prefixes()  # GET /v1beta/models... passes through
+    assert table.owner("/v1beta/models") is GEMINI
+    assert [(s.name, s.in_query) for s in GEMINI.key_slots] == [("x-goog-api-key", False), ("key", True)]
+
+
+def test_the_model_comes_from_the_path_else_the_body_and_bodies_are_recognised() -> None:
+    bare = {"contents": [user("hi")]}
+    assert GEMINI.model_of(bare, {"model": "gemini-2.5-pro"}) == "gemini-2.5-pro"
+    assert GEMINI.model_of({**bare, "model": "models/gemini-x"}, {}) == "gemini-x"
+    counted = {"generateContentRequest": {"model": "models/g", **bare}}
+    assert GEMINI.model_of(counted, {}) == "g"
+    with pytest.raises(InvalidRequest) as caught:
+        GEMINI.model_of(bare, {})
+    assert caught.value.param == "model"
+    assert GEMINI.recognition(bare, {}) == 2 and GEMINI.recognition(counted, {}) == 2
+    assert GEMINI.recognition({"messages": []}, {}) == 0
+    # The gateway engine asks with any API's items under ``contents``: only Contents are Gemini's.
+    assert GEMINI.recognition({"contents": [{"role": "user", "content": "hi"}]}, {}) == 0
+    assert detect(DIALECTS, bare, {}) is GEMINI
+    assert GEMINI.upstream_count({"totalTokens": 31, "promptTokensDetails": []}) == 31
+    assert GEMINI.upstream_count({"totalTokens": 0}) is None
+
+
+def test_a_count_tokens_body_is_read_through_its_generate_content_request() -> None:
+    tools = [{"functionDeclarations": [{"name": "read_file", "parametersJsonSchema": {"type": "object"}}]}]
+    inner = {"model": "models/g", "systemInstruction": SYSTEM, "contents": [user("hi")], "tools": tools}
+    counter = FakeMessageCounter()
+    wrapped = GEMINI.parse({"generateContentRequest": inner})
+    assert wrapped.messages == GEMINI.parse(inner).messages and wrapped.model == "g"
+    assert (
+        GEMINI.tool_tokens({"generateContentRequest": inner}, counter)
+        == GEMINI.tool_tokens(inner, counter)
+        > 0
+    )
+
+
+def test_the_budget_keeps_no_output_reserve_against_the_input_limit() -> None:
+    request = {"contents": [user(words(50))], "generationConfig": {"maxOutputTokens": 4000}}
+    plan, _ = fit(request, counter=FakeMessageCounter(), window_tokens=10_000)
+    assert plan.budget.reserve_tokens == 0
+    assert plan.budget.input_budget_tokens == 10_000 - plan.budget.margin_tokens
+    chat = plan_request(
+        {"model": "m", "messages": [{"role": "user", "content": words(50)}], "max_tokens": 4000},
+        spec=spec(10_000),
+        policy=Policy(),
+        counter=FakeMessageCounter(),
+    )
+    assert chat.budget.reserve_tokens == 4000  # an API that counts the output keeps its reserve
+
+
+def resent(turns: int) -> dict[str, Any]:
+    contents: list[dict[str, Any]] = [user("<session_context>", "read them all")]
+    for k in range(turns):
+        contents += step(["read_file"], [words(30, f"r{k}")], tag=f"s{k}", think=k % 3 == 0)
+    return {"systemInstruction": SYSTEM, "contents": contents}
+
+
+def test_a_resent_history_reuses_its_parse_and_equals_a_fresh_one() -> None:
+    memo = ParseMemo()
+    first = resent(12)
+    once = GEMINI.parse(first, memo=memo)
+    assert once.messages == GEMINI.parse(first).messages and len(memo) == 1
+    second = copy.deepcopy(resent(13))
+    again = GEMINI.parse(second, memo=memo)
+    assert again.messages == GEMINI.parse(second).messages
+    shared = sum(a is b for a, b in zip(once.messages, again.messages, strict=False))
+    assert shared >= len(once.messages) - 1  # the resent contents' messages are the same objects
+    # A content that looks equal but is not strictly equal (1 vs 1.0) is built again (bodies are
+    # never mutated once parsed: each is a new copy).
+    ints, floats = copy.deepcopy(second), copy.deepcopy(second)
+    ints["contents"][3]["parts"][0]["functionCall"]["args"] = {"n": 1}
+    floats["contents"][3]["parts"][0]["functionCall"]["args"] = {"n": 1.0}
+    GEMINI.parse(ints, memo=memo)
+    changed = floats
+    fresh = GEMINI.parse(changed)
+    assert GEMINI.parse(changed, memo=memo).messages == fresh.messages
+    assert "1.0" in fresh.messages[4]["tool_calls"][0]["function"]["arguments"]
+
+
+def test_a_bad_content_after_a_resent_history_is_still_refused() -> None:
+    memo = ParseMemo()
+    GEMINI.parse(resent(12), memo=memo)
+    bad = resent(13)
+    bad["contents"].append({"role": "assistant", "parts": [{"text": "x"}]})
+    with pytest.raises(InvalidRequest) as caught:
+        GEMINI.parse(bad, memo=memo)
+    assert caught.value.param == f"contents[{len(bad['contents']) - 1}].role"
