@@ -75,7 +75,14 @@ from ..parse_memo import NOTHING, ParseMemo, Recalled, item_shapes
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
 from .chat import positive_count
-from .gemini_wire import content_messages, field, render_contents, system_message, wire_problems
+from .gemini_wire import (
+    content_messages,
+    field,
+    plain_text,
+    render_contents,
+    system_message,
+    wire_problems,
+)
 
 GEMINI_NAME = "gemini"
 ROLES: frozenset[str] = frozenset({"user", "model"})
@@ -143,6 +150,8 @@ def _check_parts(parts: object, where: str) -> None:
     if not isinstance(parts, list):
         raise _invalid("Input should be a list of parts", where)
     for k, part in enumerate(parts):
+        if plain_text(part):
+            continue
         if not isinstance(part, Mapping):
             raise _invalid("Input should be an object (a part)", f"{where}[{k}]")
         call = field(part, "functionCall")
@@ -158,13 +167,19 @@ def _check_parts(parts: object, where: str) -> None:
             raise _invalid("a functionResponse needs a string 'name'", f"{where}[{k}].functionResponse")
 
 
+def _is_mapping(value: object) -> bool:
+    """``isinstance(value, Mapping)``, with the JSON case (a dict) decided without the ABC check."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def validate_body(
     body: Mapping[str, Any], *, recalled: Recalled = NOTHING
-) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
-    """What planning relies on (raise ``InvalidRequest`` naming the field): ``(contents, system)``.
-    A content ``recalled.reusable`` at its index is not checked again: it is strictly equal to one
-    an earlier parse validated at the same index (the checks are pure functions of both)."""
-    if not isinstance(body, Mapping):
+) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None, int | None]:
+    """What planning relies on (raise ``InvalidRequest`` naming the field): ``(contents, system,
+    maxOutputTokens)``. A content ``recalled.reusable`` at its index is not checked again: it is
+    strictly equal to one an earlier parse validated at the same index (the checks are pure
+    functions of both)."""
+    if not _is_mapping(body):
         raise InvalidRequest("The request body must be a JSON object.", param=None)
     contents = field(body, "contents")
     if not isinstance(contents, list):
@@ -173,7 +188,7 @@ def validate_body(
         if recalled.reusable(i):
             continue
         content = contents[i]
-        if not isinstance(content, Mapping):
+        if not _is_mapping(content):
             raise _invalid("Input should be a Content object", f"contents[{i}]")
         role = content.get("role")
         if not (role is None or role == "" or (isinstance(role, str) and role in ROLES)):
@@ -181,26 +196,27 @@ def validate_body(
         _check_parts(content.get("parts"), f"contents[{i}].parts")
     system = field(body, "systemInstruction")
     if system is not None:
-        if not isinstance(system, Mapping):
+        if not _is_mapping(system):
             raise _invalid("Input should be a Content object", "systemInstruction")
         _check_parts(system.get("parts"), "systemInstruction.parts")
     config = field(body, "generationConfig")
+    cap = None
     if config is not None:
-        if not isinstance(config, Mapping):
+        if not _is_mapping(config):
             raise _invalid("Input should be an object", "generationConfig")
         cap = field(config, "maxOutputTokens")
         if cap is not None and (type(cap) is not int or cap < 1):
             raise _invalid("Input should be an integer of at least 1", "generationConfig.maxOutputTokens")
     tools = field(body, "tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, Mapping) for t in tools)):
+    if tools is not None and not (isinstance(tools, list) and all(_is_mapping(t) for t in tools)):
         raise _invalid("Input should be a list of Tool objects", "tools")
-    return contents, system
+    return contents, system, cap
 
 
 def counted_request(body: Mapping[str, Any]) -> Mapping[str, Any]:
     """What a ``:countTokens`` body asks to count: its ``generateContentRequest`` when it has one."""
-    inner = field(body, "generateContentRequest") if isinstance(body, Mapping) else None
-    return inner if isinstance(inner, Mapping) else body
+    inner = field(body, "generateContentRequest") if _is_mapping(body) else None
+    return inner if inner is not None and _is_mapping(inner) else body
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,14 +232,18 @@ def parse_gemini(
 ) -> Conversation:
     """The neutral conversation of a Gemini body; ``model`` and ``stream`` from the path."""
     request = counted_request(body)
-    wire = field(request, "contents") if isinstance(request, Mapping) else None
-    if memo is not None and not (isinstance(wire, list) and memo.remembers(wire)):
-        memo = None  # too short to be remembered: nothing to recall or keep
-    recalled = memo.recall(GEMINI_NAME, wire) if memo is not None and isinstance(wire, list) else NOTHING
-    previous = recalled.state if isinstance(recalled.state, _Remembered) else None
-    if previous is None:
-        recalled = NOTHING
-    contents, system = validate_body(request, recalled=recalled)
+    previous: _Remembered | None = None
+    recalled = NOTHING
+    if memo is not None:
+        wire = field(request, "contents") if _is_mapping(request) else None
+        if not (isinstance(wire, list) and memo.remembers(wire)):
+            memo = None  # too short to be remembered: nothing to recall or keep
+        else:
+            recalled = memo.recall(GEMINI_NAME, wire)
+            previous = recalled.state if isinstance(recalled.state, _Remembered) else None
+            if previous is None:
+                recalled = NOTHING
+    contents, system, cap = validate_body(request, recalled=recalled)
     out: list[dict[str, Any]] = []
     if system is not None:
         instruction = system_message(system)
@@ -245,8 +265,6 @@ def parse_gemini(
     if memo is not None:
         memo.keep(GEMINI_NAME, contents, item_shapes(contents, recalled), _Remembered(tuple(built)),
                   replacing=recalled.entry)  # fmt: skip
-    config = field(request, "generationConfig")
-    cap = field(config, "maxOutputTokens") if isinstance(config, Mapping) else None
     cached = field(request, "cachedContent")
     return Conversation(
         model=model,
@@ -260,10 +278,12 @@ def parse_gemini(
 
 def _body_model(body: Mapping[str, Any]) -> str | None:
     """The body's ``model`` (or its ``generateContentRequest``'s), ``models/`` stripped."""
-    for source in (body, counted_request(body)):
-        named = source.get("model") if isinstance(source, Mapping) else None
-        if isinstance(named, str) and named.removeprefix(MODEL_PREFIX):
-            return named.removeprefix(MODEL_PREFIX)
+    named = body.get("model")
+    if named is None:
+        inner = counted_request(body)
+        named = inner.get("model") if inner is not body else None
+    if isinstance(named, str) and named.removeprefix(MODEL_PREFIX):
+        return named.removeprefix(MODEL_PREFIX)
     return None
 
 
@@ -332,12 +352,18 @@ class GeminiDialect:
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         """The model is the body's (``models/`` stripped) or ""; the service sets the path's."""
-        model = _body_model(body) if isinstance(body, Mapping) else None
+        model = _body_model(body) if _is_mapping(body) else None
         return parse_gemini(body, model=model or "", stream=False, memo=memo)
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         body = counted_request(body)
         tools = field(body, "tools")
+        config = field(body, "generationConfig")
+        schema = None
+        if config is not None and _is_mapping(config):
+            schema = field(config, "responseJsonSchema") or field(config, "responseSchema")
+        if not tools and schema is None:
+            return 0  # nothing but the conversation
         shaped: list[Any] = []
         for tool in tools if isinstance(tools, list) else []:
             if not isinstance(tool, Mapping):
@@ -358,11 +384,8 @@ class GeminiDialect:
             }
             if rest:
                 shaped.append({"type": "custom", "custom": rest})
-        config = field(body, "generationConfig")
-        if isinstance(config, Mapping):
-            schema = field(config, "responseJsonSchema") or field(config, "responseSchema")
-            if isinstance(schema, Mapping):
-                shaped.append({"type": "json_schema", "json_schema": {"schema": schema}})
+        if isinstance(schema, Mapping):
+            shaped.append({"type": "json_schema", "json_schema": {"schema": schema}})
         return counter.count_tools({"tools": shaped}) if shaped else 0
 
     def render(

@@ -78,7 +78,23 @@ def test_parse_maps_contents_onto_neutral_messages() -> None:
     assert [first["tool_call_id"], second["tool_call_id"]] == [c["id"] for c in calls["tool_calls"]]
     assert not is_opaque(first)  # results are not signed: prunable
     assert origin_of(calls) == ((1, 0), (1, 1)) and origin_of(second) == ((2, 1),)
-    assert done["role"] == "assistant" and done["content"] == [{"type": "text", "text": "done"}]
+    assert done["role"] == "assistant" and done["content"] == "done"  # one text part: its string
+
+
+def test_a_changed_one_text_content_or_system_instruction_keeps_its_part() -> None:
+    request = {
+        "systemInstruction": {"parts": [{"text": "long rules", "x": 1}]},  # not plain: a list
+        "contents": [user("first question"), said("answer"), user("now?")],
+    }
+    plain = {**request, "systemInstruction": {"role": "system", "parts": [{"text": "long rules"}]}}
+    messages = parse(plain)
+    assert messages[0]["content"] == "long rules" and messages[1]["content"] == "first question"
+    changed = [{**messages[0], "content": "short"}, {**messages[1], "content": "first"}, *messages[2:]]
+    rendered = GEMINI.render(plain, changed, source=messages)
+    assert rendered["systemInstruction"] == {"role": "system", "parts": [{"text": "short"}]}
+    assert rendered["contents"][0] == {"role": "user", "parts": [{"text": "first"}]}
+    assert rendered["contents"][1:] == plain["contents"][1:]
+    assert isinstance(parse(request)[0]["content"], list)  # a part with more than a text stays parts
 
 
 def test_pairing_is_by_id_when_both_have_one_else_by_name_in_order() -> None:
