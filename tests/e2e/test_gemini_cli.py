@@ -20,8 +20,8 @@ Measured (gemini-cli 0.61.0, Node 20): gemini-cli calls only ``POST
 Through the proxy (``test_gemini_cli_completes_through_the_proxy``: ``GOOGLE_GEMINI_BASE_URL`` at
 the proxy, whose upstream base URL is the fake's ``/v1``) the same session completes (exit 0) with
 nothing over the window and nothing invalid at the upstream: the requests that would be over the
-48K input limit are cut (the Gemini dialect: oldest reads pruned or dropped whole with their
-signed calls, the newest step untouched), every kept signature verifies, and the answer names
+48K input limit are cut (the Gemini dialect: the oldest reads' results pruned to placeholders
+next to their signed calls, which go on as gemini-cli sent them; the newest step untouched), every kept signature verifies, and the answer names
 the facts still in its input, the newest read's among them.
 
 Needs the CLI: ``bash .ci/install-gemini-cli``; skipped otherwise (under ``CI`` a missing CLI fails).
