@@ -21,8 +21,9 @@ Through the proxy (``test_gemini_cli_completes_through_the_proxy``: ``GOOGLE_GEM
 the proxy, whose upstream base URL is the fake's ``/v1``) the same session completes (exit 0) with
 nothing over the window and nothing invalid at the upstream: the requests that would be over the
 48K input limit are cut (the Gemini dialect: the oldest reads' results pruned to placeholders
-next to their signed calls, which go on as gemini-cli sent them; the newest step untouched), every kept signature verifies, and the answer names
-the facts still in its input, the newest read's among them.
+next to their signed calls, which go on as gemini-cli sent them; the newest step untouched),
+every kept signature verifies, and the answer names the facts still in its input, the newest
+read's among them.
 
 Needs the CLI: ``bash .ci/install-gemini-cli``; skipped otherwise (under ``CI`` a missing CLI fails).
 """
