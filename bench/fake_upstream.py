@@ -17,6 +17,10 @@ do the same in their own API's shape: a fixed ``message`` output item / ``text``
 ``message_start`` ... ``message_stop``). Their ``metadata.bench_bytes`` / ``id`` suffix carry the
 body size like ``system_fingerprint`` does for chat.
 
+``POST /{v1beta,v1}/models/{model}:generateContent`` (Gemini's native API) answers one
+``GenerateContentResponse`` with ``usageMetadata`` (``responseId`` carries the body size);
+``:streamGenerateContent`` answers its SSE chunks framed with CRLF, usage on each.
+
 ``GET /v1/models`` lists one model (readiness probes use it).
 
 Run: ``python -m bench.fake_upstream --port 8001``.
@@ -93,6 +97,20 @@ _MESSAGE_STOP = (
     b'"stop_sequence":null},"usage":{"output_tokens":%d}}\n\n'
     b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 )
+_GEMINI = (
+    b'{"candidates":[{"content":{"role":"model","parts":[{"text":"OK, done."}]},"finishReason":"STOP",'
+    b'"index":0}],"usageMetadata":{"promptTokenCount":%d,"candidatesTokenCount":3,"totalTokenCount":%d},'
+    b'"modelVersion":"bench","responseId":"bench-%d"}'
+)
+_GEMINI_CHUNK = (
+    b'data: {"candidates":[{"content":{"role":"model","parts":[{"text":"tok%d "}]},"index":0}],'
+    b'"usageMetadata":{"promptTokenCount":%d,"totalTokenCount":%d},"modelVersion":"bench"}\r\n\r\n'
+)
+_GEMINI_LAST = (
+    b'data: {"candidates":[{"content":{"role":"model","parts":[{"text":""}]},"finishReason":"STOP",'
+    b'"index":0}],"usageMetadata":{"promptTokenCount":%d,"candidatesTokenCount":%d,"totalTokenCount":%d},'
+    b'"modelVersion":"bench"}\r\n\r\n'
+)
 _MODELS = b'{"object":"list","data":[{"id":"bench","object":"model","created":0,"owned_by":"bench"}]}'
 
 
@@ -167,6 +185,22 @@ async def messages(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def gemini(request: web.Request) -> web.StreamResponse:
+    """``POST /{v1,v1beta}/models/{model}:generateContent`` (one answer) or
+    ``:streamGenerateContent?alt=sse`` (CRLF-framed chunks, usage on each, no ``[DONE]``)."""
+    body = await request.read()
+    prompt = len(body) // 4
+    if not request.path.endswith(":streamGenerateContent"):
+        return web.Response(body=_GEMINI % (prompt, prompt + 3, len(body)), content_type="application/json")
+    return await _stream(
+        request,
+        body,
+        b"",
+        lambda i: _GEMINI_CHUNK % (i, prompt, prompt + i),
+        lambda n: _GEMINI_LAST % (prompt, n, prompt + n),
+    )
+
+
 async def models(request: web.Request) -> web.Response:
     return web.Response(body=_MODELS, content_type="application/json")
 
@@ -178,6 +212,8 @@ def make_app() -> web.Application:
         app.router.add_post(f"{prefix}/responses", responses)
         app.router.add_post(f"{prefix}/messages", messages)
         app.router.add_get(f"{prefix}/models", models)
+    for version in ("/v1beta", "/v1"):
+        app.router.add_post(version + "/models/{tail}", gemini)
     return app
 
 

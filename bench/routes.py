@@ -1,21 +1,26 @@
-"""The same requests on every wire API the proxy fits: chat, ``/v1/responses``, ``/v1/messages``.
+"""The same requests on every wire API the proxy fits: chat, ``/v1/responses``, ``/v1/messages``,
+Gemini's ``/v1beta/models/{model}:generateContent``.
 
 Scenario (r) compares the proxy's routes with each other: each request is one neutral chat
-conversation written in each API's shape (``responses_body``, ``messages_body``), so the three
-routes carry the same text, tools and tool calls, and the difference in added latency is the
-route's own (its dialect's parse, count and render, its answer's parsing for calibration).
+conversation written in each API's shape (``responses_body``, ``messages_body``,
+``gemini_body``), so the four routes carry the same text, tools and tool calls, and the
+difference in added latency is the route's own (its dialect's parse, count and render, its
+answer's parsing for calibration).
 
-* ``ROUTES``: ``chat``, ``responses``, ``messages`` with their path and extra headers (Anthropic's
-  ``x-api-key`` and ``anthropic-version``, as its SDK sends them).
+* ``ROUTES``: ``chat``, ``responses``, ``messages``, ``gemini`` with their path and extra headers
+  (Anthropic's ``x-api-key`` and ``anthropic-version``, Google's ``x-goog-api-key`` and
+  ``x-goog-api-client``, as their SDKs send them).
 * ``small(route)``: the small fitting request of scenario (a) in that shape.
 * ``RouteSession``: a ~100K-token agent session resent every turn with one more exchange (an
   assistant answer and a user message, so Anthropic's alternating roles hold), in every shape.
 
-Conversions keep what each API has: the system prompt becomes Responses ``instructions`` and
-Anthropic ``system``; an assistant message with ``tool_calls`` becomes a ``message`` item plus
-``function_call`` items (Responses) or ``text`` + ``tool_use`` blocks (Anthropic); a ``tool``
-message becomes a ``function_call_output`` item or a ``tool_result`` block in the next user
-message. Pure functions of their input, deterministic.
+Conversions keep what each API has: the system prompt becomes Responses ``instructions``,
+Anthropic ``system`` and Gemini ``systemInstruction``; an assistant message with ``tool_calls``
+becomes a ``message`` item plus ``function_call`` items (Responses), ``text`` + ``tool_use``
+blocks (Anthropic) or a ``model`` content with ``text`` + ``functionCall`` parts (Gemini); a
+``tool`` message becomes a ``function_call_output`` item, a ``tool_result`` block or a
+``functionResponse`` part in the next user message/content. Pure functions of their input,
+deterministic.
 """
 
 from __future__ import annotations
@@ -45,6 +50,12 @@ ROUTES = (
     Route("chat", "/v1/chat/completions"),
     Route("responses", "/v1/responses"),
     Route("messages", "/v1/messages", (("x-api-key", "sk-bench"), ("anthropic-version", "2023-06-01"))),
+    # The model is in the path (every (r) request is for the same model, scenarios.SMALL_MODEL).
+    Route(
+        "gemini",
+        f"/v1beta/models/{scenarios.SMALL_MODEL}:generateContent",
+        (("x-goog-api-key", "sk-bench"), ("x-goog-api-client", "google-genai-sdk/1.30.0 gl-python/3.11")),
+    ),
 )
 BY_NAME = {r.name: r for r in ROUTES}
 
@@ -146,10 +157,63 @@ def messages_body(chat: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def gemini_body(chat: dict[str, Any]) -> dict[str, Any]:
+    """A chat body as a Gemini ``generateContent`` body (``systemInstruction``, ``contents`` of
+    ``user``/``model`` parts, ``functionDeclarations`` with ``parametersJsonSchema`` as gemini-cli
+    declares them); function responses join the user content after their calls, consecutive
+    same-role contents merge, calls and responses carry the chat ids (as gemini-cli puts its own).
+    The model is in the path, not the body."""
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, parts: list[dict[str, Any]]) -> None:
+        if out and out[-1]["role"] == role:
+            out[-1]["parts"].extend(parts)
+        else:
+            out.append({"role": role, "parts": parts})
+
+    names: dict[str, str] = {}
+    for m in chat["messages"]:
+        role = m["role"]
+        if role in ("system", "developer"):
+            system.append(_text_of(m["content"]))
+        elif role == "tool":
+            name = names.get(m["tool_call_id"], "tool")
+            response = {"id": m["tool_call_id"], "name": name, "response": {"output": m["content"]}}
+            add("user", [{"functionResponse": response}])
+        else:
+            parts: list[dict[str, Any]] = []
+            if m.get("content"):
+                parts.append({"text": _text_of(m["content"])})
+            for call in m.get("tool_calls") or ():
+                function = call["function"]
+                names[call["id"]] = function["name"]
+                args = orjson.loads(function["arguments"])
+                parts.append({"functionCall": {"id": call["id"], "name": function["name"], "args": args}})
+            add("model" if role == "assistant" else "user", parts)
+    body: dict[str, Any] = {"contents": out}
+    if system:
+        body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    if chat.get("tools"):
+        declarations = [
+            {
+                "name": t["function"]["name"],
+                "description": t["function"].get("description", ""),
+                "parametersJsonSchema": t["function"].get("parameters", {"type": "object"}),
+            }
+            for t in chat["tools"]
+        ]
+        body["tools"] = [{"functionDeclarations": declarations}]
+    if "max_tokens" in chat:
+        body["generationConfig"] = {"maxOutputTokens": chat["max_tokens"]}
+    return body
+
+
 SHAPES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "chat": lambda body: body,
     "responses": responses_body,
     "messages": messages_body,
+    "gemini": gemini_body,
 }
 
 
@@ -228,8 +292,8 @@ async def measure(
     cpu_of: load.CpuReader,
     notes: list[str],
 ) -> dict[str, Any]:
-    """Scenario (r): the small request and the resent large session on every route (all six targets
-    interleaved every iteration), then ``requests`` small requests per route at ``concurrency``.
+    """Scenario (r): the small request and the resent large session on every route (all eight
+    targets interleaved every iteration), then ``requests`` small requests per route at ``concurrency``.
 
     Returns ``{"small": samples, "session": samples, "throughput": samples, "fitted": {...}}``
     (samples by target name); ``fitted[route]`` is False when the proxy answered that route

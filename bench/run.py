@@ -492,7 +492,7 @@ class Harness:
         return out
 
     async def routes(self, session: Any, proxy: load.Target) -> dict[str, Any]:
-        """(r): the proxy's three routes side by side (``bench/routes.py``)."""
+        """(r): the proxy's four routes side by side (``bench/routes.py``)."""
         plan = self.plan
         upstream = self.targets[0]
         measured = await routes.measure(

@@ -202,8 +202,9 @@ SPECIFIC_DIALECTS = frozenset({"CHAT", "RESPONSES", "MESSAGES"})
 def api_names() -> tuple[frozenset[str], frozenset[str]]:
     """``(exact, contained)``: strings that name a registered wire API: its name (``messages`` is
     also the neutral conversation's own key, so it is no API's name alone), its routes and the
-    multi-segment paths they go to upstream, its key slots but HTTP's own ``authorization``, and
-    Anthropic's header family."""
+    multi-segment paths they go to upstream, its header key slots but HTTP's own
+    ``authorization``, and the header families of Anthropic and
+    Google."""
     from app.core.dialects import DIALECTS
     from app.core.routes import AUTHORIZATION, key_slots
 
@@ -216,7 +217,11 @@ def api_names() -> tuple[frozenset[str], frozenset[str]]:
                 contained.add(route.upstream)
             elif route.upstream not in ("", "messages"):
                 exact.add(route.upstream)
-    contained |= {slot.name for slot in key_slots(DIALECTS.values()) if slot != AUTHORIZATION}
+    # A query parameter's name is a plain word (Gemini's ``key``, also a login form's field): not
+    # an API's name. Code reaches every slot through ``Dialect.key_slots`` anyway.
+    contained |= {
+        slot.name for slot in key_slots(DIALECTS.values()) if slot != AUTHORIZATION and not slot.in_query
+    }
     return frozenset(exact), frozenset(contained)
 
 

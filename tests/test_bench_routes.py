@@ -48,6 +48,17 @@ def test_every_shape_holds_the_same_calls_and_results() -> None:
     assert messages["system"] == chat["messages"][0]["content"]
     assert all("input_schema" in t for t in messages["tools"])
 
+    gemini = routes.gemini_body(chat)
+    roles = [c["role"] for c in gemini["contents"]]
+    assert roles[0] == "user" and all(a != b for a, b in itertools.pairwise(roles))
+    parts = [p for c in gemini["contents"] for p in c["parts"]]
+    assert [p["functionCall"]["id"] for p in parts if "functionCall" in p] == calls
+    assert [p["functionResponse"]["id"] for p in parts if "functionResponse" in p] == calls
+    assert gemini["systemInstruction"]["parts"][0]["text"] == chat["messages"][0]["content"]
+    assert gemini["generationConfig"]["maxOutputTokens"] == chat["max_tokens"] and "model" not in gemini
+    declared = gemini["tools"][0]["functionDeclarations"]
+    assert {d["name"] for d in declared} == {"read_file", "run_query"}
+
 
 def test_the_session_grows_by_one_exchange_in_every_shape() -> None:
     session = routes.RouteSession(12_000, seed=4)
@@ -74,6 +85,11 @@ def test_scenario_r_runs_against_the_fake_upstream_and_reports(tmp_path: Path) -
         upstream = run.start_fake_upstream(pool)
         pool.wait_ready(["upstream"], timeout_s=20)
         stream_bodies = {r.path: routes.small(r.name, stream=True) for r in routes.ROUTES}
+        # Gemini streams by its path: its stream target asks :streamGenerateContent?alt=sse.
+        gemini = routes.BY_NAME["gemini"]
+        sse_path = gemini.path.replace(":generateContent", ":streamGenerateContent?alt=sse")
+        stream_bodies[sse_path] = routes.small("gemini")
+        gemini_sse = load.Target("direct gemini sse", upstream.base_url, "upstream", sse_path, gemini.headers)
 
         async def go() -> tuple[dict[str, Any], dict[str, load.Samples]]:
             notes: list[str] = []
@@ -95,7 +111,7 @@ def test_scenario_r_runs_against_the_fake_upstream_and_reports(tmp_path: Path) -
                 )
                 streamed, _ = await load.run_interleaved(
                     session,
-                    routes.targets(upstream.base_url, upstream.base_url)[::2],
+                    [*routes.targets(upstream.base_url, upstream.base_url)[::2], gemini_sse],
                     lambda i: stream_bodies,
                     iterations=1,
                     time_limit_s=20,
@@ -109,18 +125,27 @@ def test_scenario_r_runs_against_the_fake_upstream_and_reports(tmp_path: Path) -
     for key in ("small", "session"):
         assert {n: s.errors for n, s in measured[key].items()} == {n: 0 for n in measured[key]}
         assert all(len(s.latency_s) >= 2 for s in measured[key].values())
-    assert sum(len(s.latency_s) for s in measured["throughput"].values()) == 3 * 12
+    assert sum(len(s.latency_s) for s in measured["throughput"].values()) == len(routes.ROUTES) * 12
     # CPU read around every request: each target (here all served by one process) gets its own.
     assert all((s.server_cpu_s or 0) > 0 for s in measured["small"].values())
-    assert measured["fitted"] == {"chat": False, "responses": False, "messages": False}
+    assert measured["fitted"] == {"chat": False, "responses": False, "messages": False, "gemini": False}
     assert any("passed through, not fitted" in n for n in measured["notes"])
     ends = {name: s.last_body.rstrip().rsplit(b"\n", 1)[-1] for name, s in streamed.items()}
     assert ends == {
         "direct chat": b"data: [DONE]",
         "direct responses": ends["direct responses"],
         "direct messages": b'data: {"type":"message_stop"}',
+        "direct gemini": ends["direct gemini"],
+        "direct gemini sse": ends["direct gemini sse"],
     }
     assert b'"type":"response.completed"' in ends["direct responses"]
+    # Gemini streams by its path, not by the body: its (r) route answers whole; its SSE stream is
+    # CRLF-framed chunks with usage on each, the last with the finish reason, and no [DONE].
+    whole, sse = ends["direct gemini"], streamed["direct gemini sse"].last_body
+    assert whole.startswith(b'{"candidates"') and b'"finishReason":"STOP"' in whole
+    frames = sse.split(b"\r\n\r\n")
+    assert frames[-1] == b"" and all(f.startswith(b"data: {") and b"usageMetadata" in f for f in frames[:-1])
+    assert b'"finishReason":"STOP"' in frames[-2] and b"[DONE]" not in sse
 
     block = {
         "small": {"stats": {n: report.stats_ms(s.latency_s) for n, s in measured["small"].items()}},
@@ -135,9 +160,10 @@ def test_scenario_r_runs_against_the_fake_upstream_and_reports(tmp_path: Path) -
     }
     text = "\n".join(routes.markdown(block))
     assert "/v1/responses" in text and "/v1/messages" in text and "median of rounds" in text
+    assert ":generateContent" in text
     assert all(len(s.round_rps) == 2 for s in measured["throughput"].values())  # a rate per round
     verdicts = routes.checks(block)
-    assert len(verdicts) == 6 and all(ok is None for _, ok, _ in verdicts)  # nothing was fitted
+    assert len(verdicts) == 9 and all(ok is None for _, ok, _ in verdicts)  # nothing was fitted
     assert "12 vs 12 (1.00x; all rounds 1.00x)" in verdicts[-1][2]
 
 

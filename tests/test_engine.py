@@ -145,6 +145,17 @@ def long_request(api: str) -> dict[str, object]:
             "max_tokens": 1024,
             "messages": [*messages, {"role": "user", "content": "?"}],
         }
+    if api == "gemini":  # the model is in the path on the wire; a body may name it too
+        contents = [
+            c
+            for q, a in turns
+            for c in ({"role": "user", "parts": [{"text": q}]}, {"role": "model", "parts": [{"text": a}]})
+        ]
+        return {
+            "model": "models/gemini-2.5-flash",
+            "systemInstruction": {"parts": [{"text": "be brief"}]},
+            "contents": [*contents, {"role": "user", "parts": [{"text": "and now?"}]}],
+        }
     raise AssertionError(f"add a sample request for the new api {api!r}")
 
 

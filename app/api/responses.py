@@ -11,8 +11,10 @@ that; so a slow client slows the upstream read instead of growing a buffer in th
 When the upstream fails after the headers went out (it closed the connection, or went silent for
 longer than the stream idle timeout), an event stream (``text/event-stream``) ends with one
 error event in the request's API's shape (``Dialect.stream_error``; the default dialect's on a
-route of no dialect), and is then closed; any other body is cut short (no
-final chunk), so the client sees a truncated body, never a complete one.
+route of no dialect), and is then closed; any other body ends with the API's own closing error
+when it has one (``Dialect.json_stream_error``: Gemini's JSON array gets an error element), else
+it is cut short (no final chunk), so the client sees an error or a truncated body, never a
+complete one.
 """
 
 from __future__ import annotations
@@ -164,15 +166,22 @@ class UpstreamStreamResponse(Response):
     async def _stream(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         tail = b"\n\n"
+        started = False
         try:
             async for chunk in self.upstream.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = (tail + chunk)[-2:]
+                started = True
         except UpstreamError as exc:
             logger.warning("upstream failed mid-response: %s", exc.message)
             if not self._is_event_stream():
-                # The status is already sent: end the response without its final chunk, so the
-                # client sees a truncated body rather than a complete-looking one.
+                # The status is already sent: end the response with the API's own closing error
+                # (a JSON array's last element) or without its final chunk, so the client sees
+                # an error or a truncated body rather than a complete-looking one.
+                ending = self.dialect.json_stream_error(stream_error_info(exc), started=started)
+                if ending is not None:
+                    with contextlib.suppress(OSError):
+                        await send({"type": "http.response.body", "body": ending, "more_body": False})
                 return
             # Close an event the upstream left half-sent, so ours is parsed on its own.
             event = (b"" if tail == b"\n\n" else b"\n\n") + stream_error_event(exc, self.dialect)
@@ -210,12 +219,17 @@ async def read_whole(upstream: UpstreamResponse) -> None:
         raise
 
 
+def stream_error_info(exc: UpstreamError) -> ErrorInfo:
+    """A stream the upstream broke off, as our error: 504 after a silence, else 502."""
+    timeout = isinstance(exc, UpstreamTimeout)
+    code = "upstream_timeout" if timeout else "upstream_protocol_error"
+    return ErrorInfo(status=504 if timeout else 502, code=code, message=exc.message)
+
+
 def stream_error_event(exc: UpstreamError, dialect: Dialect = DEFAULT_DIALECT) -> bytes:
     """The SSE event that ends a stream the upstream broke off (the SDKs raise it as an APIError),
     in the shape of the request's API."""
-    timeout = isinstance(exc, UpstreamTimeout)
-    code = "upstream_timeout" if timeout else "upstream_protocol_error"
-    return dialect.stream_error(ErrorInfo(status=504 if timeout else 502, code=code, message=exc.message))
+    return dialect.stream_error(stream_error_info(exc))
 
 
 def fitted_response(outcome: Outcome, dialect: Dialect = DEFAULT_DIALECT) -> UpstreamStreamResponse:

@@ -28,6 +28,9 @@ composition root names an API or branches on which dialect it holds (``tests/tes
   - ``items_key``: the top-level key of the array a client's history grows at the end of
     (``"messages"``, ``"input"``): a resent body is parsed only from where it changed near that
     array's end (``body_memo.BodyMemo``);
+  - ``output_in_window``: True when the upstream counts the requested output against the
+    model's window (OpenAI, Anthropic: the budget keeps an output reserve); False when its limit
+    is on the input alone (Gemini's ``inputTokenLimit``: no output reserve);
   - ``chat_shaped``: True when a body of this API is itself a chat body to the chat accounting
     (messages and tool definitions): learning compares the upstream's usage with the body as it
     is; else with the neutral messages plus the tool definitions' tokens as one priced message;
@@ -72,11 +75,16 @@ composition root names an API or branches on which dialect it holds (``tests/tes
     (every status: 400, 401, 404, 413, 500, 502, 503, 504, ...);
   - ``stream_error(error) -> bytes``: the SSE bytes that end a stream that failed midway, in this
     API's shape (chat: ``data: {"error": ...}``; Responses: an ``error`` event; Anthropic:
-    ``event: error``).
-  - ``count_request(body) -> (path, body) | None``: the request that asks the upstream's own
-    token-counting endpoint for the input of ``body`` (the path under the base URL and the body
-    it takes: the input fields only), None when this API has none (``app.service.boundary``
-    asks it near the boundary);
+    ``event: error``; Gemini: ``data: {"error": ...}`` ended by CRLF CRLF);
+  - ``json_stream_error(error, *, started) -> bytes | None``: the bytes that end a streamed
+    answer that is not an event stream (Gemini's JSON array sent element by element) when it
+    failed midway (``started``: some of its bytes went out already); None for an API without
+    such a stream: the body is then cut short (the client sees a truncated body).
+  - ``count_request(body, path) -> (UpstreamTarget, body) | None``: the request that asks the
+    upstream's own token-counting endpoint for the input of ``body`` (where it goes, derived when
+    need be from ``path``, the client's own raw path of the request; and the body it takes: the
+    input fields only), None when this API has none (``app.service.boundary`` asks it near the
+    boundary);
   - ``with_output_cap(body, tokens) -> dict | None``: ``body`` with its output cap set to
     ``tokens`` (every other key as it is; what the cap constrains, e.g. Anthropic's thinking
     budget, lowered with it), None when this API cannot take that cap for this body.
@@ -98,7 +106,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .conversation import Conversation
-from .endpoints import KeySlot, Route
+from .endpoints import KeySlot, Route, UpstreamTarget
 from .errors import CannotFit, CoreError, InvalidRequest
 from .messages import Message
 from .overflow import ContextOverflow
@@ -148,6 +156,9 @@ class Dialect(Protocol):
     def chat_shaped(self) -> bool: ...
 
     @property
+    def output_in_window(self) -> bool: ...
+
+    @property
     def preamble_events(self) -> frozenset[str]: ...
 
     @property
@@ -180,9 +191,13 @@ class Dialect(Protocol):
 
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]: ...
 
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None: ...
+
     def stream_error(self, error: ErrorInfo, /) -> bytes: ...
 
-    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None: ...
+    def count_request(
+        self, body: Mapping[str, Any], path: str, /
+    ) -> tuple[UpstreamTarget, dict[str, Any]] | None: ...
 
     def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None: ...
 

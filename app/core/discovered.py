@@ -8,8 +8,11 @@ INTERFACE CONTRACT (``app.service.discovery`` relies on these):
   OpenAI-style list (``{"data": [...]}``, ``{"models": [...]}`` or a bare list): vLLM/SGLang
   ``max_model_len``, LM Studio ``loaded_context_length`` (effective) and ``max_context_length``,
   OpenRouter ``context_length`` and ``top_provider.{context_length,max_completion_tokens}``, Groq
-  ``context_window``, llama.cpp ``meta.n_ctx_train``, and ``max_completion_tokens`` /
-  ``max_output_tokens`` where present. Models without any figure are left out.
+  ``context_window``, llama.cpp ``meta.n_ctx_train``, Google's ``inputTokenLimit`` (the limit its
+  servers enforce: effective) and ``outputTokenLimit``, and ``max_completion_tokens`` /
+  ``max_output_tokens`` where present. A model's id is its ``id``, else its ``name`` or
+  ``model``, without Google's ``models/`` prefix (``name: "models/gemini-2.5-flash"``: the id a
+  request's path names). Models without any figure are left out.
 * ``listed_ids(body) -> tuple[str, ...]``: every model id of such a list.
 * ``figures_from_props(body) -> DiscoveredFigures | None``: llama.cpp ``/props``
   (``default_generation_settings.n_ctx``, the per-slot runtime window, or a top-level ``n_ctx``).
@@ -30,10 +33,12 @@ from .knowledge import DiscoveredFigures
 
 MAX_PLAUSIBLE_TOKENS = 100_000_000
 MAX_LISTED_MODELS = 10_000
+GOOGLE_MODEL_PREFIX = "models/"  # Google lists ``name: "models/gemini-2.5-flash"``
 
 # (path inside the entry, effective?) in order of preference; paths are dotted.
 _WINDOW_FIELDS: tuple[tuple[str, bool], ...] = (
     ("loaded_context_length", True),
+    ("inputTokenLimit", True),
     ("max_model_len", True),
     ("n_ctx", True),
     ("top_provider.context_length", False),
@@ -44,6 +49,7 @@ _WINDOW_FIELDS: tuple[tuple[str, bool], ...] = (
     ("meta.n_ctx_train", False),
 )
 _OUTPUT_FIELDS: tuple[str, ...] = (
+    "outputTokenLimit",
     "top_provider.max_completion_tokens",
     "max_completion_tokens",
     "max_output_tokens",
@@ -117,7 +123,9 @@ def _model_id(entry: Any) -> str | None:
     if not isinstance(entry, Mapping):
         return None
     model = next((entry[k] for k in ("id", "name", "model") if isinstance(entry.get(k), str)), None)
-    return model or None
+    if not model:
+        return None
+    return model.removeprefix(GOOGLE_MODEL_PREFIX) or None
 
 
 def listed_ids(body: Any) -> tuple[str, ...]:

@@ -34,6 +34,10 @@ Steps 2 and 4 never touch the protected tail (the newest ``keep_turns`` turns, b
 ``protect_max_share`` of the input budget in whole units), the pinned messages or the newest user
 message; so one long single-turn agent session is fitted like a long chat (see ``context``).
 
+A dialect whose upstream does not count the output against the window
+(``Dialect.output_in_window`` False: Gemini's ``inputTokenLimit``) gets a budget with no output
+reserve.
+
 The final guard: a changed plan's body, rendered by its dialect, must have no structural problem
 (``Dialect.problems``: pairing, signatures, role order) that the input body did not have. One
 would be a bug in a strategy. It is reported as a ``StructureGuardWarning`` (an error under the
@@ -94,6 +98,9 @@ def _prepare(
     budget = budget_for(
         spec, caps, policy, tool_tokens=tool_tokens, exact=counter.exact, cap_tokens=cap_tokens, limits=limits
     )
+    if not dialect.output_in_window:
+        # The upstream limits the input alone (Gemini's inputTokenLimit): no output reserve.
+        budget = replace(budget, reserve_tokens=0)
     return messages, per_message, tool_tokens, budget
 
 

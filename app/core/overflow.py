@@ -4,7 +4,7 @@ INTERFACE CONTRACT:
 
 * ``ContextOverflow`` (frozen): ``dialect`` (``"openai"``, ``"anthropic"``, ``"vllm"``,
   ``"llamacpp"``, ``"sglang"``, ``"tgi"``, ``"lmstudio"``, ``"xai"``, ``"groq"``, ``"mistral"``,
-  ``"bedrock"``, ``"openrouter"``, ``"gemini"``, ``"moonshot"``, ``"ollama"``: a best-effort label for
+  ``"bedrock"``, ``"openrouter"``, ``"google"``, ``"moonshot"``, ``"ollama"``: a best-effort label for
   logs and metrics, never a switch), ``limit_tokens`` (the window the upstream states, or None),
   ``prompt_tokens`` (the upstream's own count of our prompt, or None), ``requested_tokens``
   (prompt + requested output when the upstream states both, or None), ``output_tokens`` (the
@@ -223,9 +223,10 @@ _PATTERNS: tuple[_Pattern, ...] = (
         r"This endpoint's maximum context length is (?P<limit>{N}) tokens\. However, you requested "
         r"about (?P<requested>{N}) tokens(?: \((?P<parts>[^)]*)\))?",
     ),
-    # Gemini (OpenAI-compatible endpoint): the limit is on the input alone.
+    # Google's Gemini servers (native and OpenAI-compatible endpoints): the limit is on the input
+    # alone. Labelled by the server, like "bedrock": the wire API's own name is the dialect's.
     _p(
-        "gemini",
+        "google",
         r"The input token count \((?P<prompt>{N})\) exceeds the maximum number of tokens allowed "
         r"\((?P<limit>{N})\)",
         input_limit=True,

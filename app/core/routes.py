@@ -176,13 +176,17 @@ class RouteTable:
         if not self._templates:
             return None
         raw = path if raw_path is None else raw_path
+        # A dot segment follows a slash, or is percent-encoded: most paths have neither.
+        encoded = "%" in raw
         for pattern, dialect, route in self._templates:
             found = pattern.fullmatch(raw)
             if found is not None:
-                if any(unquote(segment) in (".", "..") for segment in raw.split("/")):
+                if ("/." in raw or encoded) and any(
+                    unquote(segment) in (".", "..") for segment in raw.split("/")
+                ):
                     raise InvalidRequest("The path must not contain '.' or '..' segments.", param=None)
                 raw_params = found.groupdict()
-                params = {name: unquote(value) for name, value in raw_params.items()}
+                params = {k: unquote(v) for k, v in raw_params.items()} if encoded else raw_params
                 return RouteMatch(dialect, route, params, raw, query, raw_params)
         return None
 

@@ -5,9 +5,10 @@ INTERFACE CONTRACT:
 * ``prompt_tokens_from_json(body: bytes, *, loads=json.loads) -> int | None``: a non-streaming
   chat response body.
 * ``input_tokens_from_json(body, extract, *, loads=json.loads) -> int | None``: any API's
-  non-streaming answer, read by ``extract`` (a dialect's ``input_tokens_used``) when it mentions
-  ``"usage"``. ``loads`` parses JSON bytes, raising ``ValueError`` (the service passes a faster
-  one than the standard library's).
+  non-streaming answer, read by ``extract`` (a dialect's ``input_tokens_used``) when it has a
+  key that starts with ``usage`` (``"usage"``; Gemini's ``"usageMetadata"``). ``loads`` parses
+  JSON bytes, raising ``ValueError`` (the service passes a faster one than the standard
+  library's).
 * ``SseUsageScanner(extract=None, *, needles=..., max_line_bytes=MAX_LINE_BYTES)``: ``feed(chunk)``
   with the raw bytes of a streamed (SSE) response as they pass, in order; ``prompt_tokens`` is the
   last count seen in a ``data:`` event: chat's ``usage.prompt_tokens`` (OpenAI's final usage chunk
@@ -28,6 +29,8 @@ from typing import Any
 
 Extract = Callable[[Mapping[str, Any]], int | None]
 CHAT_NEEDLES: tuple[bytes, ...] = (b'"usage"', b'"prompt_tokens"')
+# Every API's usage key starts so ("usage", "usageMetadata"): an answer without it is not parsed.
+USAGE_KEY_START = b'"usage'
 
 MAX_LINE_BYTES = 64 * 1024
 MAX_JSON_BYTES = 8 * 1024 * 1024
@@ -57,7 +60,7 @@ def prompt_tokens_from_json(body: bytes, *, loads: Callable[[bytes], Any] = json
 def input_tokens_from_json(
     body: bytes, extract: Extract, *, loads: Callable[[bytes], Any] = json.loads
 ) -> int | None:
-    if not body or len(body) > MAX_JSON_BYTES or b'"usage"' not in body:
+    if not body or len(body) > MAX_JSON_BYTES or USAGE_KEY_START not in body:
         return None
     try:
         payload = loads(body)

@@ -16,6 +16,12 @@ instrumentation: out of the chat traffic's upstream metrics) and reports each ca
   itself carries on in the background when the request stops waiting, and its result is cached.
 * ``aclose()`` cancels what is still running.
 
+A model list refused (401/403) with the operator's key in the first key slot (``Authorization``)
+is asked again with the key in each other slot the proxy serves, in order, until one is not
+refused (Google's ``GET /v1/models`` takes ``x-goog-api-key``, and answers ``models[]`` with
+``inputTokenLimit``/``outputTokenLimit``: ``app.core.discovered``); the slot that worked is kept
+for that base's later calls.
+
 Each HTTP call has its own ``timeout_s``. A base that could not be reached (or answered nothing
 useful) is logged once, at WARNING, and asked again at most every ``retry_after_s``; a 404 on an
 endpoint a server does not have is normal and not logged. Requests to discovery endpoints carry no
@@ -45,12 +51,14 @@ from ..core.discovered import (
     root_url,
 )
 from ..core.knowledge import DiscoveredFigures, Knowledge
+from ..core.routes import KeySlot
 from ..upstream.client import UpstreamClient, join_url
 
 logger = logging.getLogger("ctxproxy.discovery")
 
 DEFAULT_TIMEOUT_S = 1.5
 DEFAULT_RETRY_AFTER_S = 300.0
+REFUSED = frozenset({401, 403})
 MAX_TRACKED_MODELS = 4096
 
 
@@ -65,10 +73,21 @@ def safe_url(url: str) -> str:
 class _Base:
     """What one upstream base URL told us."""
 
-    __slots__ = ("done_at", "ids", "listed", "reached", "server", "show_missing", "task", "url")
+    __slots__ = (
+        "done_at",
+        "ids",
+        "key_slot",
+        "listed",
+        "reached",
+        "server",
+        "show_missing",
+        "task",
+        "url",
+    )
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.key_slot: KeySlot | None = None  # where the operator's key went when not the first slot
         self.task: asyncio.Task[None] | None = None
         self.ids: tuple[str, ...] = ()
         self.listed: dict[str, DiscoveredFigures] = {}
@@ -185,7 +204,7 @@ class Discovery:
 
     async def _discover_base_once(self, base_url: str, root: str, base: _Base) -> None:
         listing, props, lmstudio = await asyncio.gather(
-            self._get_json(base_url, "models", base=base),
+            self._list_models(base_url, base),
             self._get_json(root, "props", base=base),
             self._get_json(root, "api/v0/models", base=base),
         )
@@ -205,6 +224,23 @@ class Discovery:
                 safe_url(base_url),
                 " (llama.cpp /props n_ctx)" if base.server is not None else "",
             )
+
+    async def _list_models(self, base_url: str, base: _Base) -> Any:
+        """``GET {base}/models``; refused with the operator's key in the first slot, asked again
+        with it in each other key slot until one is not refused (see the module docstring)."""
+        others = self.upstream.key_slots[1:] if self.upstream.has_api_key else ()
+        status, listing = await self._call("GET", base_url, "models", None, base=base, quiet=bool(others))
+        if status not in REFUSED or not others:
+            return listing
+        for n, slot in enumerate(others, start=1):
+            last = n == len(others)
+            status, listing = await self._call(
+                "GET", base_url, "models", None, base=base, key_slot=slot, quiet=not last
+            )
+            if status not in REFUSED:
+                base.key_slot = slot
+                return listing
+        return None
 
     async def _discover_model(self, model: str, base_url: str) -> bool:
         """True when the upstream answered (whatever it said), False when it could not be asked."""
@@ -246,16 +282,27 @@ class Discovery:
     # -- HTTP ---------------------------------------------------------------------------------
 
     async def _get_json(self, base_url: str, path: str, *, base: _Base) -> Any:
-        return await self._call("GET", base_url, path, None, base=base)
+        return (await self._call("GET", base_url, path, None, base=base))[1]
 
     async def _post_json(
         self, base_url: str, path: str, payload: Any, *, base: _Base, missing_ok: bool = False
     ) -> Any:
-        return await self._call("POST", base_url, path, payload, base=base, missing_ok=missing_ok)
+        return (await self._call("POST", base_url, path, payload, base=base, missing_ok=missing_ok))[1]
 
     async def _call(
-        self, method: str, base_url: str, path: str, payload: Any, *, base: _Base, missing_ok: bool = False
-    ) -> Any:
+        self,
+        method: str,
+        base_url: str,
+        path: str,
+        payload: Any,
+        *,
+        base: _Base,
+        missing_ok: bool = False,
+        key_slot: KeySlot | None = None,
+        quiet: bool = False,
+    ) -> tuple[int | None, Any]:
+        """``(status, JSON answer)``: status None when unreachable, the JSON None unless a 200
+        answered it. ``quiet``: a refusal is not logged (the caller asks again elsewhere)."""
         content = json.dumps(payload).encode() if payload is not None else None
         headers = [("Content-Type", "application/json")] if content is not None else []
         try:
@@ -267,6 +314,7 @@ class Discovery:
                 stream=False,
                 base_url=base_url,
                 timeout=httpx.Timeout(self.timeout_s),
+                key_slot=key_slot or base.key_slot,
             )
         except Exception as exc:  # UpstreamError, or a broken transport: unreachable, for discovery
             self._report(method, join_url(base_url, path), None)
@@ -280,7 +328,7 @@ class Discovery:
                 type(exc).__name__,
                 self.retry_after_s,
             )
-            return None
+            return None, None
         base.reached = True
         status = response.status_code
         self._report(method, join_url(base_url, path), status)
@@ -296,7 +344,7 @@ class Discovery:
                     path,
                     status,
                 )
-            if status in (401, 403):
+            if status in REFUSED and not quiet:
                 self._log_once(
                     f"auth:{base.url}",
                     "model discovery at %s was refused (%s %s: HTTP %d): without CTXPROXY_UPSTREAM_API_KEY "
@@ -307,11 +355,11 @@ class Discovery:
                     status,
                     level=logging.INFO,  # normal when clients bring their own keys
                 )
-            return None
+            return status, None
         try:
-            return json.loads(response.decoded_body())
+            return status, json.loads(response.decoded_body())
         except (ValueError, RecursionError):
-            return None
+            return status, None
 
     def _report(self, method: str, url: str, status: int | None) -> None:
         if self._on_call is None:

@@ -3,9 +3,10 @@
 ``UpstreamCounts(upstream, *, timeout_s=1.0, max_entries=1024, unsupported_s=600.0)``:
 
 * ``await count(request) -> int | None``: the upstream's count of ``request``'s input, from its
-  dialect's counting endpoint (``Dialect.count_request``: Anthropic ``POST messages/count_tokens``,
-  OpenAI ``POST responses/input_tokens``), sent with the client's headers (its key, its
-  ``anthropic-version``/``anthropic-beta``) to the request's upstream. None when the dialect has
+  dialect's counting endpoint (``Dialect.count_request``: where it goes, under the base URL or at
+  its origin, and its body; read back with ``Dialect.upstream_count``), sent with the client's
+  headers (its key, its version headers) and the query parameters that carry its key, to the
+  request's upstream. None when the dialect has
   no such endpoint, the upstream answered anything but a count, or no answer came within
   ``timeout_s`` (the whole call: connection, answer, body).
 * Answers are cached by the exact bytes of the count request (and its upstream), at most
@@ -29,6 +30,7 @@ from collections.abc import Callable
 
 import orjson
 
+from ..core.endpoints import UpstreamTarget
 from ..core.errors import CtxproxyError
 from ..upstream.client import UpstreamClient
 from .request import ProxyRequest, dump_body
@@ -62,18 +64,18 @@ class UpstreamCounts:
         self.hits = 0
 
     async def count(self, request: ProxyRequest) -> int | None:
-        call = request.dialect.count_request(request.body)
+        call = request.dialect.count_request(request.body, request.route.path)
         if call is None:
             return None
-        path, body = call
-        where = (request.base_url, path)
+        target, body = call
+        where = (request.base_url, target.path)
         until = self._unsupported.get(where)
         if until is not None:
             if self._clock() < until:
                 return None
             del self._unsupported[where]
         content = dump_body(body)
-        key = hashlib.sha256(f"{request.base_url}\n{path}\n".encode() + content).digest()
+        key = hashlib.sha256(f"{request.base_url}\n{target.path}\n".encode() + content).digest()
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -81,7 +83,7 @@ class UpstreamCounts:
             return cached
         self.calls += 1
         try:
-            tokens = await asyncio.wait_for(self._ask(request, path, content), self.timeout_s)
+            tokens = await asyncio.wait_for(self._ask(request, target, content), self.timeout_s)
         except TimeoutError:
             logger.info(
                 "the upstream's count of a %r request took over %.1f s", request.model, self.timeout_s
@@ -97,20 +99,22 @@ class UpstreamCounts:
             self._cache.popitem(last=False)
         return tokens
 
-    async def _ask(self, request: ProxyRequest, path: str, content: bytes) -> int | None:
+    async def _ask(self, request: ProxyRequest, target: UpstreamTarget, content: bytes) -> int | None:
         response = await self.upstream.send(
             "POST",
-            path,
+            target.path,
             content=content,
             headers=request.headers,
             stream=True,
             base_url=request.base_url,
+            query=key_query(request),
             key_slot=request.route.key_slot,
+            at_origin=target.at_origin,
             limited=False,
         )
         try:
             if response.status_code in UNSUPPORTED_STATUSES:
-                self._unsupported[(request.base_url, path)] = self._clock() + self.unsupported_s
+                self._unsupported[(request.base_url, target.path)] = self._clock() + self.unsupported_s
                 return None
             if response.status_code != 200:
                 return None
@@ -124,5 +128,14 @@ class UpstreamCounts:
             data = orjson.loads(answer)
         except orjson.JSONDecodeError:
             return None
-        tokens = data.get("input_tokens") if isinstance(data, dict) else None
-        return tokens if type(tokens) is int and tokens > 0 else None
+        return request.dialect.upstream_count(data) if isinstance(data, dict) else None
+
+
+def key_query(request: ProxyRequest) -> str:
+    """The client's query parameters that carry its key (its dialect's ``in_query`` key slots),
+    for a count request of its own: the rest of its query (a stream format, ...) is about the
+    answer it asked for, not about counting."""
+    names = {slot.name for slot in request.dialect.key_slots if slot.in_query}
+    if not names or not request.route.query:
+        return ""
+    return "&".join(part for part in request.route.query.split("&") if part.split("=", 1)[0] in names)

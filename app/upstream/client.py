@@ -259,6 +259,11 @@ class UpstreamClient:
         self._idle_timeout_s = stream_idle_timeout_s
         self.instrumentation = instrumentation
 
+    @property
+    def has_api_key(self) -> bool:
+        """True when the operator's key replaces the clients' (never the key itself)."""
+        return self._api_key is not None
+
     def base_url_for(self, model: str | None) -> str:
         if not self.routes:
             return self.base_url

@@ -144,7 +144,7 @@ async def test_what_cannot_fit_or_is_malformed_is_a_4xx_in_the_apis_own_shape() 
         mixed = await client.post(
             COMPRESS_PATH, json={"messages": [*chat_history(1), *anthropic_history(1)], "model": "m"}
         )
-        unknown = await client.post(f"{COMPRESS_PATH}?api=gemini", json={"messages": [], "model": "m"})
+        unknown = await client.post(f"{COMPRESS_PATH}?api=nope", json={"messages": [], "model": "m"})
     assert too_big.status_code == 400
     assert too_big.json()["type"] == "error"  # Anthropic's error shape
     assert too_big.json()["error"]["type"] == "invalid_request_error"

@@ -1,4 +1,4 @@
-"""The routes of every fitted wire API (``/v1/responses``, ``/v1/messages``) end to end through
+"""The routes of every fitted wire API (``/v1/responses``, ``/v1/messages``, Gemini's) end to end through
 the ASGI app, the upstream a respx router: what it RECEIVED and what the client got back.
 
 ``/v1/messages`` is served here by a stand-in dialect (the chat rules under the Messages API's
@@ -311,6 +311,23 @@ async def test_messages_count_tokens_asks_the_upstream_first_then_counts_itself(
     assert theirs.json() == {"input_tokens": 4242}
     assert ours.status_code == 200 and ours.json()["input_tokens"] == plan.json()["tokens_before"] > 0
     assert ours.headers["x-context-count"] == "exact"
+
+
+async def test_gemini_count_tokens_asks_the_upstream_first_then_counts_itself() -> None:
+    origin = UPSTREAM.rsplit("/v1", 1)[0]  # Gemini's paths go to the client's own path at the origin
+    router = respx.Router(assert_all_called=False)
+    upstream = router.post(f"{origin}/v1beta/models/gemini-x:countTokens").mock(
+        side_effect=[httpx.Response(200, json={"totalTokens": 4242}), httpx.Response(404, json={})]
+    )
+    body = {"contents": [{"role": "user", "parts": [{"text": "one two three"}]}]}
+    async with proxy(router) as (client, _):
+        theirs = await client.post("/v1beta/models/gemini-x:countTokens", json=body)
+        ours = await client.post("/v1beta/models/gemini-x:countTokens?key=k", json=body)
+        plan = await client.post("/v1/context/plan?api=gemini", json={**body, "model": "gemini-x"})
+    assert upstream.call_count == 2 and upstream.calls[1].request.url.query == b"key=k"
+    assert theirs.json() == {"totalTokens": 4242} and "x-context-count" not in theirs.headers
+    assert ours.status_code == 200 and ours.json()["totalTokens"] == plan.json()["tokens_before"] > 0
+    assert ours.headers["x-context-count"] == plan.json()["count"]  # ours, labelled as the plan's
 
 
 async def test_without_its_dialect_an_api_is_passed_through_and_head_root_answers() -> None:

@@ -478,7 +478,7 @@ OVERFLOW_CASES: list[Case] = [
         400,
         '[{"error":{"code":400,"message":"The input token count (1196265) exceeds the maximum number of '
         'tokens allowed (1048575).","status":"INVALID_ARGUMENT"}}]',
-        {"dialect": "gemini", "limit_tokens": 1048575, "prompt_tokens": 1196265, "output_tokens": 0},
+        {"dialect": "google", "limit_tokens": 1048575, "prompt_tokens": 1196265, "output_tokens": 0},
     ),
     # Moonshot / Kimi.
     (

@@ -1,4 +1,5 @@
-"""Reading windows out of upstream model metadata: vLLM, llama.cpp, Ollama, LM Studio, OpenRouter, Groq.
+"""Reading windows out of upstream model metadata: vLLM, llama.cpp, Ollama, LM Studio, OpenRouter, Groq,
+Google (Gemini).
 
 The bodies are trimmed copies of what those servers answer (fields that matter kept verbatim).
 """
@@ -105,6 +106,40 @@ OLLAMA_SHOW = {
         "llama.embedding_length": 4096,
     },
 }
+
+
+# Google's ``GET /v1beta/models`` (generativelanguage.googleapis.com), fields kept verbatim.
+GOOGLE_MODELS = {
+    "models": [
+        {
+            "name": "models/gemini-2.5-flash",
+            "version": "001",
+            "displayName": "Gemini 2.5 Flash",
+            "inputTokenLimit": 1048576,
+            "outputTokenLimit": 65536,
+            "supportedGenerationMethods": ["generateContent", "countTokens", "createCachedContent"],
+            "temperature": 1,
+            "thinking": True,
+        },
+        {
+            "name": "models/text-embedding-004",
+            "version": "004",
+            "inputTokenLimit": 2048,
+            "outputTokenLimit": 1,
+            "supportedGenerationMethods": ["embedContent"],
+        },
+    ],
+    "nextPageToken": "Ch5tb2RlbHMvZ2VtaW5pLTIuMC1mbGFzaC1leHA=",
+}
+
+
+def test_googles_input_and_output_token_limits_under_the_models_path_id() -> None:
+    found = figures_from_model_list(GOOGLE_MODELS, detail="GET /v1/models")
+    flash = found["gemini-2.5-flash"]
+    assert (flash.window_tokens, flash.max_output_tokens, flash.effective) == (1_048_576, 65_536, True)
+    assert "inputTokenLimit" in flash.detail and "outputTokenLimit" in flash.detail
+    assert listed_ids(GOOGLE_MODELS) == ("gemini-2.5-flash", "text-embedding-004")
+    assert listed_ids({"models": [{"name": "models/"}]}) == ()
 
 
 def test_root_url_strips_only_a_trailing_v1() -> None:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.core.dialects import CHAT, DIALECTS, MESSAGES, RESPONSES
+from app.core.dialects import CHAT, DIALECTS, GEMINI, MESSAGES, RESPONSES
 from app.core.errors import InvalidRequest
 from app.core.routes import (
     AUTHORIZATION,
@@ -31,7 +31,8 @@ VERSIONED = replace(
     ),
     key_slots=(KeySlot("x-versioned-key"), KeySlot("key", in_query=True)),
 )
-REGISTRY = {**DIALECTS, "versioned": VERSIONED}
+# The three APIs under /v1 beside the stand-in (Gemini, the real one, shares /v1beta with it).
+REGISTRY = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES, "versioned": VERSIONED}
 
 
 def test_literal_routes_are_a_dict_lookup_and_templates_come_after() -> None:
@@ -101,16 +102,22 @@ def test_the_owner_of_a_path() -> None:
     assert table.owner("/v1beta/models") is VERSIONED  # the only API under that prefix
     assert table.owner("/v1/models") is None  # several APIs live under /v1
     assert table.owner("/other") is None
+    assert RouteTable.of(DIALECTS).owner("/v1beta/models/gemini-2.5-flash") is GEMINI
 
 
 def test_passthrough_prefixes_and_where_they_send() -> None:
-    assert RouteTable.of(DIALECTS).passthrough_prefixes() == (("/v1", False),)
+    assert RouteTable.of(DIALECTS).passthrough_prefixes() == (("/v1", False), ("/v1beta", True))
     prefixes = dict(RouteTable.of(REGISTRY).passthrough_prefixes())
     assert prefixes == {"/v1": False, "/v1beta": True}
 
 
 def test_key_slots_are_the_registrys_each_once_in_order() -> None:
-    assert key_slots(DIALECTS.values()) == (AUTHORIZATION, KeySlot("x-api-key"))
+    assert key_slots(DIALECTS.values()) == (
+        AUTHORIZATION,
+        KeySlot("x-api-key"),
+        KeySlot("x-goog-api-key"),
+        KeySlot("key", in_query=True),
+    )
     assert key_slots(REGISTRY.values())[-2:] == (KeySlot("x-versioned-key"), KeySlot("key", in_query=True))
     assert AUTHORIZATION.value("k") == "Bearer k" and AUTHORIZATION.key_in(" bearer  k ") == "k"
     assert AUTHORIZATION.key_in("Basic k") is None and AUTHORIZATION.key_in("Bearer ") is None

@@ -113,3 +113,15 @@ def test_another_apis_usage_is_read_by_its_extractor_from_json_and_events() -> N
     assert scanner.prompt_tokens is None
     scanner.feed(completed[40:] + b"\n\n")
     assert scanner.prompt_tokens == 321
+
+
+def test_geminis_usage_metadata_is_read_from_a_json_answer_and_crlf_framed_events() -> None:
+    from app.core.dialects.gemini import GEMINI
+
+    answer = b'{"candidates":[],"usageMetadata":{"promptTokenCount":77,"totalTokenCount":80}}'
+    assert input_tokens_from_json(answer, GEMINI.input_tokens_used) == 77
+    scanner = SseUsageScanner(GEMINI.input_tokens_used, needles=GEMINI.usage_needles)
+    scanner.feed(b"data: " + answer + b"\r\n\r\ndata: " + answer.replace(b"77", b"78")[:30])
+    assert scanner.prompt_tokens == 77
+    scanner.feed(answer.replace(b"77", b"78")[30:] + b"\r\n\r\n")
+    assert scanner.prompt_tokens == 78  # usage on every chunk: the last one counts

@@ -1,15 +1,17 @@
 """Every registered wire API through one real proxy, for the observability e2e tests.
 
 Each API's strict fake upstream runs on its own 127.0.0.1 server (:mod:`tests.fake_upstream`,
-:mod:`tests.fake_responses_upstream`, :mod:`tests.fake_anthropic_upstream`); one ctxproxy
+:mod:`tests.fake_responses_upstream`, :mod:`tests.fake_anthropic_upstream`,
+:mod:`tests.fake_gemini_upstream`); one ctxproxy
 (``serve_proxy``) sends each API's model to that API's fake through ``CTXPROXY_UPSTREAM_ROUTES``
 (model name -> base URL) and knows every window from one operator model table.
 
 :data:`SAMPLES` holds one :class:`ApiSample` per registered dialect name: how to start its fake,
 its model, and how its official SDK sends a request (short or long, streamed or not, with extra
 headers) and asks the API's counting endpoint. **A new wire API plugs in here**: add its entry to
-:data:`SAMPLES` (Gemini: ``"gemini": ApiSample(...)`` with its strict fake and the ``google-genai``
-SDK); the tests iterate ``app.core.dialects.DIALECTS`` and fail for a dialect with no sample.
+:data:`SAMPLES` (Gemini's: its strict fake and the ``google-genai`` SDK; its requests go to the
+client's own ``/v1beta`` path at the origin of the routed base URL); the tests iterate
+``app.core.dialects.DIALECTS`` and fail for a dialect with no sample.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ from typing import Any, Protocol
 import anthropic
 import httpx
 import openai
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
 
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
+from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel, FakeUpstream, serve_proxy
 
@@ -242,6 +248,75 @@ def _messages_count(url: str) -> Reply:
         )
 
 
+# ---- gemini -------------------------------------------------------------------------------------
+
+GEMINI_MODEL = "all-gemini"
+
+
+@contextmanager
+def _gemini_fake() -> Iterator[str]:
+    model = FakeGeminiModel(
+        GEMINI_MODEL, input_token_limit=WINDOW_TOKENS, output_token_limit=MAX_OUTPUT_TOKENS
+    )
+    with FakeGemini([model]).serve() as url:
+        yield url
+
+
+@contextmanager
+def _gemini(url: str, headers: Mapping[str, str] | None = None) -> Iterator[genai.Client]:
+    http = httpx.Client(timeout=60)
+    try:
+        options = genai_types.HttpOptions(
+            base_url=url,
+            headers=dict(headers or {}),
+            httpx_client=http,
+            retry_options=genai_types.HttpRetryOptions(attempts=1),
+        )
+        yield genai.Client(api_key="test", http_options=options)
+    finally:
+        http.close()
+
+
+def _gemini_contents(turns: int) -> list[genai_types.Content]:
+    contents: list[genai_types.Content] = []
+    for user, model in turns_of(turns):
+        contents += [
+            genai_types.Content(role="user", parts=[genai_types.Part(text=user)]),
+            genai_types.Content(role="model", parts=[genai_types.Part(text=model)]),
+        ]
+    last = genai_types.Content(role="user", parts=[genai_types.Part(text="What was the last question?")])
+    return [*contents, last]
+
+
+def _gemini_reply(answer: Any) -> Reply:
+    http = answer.sdk_http_response
+    return Reply(200, {k.lower(): v for k, v in (http.headers or {}).items()})
+
+
+def _gemini_send(
+    url: str, *, turns: int, stream: bool = False, headers: Mapping[str, str] | None = None
+) -> Reply:
+    config = genai_types.GenerateContentConfig(system_instruction="Answer briefly.")
+    contents = _gemini_contents(turns)
+    with _gemini(url, headers) as client:
+        try:
+            if not stream:
+                return _gemini_reply(
+                    client.models.generate_content(model=GEMINI_MODEL, contents=contents, config=config)
+                )
+            chunks = list(
+                client.models.generate_content_stream(model=GEMINI_MODEL, contents=contents, config=config)
+            )
+            return _gemini_reply(chunks[-1])
+        except genai_errors.APIError as exc:
+            return Reply(exc.code, _headers(exc.response))
+
+
+def _gemini_count(url: str) -> Reply:
+    with _gemini(url) as client:
+        return _gemini_reply(client.models.count_tokens(model=GEMINI_MODEL, contents=_gemini_contents(2)))
+
+
 # ---- the registry of samples: one per wire API ----------------------------------------------------
 
 SAMPLES: dict[str, ApiSample] = {
@@ -260,8 +335,13 @@ SAMPLES: dict[str, ApiSample] = {
         _messages_send,
         _messages_count,
     ),
-    # "gemini": ApiSample(GEMINI_MODEL, _gemini_fake, table_entry(GEMINI_MODEL, "estimate"), _gemini_send,
-    #                     _gemini_count),  <- the Gemini dialect's sample goes here
+    "gemini": ApiSample(
+        GEMINI_MODEL,
+        _gemini_fake,
+        table_entry(GEMINI_MODEL, "estimate"),
+        _gemini_send,
+        _gemini_count,
+    ),
 }
 
 

@@ -17,10 +17,13 @@ Measured (gemini-cli 0.61.0, Node 20): gemini-cli calls only ``POST
 (twelve files read) is over the window and refused with Gemini's 400; gemini-cli does not retry a
 400 and exits with the HTTP status as its exit code (400 & 255 = 144), with no answer.
 
-Through the proxy (``test_gemini_cli_completes_through_the_proxy``) the same session must complete
-with nothing over the window and nothing invalid at the upstream. It runs once the Gemini dialect
-is registered in ``app.core.dialects.DIALECTS`` (the routes cannot take a model from the path
-before that); until then it is skipped with that reason, never counted as a pass.
+Through the proxy (``test_gemini_cli_completes_through_the_proxy``: ``GOOGLE_GEMINI_BASE_URL`` at
+the proxy, whose upstream base URL is the fake's ``/v1``) the same session completes (exit 0) with
+nothing over the window and nothing invalid at the upstream: the requests that would be over the
+48K input limit are cut (the Gemini dialect: the oldest reads' results pruned to placeholders
+next to their signed calls, which go on as gemini-cli sent them; the newest step untouched),
+every kept signature verifies, and the answer names the facts still in its input, the newest
+read's among them.
 
 Needs the CLI: ``bash .ci/install-gemini-cli``; skipped otherwise (under ``CI`` a missing CLI fails).
 """
@@ -37,7 +40,6 @@ from typing import Any
 
 import pytest
 
-from app.core.dialects import DIALECTS
 from app.main import create_app
 from app.settings import Settings
 from tests.fake_gemini_upstream import FACT_RE, FakeGemini, FakeGeminiModel, Reader
@@ -57,8 +59,6 @@ SETTINGS_JSON = {
     "telemetry": {"enabled": False},
     "security": {"auth": {"selectedType": "gemini-api-key"}},
 }
-# Until the seam routes Gemini's paths, the proxy answers every Gemini path with its own 404.
-GEMINI_REGISTERED = "gemini" in DIALECTS
 
 pytestmark = pytest.mark.skipif(
     not LAUNCHER.exists() and not os.environ.get("CI"),
@@ -146,18 +146,13 @@ def test_gemini_cli_dies_at_the_window_when_talking_to_gemini_directly(
     assert len(calls) == FILES and all("thoughtSignature" in p for p in calls)
 
 
-@pytest.mark.skipif(
-    not GEMINI_REGISTERED,
-    reason="the Gemini dialect is not registered in app.core.dialects.DIALECTS yet: the proxy cannot "
-    "route models/{model}:streamGenerateContent until the dialect seam carries route templates",
-)
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_gemini_cli_completes_through_the_proxy(
     session: tuple[FakeGemini, str, Path], tmp_path: Path
 ) -> None:
     fake, upstream_url, project = session
     models_file = tmp_path / "models.toml"
-    entry = f'"{MODEL}" = {{ window = {INPUT_LIMIT_TOKENS}, max_output = 65_536, encoding = "estimate" }}'
+    entry = f'"{MODEL}" = {{ window = {INPUT_LIMIT_TOKENS}, max_output = 8_192, encoding = "estimate" }}'
     models_file.write_text(f"[models]\n{entry}\n", encoding="utf-8")
     settings = Settings(upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING")
     with serve_app(create_app(settings)) as proxy_url:
@@ -165,10 +160,23 @@ def test_gemini_cli_completes_through_the_proxy(
 
     assert proxied["returncode"] == 0, proxied["stderr"]
     requests = fake.generate_requests()
-    assert requests and all(r.status == 200 for r in fake.requests)  # nothing invalid upstream
+    # Every read answered, then the answer: one request per step, as direct, none refused. Each
+    # passed the fake's structure, pairing and signature checks (a 200 says so).
+    assert len(requests) == FILES + 1 and all(r.status == 200 for r in requests)
     assert all(fake.count(r.json(), fake.model(MODEL)) <= INPUT_LIMIT_TOKENS for r in requests)
+    # The client's own versioned path and query at the origin of a base URL that ends in /v1,
+    # with the client's key where it put it.
+    assert {(r.path, r.query) for r in requests} == {
+        (f"/v1beta/models/{MODEL}:streamGenerateContent", "alt=sse")
+    }
+    assert all(r.headers.get("x-goog-api-key") == "gemini-e2e-key" for r in requests)
+    # Nothing else reached the upstream but discovery's model list, refused: without an operator
+    # key the proxy has none of its own to ask with (a client's key is never used for it).
+    others = [(r.method, r.path, r.status) for r in fake.requests if r not in requests]
+    assert set(others) <= {("GET", "/v1/models", 403)}
     final = requests[-1].json()
     seen = set(FACT_RE.findall(json.dumps(final["contents"])))
+    assert len(seen) < FILES  # the proxy cut the oldest reads: direct, this request was refused
     answered = set(FACT_RE.findall(str(proxied.get("response"))))
     assert f"FACT-part{FILES - 1}-{(FILES - 1) * 1111 + 7}" in answered  # the newest read is never lost
     assert answered <= seen  # the model answers only from what it was sent

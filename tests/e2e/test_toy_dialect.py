@@ -71,6 +71,7 @@ class ToyDialect:
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-toy-key"), KeySlot("toykey", in_query=True))
     items_key: str = "turns"
     chat_shaped: bool = False
+    output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"spent"',)
     turn_keys: frozenset[str] = field(default=frozenset({"who", "text"}))
@@ -182,6 +183,9 @@ class ToyDialect:
 
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
         return {"tokens": input_tokens}
+
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return None
 
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         return b"event: toy_error\ndata: " + json.dumps(self.error_body(error)).encode() + b"\n\n"

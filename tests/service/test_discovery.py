@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
+from app.core.dialects import DIALECTS
 from app.core.knowledge import Knowledge
+from app.core.routes import AUTHORIZATION, KeySlot, key_slots
 from app.service.discovery import Discovery, safe_url
 from app.upstream.client import UpstreamClient
 
@@ -28,7 +30,12 @@ class Clock:
 
 
 def discovery(
-    handler: Handler, *, timeout_s: float = 1.0, api_key: str | None = None, clock: Clock | None = None
+    handler: Handler,
+    *,
+    timeout_s: float = 1.0,
+    api_key: str | None = None,
+    clock: Clock | None = None,
+    key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,),
 ) -> tuple[Discovery, Knowledge, list[httpx.Request]]:
     seen: list[httpx.Request] = []
 
@@ -37,7 +44,7 @@ def discovery(
         return await handler(request)
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(record))
-    upstream = UpstreamClient(http, base_url=BASE, api_key=api_key)
+    upstream = UpstreamClient(http, base_url=BASE, api_key=api_key, key_slots=key_slots)
     knowledge = Knowledge()
     found = Discovery(upstream, knowledge, timeout_s=timeout_s, clock=clock or Clock())
     return found, knowledge, seen
@@ -160,6 +167,49 @@ async def test_a_refusal_is_logged_once_with_a_hint(caplog: pytest.LogCaptureFix
     records = [r for r in caplog.records if r.name == "ctxproxy.discovery" and "refused" in r.getMessage()]
     assert len(records) == 1 and "CTXPROXY_UPSTREAM_API_KEY" in records[0].getMessage()
     assert records[0].levelno == logging.INFO  # normal when clients bring their own keys
+    await found.aclose()
+
+
+async def google_like(request: httpx.Request) -> httpx.Response:
+    """Google's Gemini API: a key in ``x-goog-api-key``; a Bearer token must be an OAuth token."""
+    if "authorization" in request.headers:
+        return httpx.Response(401, json={"error": {"code": 401, "status": "UNAUTHENTICATED"}})
+    if request.headers.get("x-goog-api-key") != "AIza-operator":
+        return httpx.Response(403, json={"error": {"code": 403, "status": "PERMISSION_DENIED"}})
+    if request.url.path == "/v1/models":
+        model = {"name": "models/gemini-2.5-flash", "inputTokenLimit": 1048576, "outputTokenLimit": 65536}
+        return httpx.Response(200, json={"models": [model]})
+    return httpx.Response(404, json={"error": {"code": 404, "status": "NOT_FOUND"}})
+
+
+async def test_a_model_list_refused_in_the_first_key_slot_is_asked_in_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    slots = key_slots(DIALECTS.values())
+    found, knowledge, seen = discovery(google_like, api_key="AIza-operator", key_slots=slots)
+    with caplog.at_level(logging.INFO, logger="ctxproxy.discovery"):
+        await found.ensure("gemini-2.5-flash", BASE)
+    figures = knowledge.discovered("gemini-2.5-flash")
+    assert figures is not None and (figures.window_tokens, figures.max_output_tokens) == (1_048_576, 65_536)
+    listings = [r for r in seen if r.url.path == "/v1/models"]
+    # Authorization (refused), x-api-key (refused), x-goog-api-key (answered): the key in one slot.
+    assert [
+        sorted(k for k in r.headers if k in ("authorization", "x-api-key", "x-goog-api-key"))
+        for r in listings
+    ] == [
+        ["authorization"],
+        ["x-api-key"],
+        ["x-goog-api-key"],
+    ]
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]  # it was answered in the end
+    await found.aclose()
+
+
+async def test_without_an_operator_key_a_refused_list_is_not_asked_again() -> None:
+    found, knowledge, seen = discovery(google_like, key_slots=key_slots(DIALECTS.values()))
+    await found.ensure("gemini-2.5-flash", BASE)
+    assert knowledge.discovered("gemini-2.5-flash") is None
+    assert len([r for r in seen if r.url.path == "/v1/models"]) == 1
     await found.aclose()
 
 

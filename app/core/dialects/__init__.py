@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from ..dialect import Dialect
 from .chat import CHAT
+from .gemini import GEMINI
 from .messages import MESSAGES
 from .responses import RESPONSES
 
@@ -23,7 +24,8 @@ DIALECTS: Mapping[str, Dialect] = {
     "chat": CHAT,
     "responses": RESPONSES,
     "messages": MESSAGES,
+    "gemini": GEMINI,
 }
 DEFAULT_DIALECT: Dialect = CHAT
 
-__all__ = ["CHAT", "DEFAULT_DIALECT", "DIALECTS", "MESSAGES", "RESPONSES"]
+__all__ = ["CHAT", "DEFAULT_DIALECT", "DIALECTS", "GEMINI", "MESSAGES", "RESPONSES"]

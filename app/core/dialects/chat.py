@@ -24,7 +24,7 @@ from typing import Any
 from ..budget import requested_output_tokens
 from ..conversation import Conversation
 from ..dialect import ErrorInfo, Headers, model_from_body
-from ..endpoints import AUTHORIZATION, KeySlot, Route
+from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
@@ -84,6 +84,7 @@ class ChatDialect:
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "messages"
     chat_shaped: bool = True
+    output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     # OpenAI's usage chunk (``stream_options.include_usage``); every other chunk says ``"usage":
     # null`` and is not parsed.
@@ -145,11 +146,16 @@ class ChatDialect:
         # closest a client of ours could expect.
         return {"object": "response.input_tokens", "input_tokens": input_tokens}
 
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return None  # every answer of this API streams as server-sent events
+
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(openai_error(error), ensure_ascii=False, separators=(",", ":"))
         return b"data: " + payload.encode("utf-8") + b"\n\n"
 
-    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None:
+    def count_request(
+        self, body: Mapping[str, Any], path: str, /
+    ) -> tuple[UpstreamTarget, dict[str, Any]] | None:
         """None: Chat Completions has no counting endpoint (vLLM's and llama.cpp's ``/tokenize``
         live outside ``/v1`` and count a templated prompt, not this request)."""
         return None

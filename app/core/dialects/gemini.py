@@ -3,35 +3,45 @@
 
 INTERFACE CONTRACT (pure, standard library only; the wire facts are in ``docs/gemini.md``):
 
-* ``parse_gemini(body, *, model, stream, memo=None) -> Conversation``: the model and the
-  streaming flag come from the request's path (``/v1beta/models/{model}:streamGenerateContent``),
-  not from the body. Validates what planning relies on (``InvalidRequest`` naming the field) and
-  maps ``contents`` onto neutral messages by ``gemini_wire``'s rules (``systemInstruction`` is
-  pinned; a model content's function calls and the next content's function responses are one
-  unit; signed parts are opaque). ``requested_output_tokens`` is
-  ``generationConfig.maxOutputTokens``. A body with ``cachedContent`` is not fittable (part of
-  its prompt lives upstream): it is forwarded unchanged. ``memo`` is accepted for the protocol
-  and not used yet.
-* ``counted_request(body)``: the ``generateContentRequest`` of a ``:countTokens`` body when it
-  has one, else the body itself (``{"contents": [...]}``): what to parse and count.
-* ``GEMINI`` (``GeminiDialect``) implements ``app.core.dialect.Dialect`` as it stands today:
-  ``parse(body, *, memo=None, model=None, stream=None)`` reads the model from the body's
-  ``model`` (``models/`` stripped) when the path's is not given; ``upstream_path`` is the path
-  template ``models/{model}:generateContent``; ``items_key`` is ``contents``.
-  It is NOT in ``DIALECTS`` yet: the routes cannot take a model from the path until the seam can.
-* ``output_in_window = False``: Gemini's ``inputTokenLimit`` limits the input alone and
-  ``maxOutputTokens`` is not counted against it ("The input token count (N) exceeds the maximum
-  number of tokens allowed (M)" compares the input with ``inputTokenLimit``). A budget for a
-  Gemini request is ``window - margin - tools`` with no output reserve; ``requested_output_tokens``
-  still says what the body asked for (and ``outputTokenLimit`` caps it upstream).
+* ``GEMINI`` (``GeminiDialect``) implements ``app.core.dialect.Dialect``:
+
+  - routes, under ``/v1beta`` and ``/v1``: ``POST /{v}/models/{model}:generateContent``
+    (streaming: no), ``:streamGenerateContent`` (streaming: yes; SSE with ``?alt=sse``, one JSON
+    array streamed element by element without it) and ``:countTokens`` (kind ``count``, the
+    upstream's own count first: Gemini's tokenizer is not public; ours, a labelled estimate, only
+    when the upstream has no such endpoint). Every one goes upstream at the client's own path
+    (query kept) at the base URL's origin (``Route.upstream == ""``), so a base URL ending in
+    ``/v1`` serves ``/v1beta`` requests too;
+  - ``key_slots``: the ``x-goog-api-key`` header (where the operator's key goes), then the
+    ``key`` query parameter;
+  - ``model_of``: the path's ``{model}``; without a path (the dry run, the gateway engine) the
+    body's ``model`` (or its ``generateContentRequest``'s), ``models/`` stripped;
+  - ``recognition``: 2 for a ``contents`` array holding an object with ``parts`` or a
+    ``generateContentRequest`` (no other API has them), else 0; ``refine_spec`` changes nothing;
+  - ``preamble_events`` is empty: Gemini refuses an input over its window with a 400 before the
+    stream opens (gemini-cli #5807: ``generateContentStream`` throws on the status), never inside
+    a 200 stream; ``usage_needles``: ``"usageMetadata"`` (on every stream chunk);
+    ``upstream_count``: ``totalTokens`` of a ``:countTokens`` answer; ``chat_shaped`` False;
+  - ``output_in_window = False``: Gemini's ``inputTokenLimit`` limits the input alone and
+    ``maxOutputTokens`` is not counted against it ("The input token count (N) exceeds the maximum
+    number of tokens allowed (M)" compares the input with ``inputTokenLimit``), so the budget
+    keeps no output reserve (``fit``); ``requested_output_tokens`` still says what the body asked
+    for (``outputTokenLimit`` caps it upstream).
+
+* ``parse(body, *, memo=None)``: ``gemini_parse.parse_gemini`` (validation, the neutral
+  conversation, the ``ParseMemo`` reuse of a resent history, ``counted_request`` for a
+  ``:countTokens`` body; re-exported here with ``validate_body`` and ``UNFITTABLE_CACHED``) with the
+  body's model (``models/`` stripped) or "": the service sets the path's. ``requested_output_tokens``
+  is ``generationConfig.maxOutputTokens``; a body with ``cachedContent`` is not fittable.
 * ``gemini_error(error)``: our errors in Google's shape ``{"error": {"code", "message",
   "status"}}`` (``status`` the canonical code: ``INVALID_ARGUMENT``, ``RESOURCE_EXHAUSTED``,
   ``UNAVAILABLE``, ...); a cannot-fit error speaks Gemini's own overflow wording with our numbers:
   ``The input token count (N) exceeds the maximum number of tokens allowed (M).`` (``M`` the
   window when the prompt alone is over it, else the input budget: what the proxy can send).
 * ``stream_error(error)``: one SSE frame ``data: {"error": ...}`` ended by CRLF CRLF, as Google
-  frames its events; ``array_stream_error(error)``: the same error as the element that closes a
-  JSON-array stream (``streamGenerateContent`` without ``alt=sse``).
+  frames its events; ``array_stream_error(error, *, started=True)`` (``json_stream_error``): the
+  same error as the element that closes a JSON-array stream (``streamGenerateContent`` without
+  ``alt=sse``), or a whole one-element array when none of it went out yet.
 * ``overflow(status, body)``: Gemini's wording on a JSON object, a JSON array (the array stream's
   error form) or SSE ``data:`` frames (the shared classifier knows the wording).
 * ``input_tokens_used(answer)``: ``usageMetadata.promptTokenCount`` of a JSON answer or of one
@@ -48,17 +58,30 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from ..conversation import Conversation
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, Headers
+from ..endpoints import KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
+from ..registry import ModelSpec
 from ..tokens import MessageCounter
-from .gemini_wire import field, neutral_messages, render_contents, wire_problems
+from .chat import positive_count
+from .gemini_parse import (
+    MODEL_PREFIX,
+    UNFITTABLE_CACHED,
+    body_model,
+    counted_request,
+    parse_gemini,
+    validate_body,
+)
+from .gemini_wire import field, render_contents, wire_problems
 
-ROLES: frozenset[str] = frozenset({"user", "model"})
+GEMINI_NAME = "gemini"
+MODELS_SEGMENT = "/models/"
 # Google's canonical error codes by HTTP status (google.rpc.Code's HTTP mapping).
 STATUS_NAMES: Mapping[int, str] = {
     400: "INVALID_ARGUMENT",
@@ -74,7 +97,7 @@ STATUS_NAMES: Mapping[int, str] = {
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
-UNFITTABLE_CACHED = "cachedContent: part of the prompt is cached upstream"
+VERSIONS: tuple[str, ...] = ("/v1beta", "/v1")
 
 
 def status_name(status: int) -> str:
@@ -101,93 +124,11 @@ def _json_bytes(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def array_stream_error(error: ErrorInfo) -> bytes:
-    """The error as the element that closes an open JSON-array stream (after at least one chunk)."""
-    return b",\r\n" + _json_bytes(gemini_error(error)) + b"]"
-
-
-# -- validation --------------------------------------------------------------------------------
-
-
-def _invalid(message: str, param: str) -> InvalidRequest:
-    return InvalidRequest(f"{param}: {message}", param=param)
-
-
-def _check_parts(parts: object, where: str) -> None:
-    if parts is None:
-        return
-    if not isinstance(parts, list):
-        raise _invalid("Input should be a list of parts", where)
-    for k, part in enumerate(parts):
-        if not isinstance(part, Mapping):
-            raise _invalid("Input should be an object (a part)", f"{where}[{k}]")
-        call = field(part, "functionCall")
-        if call is not None:
-            if not isinstance(call, Mapping) or not isinstance(call.get("name"), str) or not call["name"]:
-                raise _invalid("a functionCall needs a non-empty string 'name'", f"{where}[{k}].functionCall")
-            if call.get("args") is not None and not isinstance(call["args"], Mapping):
-                raise _invalid("'args' should be an object", f"{where}[{k}].functionCall.args")
-        response = field(part, "functionResponse")
-        if response is not None and (
-            not isinstance(response, Mapping) or not isinstance(response.get("name"), str)
-        ):
-            raise _invalid("a functionResponse needs a string 'name'", f"{where}[{k}].functionResponse")
-
-
-def validate_body(body: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
-    """What planning relies on (raise ``InvalidRequest`` naming the field): ``(contents, system)``."""
-    if not isinstance(body, Mapping):
-        raise InvalidRequest("The request body must be a JSON object.", param=None)
-    contents = field(body, "contents")
-    if not isinstance(contents, list):
-        raise _invalid("Field required (an array of Content objects)", "contents")
-    for i, content in enumerate(contents):
-        if not isinstance(content, Mapping):
-            raise _invalid("Input should be a Content object", f"contents[{i}]")
-        role = content.get("role")
-        if not (role is None or role == "" or (isinstance(role, str) and role in ROLES)):
-            raise _invalid("Please use a valid role: user, model.", f"contents[{i}].role")
-        _check_parts(content.get("parts"), f"contents[{i}].parts")
-    system = field(body, "systemInstruction")
-    if system is not None:
-        if not isinstance(system, Mapping):
-            raise _invalid("Input should be a Content object", "systemInstruction")
-        _check_parts(system.get("parts"), "systemInstruction.parts")
-    config = field(body, "generationConfig")
-    if config is not None:
-        if not isinstance(config, Mapping):
-            raise _invalid("Input should be an object", "generationConfig")
-        cap = field(config, "maxOutputTokens")
-        if cap is not None and (type(cap) is not int or cap < 1):
-            raise _invalid("Input should be an integer of at least 1", "generationConfig.maxOutputTokens")
-    tools = field(body, "tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, Mapping) for t in tools)):
-        raise _invalid("Input should be a list of Tool objects", "tools")
-    return contents, system
-
-
-def counted_request(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What a ``:countTokens`` body asks to count: its ``generateContentRequest`` when it has one."""
-    inner = field(body, "generateContentRequest") if isinstance(body, Mapping) else None
-    return inner if isinstance(inner, Mapping) else body
-
-
-def parse_gemini(
-    body: Mapping[str, Any], *, model: str, stream: bool, memo: ParseMemo | None = None
-) -> Conversation:
-    """The neutral conversation of a Gemini body; ``model`` and ``stream`` from the path."""
-    contents, system = validate_body(body)
-    config = field(body, "generationConfig")
-    cap = field(config, "maxOutputTokens") if isinstance(config, Mapping) else None
-    cached = field(body, "cachedContent")
-    return Conversation(
-        model=model,
-        messages=tuple(neutral_messages(contents, system)),
-        requested_output_tokens=cap,
-        stream=stream,
-        fittable=cached is None,
-        unfittable_reason="" if cached is None else UNFITTABLE_CACHED,
-    )
+def array_stream_error(error: ErrorInfo, *, started: bool = True) -> bytes:
+    """The error as the element that closes an open JSON-array stream (``started``: after its
+    first bytes), else as a whole one-element array (what Google sends for an error there)."""
+    element = _json_bytes(gemini_error(error))
+    return b",\r\n" + element + b"]" if started else b"[" + element + b"]"
 
 
 # -- upstream answers --------------------------------------------------------------------------
@@ -203,31 +144,70 @@ def _usage_prompt(answer: Mapping[str, Any]) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
+def _routes() -> tuple[Route, ...]:
+    routes: list[Route] = []
+    for version in VERSIONS:
+        routes += [
+            Route(f"{version}/models/{{model}}:generateContent", stream=False),
+            Route(f"{version}/models/{{model}}:streamGenerateContent", stream=True),
+            Route(f"{version}/models/{{model}}:countTokens", kind="count", upstream_first=True),
+        ]
+    return tuple(routes)
+
+
 @dataclass(frozen=True, slots=True)
 class GeminiDialect:
     """Gemini's native API (see the module docstring)."""
 
-    name: str = "gemini"
-    upstream_path: str = "models/{model}:generateContent"
+    name: str = GEMINI_NAME
+    routes: tuple[Route, ...] = _routes()
+    key_slots: tuple[KeySlot, ...] = (KeySlot("x-goog-api-key"), KeySlot("key", in_query=True))
     items_key: str = "contents"
+    chat_shaped: bool = False
     output_in_window: bool = False
+    preamble_events: frozenset[str] = frozenset()
+    usage_needles: tuple[bytes, ...] = (b'"usageMetadata"',)
 
-    def parse(
-        self,
-        body: Mapping[str, Any],
-        /,
-        *,
-        memo: ParseMemo | None = None,
-        model: str | None = None,
-        stream: bool | None = None,
-    ) -> Conversation:
-        if model is None:
-            named = body.get("model") if isinstance(body, Mapping) else None
-            model = named.removeprefix("models/") if isinstance(named, str) else ""
-        return parse_gemini(body, model=model, stream=bool(stream), memo=memo)
+    def recognition(self, body: Mapping[str, Any], headers: Mapping[str, str], /) -> int:
+        """2 for a ``contents`` array holding a Content (an object with ``parts``: no other API's
+        item has them) or a ``generateContentRequest``; 1 for an empty ``contents``; else 0 (the
+        gateway engine asks with any API's items under ``contents``)."""
+        if isinstance(body.get("generateContentRequest"), Mapping):
+            return 2
+        contents = body.get("contents")
+        if not isinstance(contents, list):
+            return 0
+        if any(isinstance(c, Mapping) and isinstance(c.get("parts"), list) for c in contents):
+            return 2
+        return 0 if contents else 1
+
+    def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        model = params.get("model") or body_model(body)
+        if not model:
+            raise InvalidRequest("The path names no model (models/{model}:generateContent).", param="model")
+        return model.removeprefix(MODEL_PREFIX)
+
+    def refine_spec(self, spec: ModelSpec, headers: Headers, /) -> ModelSpec:
+        return spec
+
+    def upstream_count(self, answer: Mapping[str, Any], /) -> int | None:
+        """``{"totalTokens": N, ...}``."""
+        return positive_count(answer, "totalTokens")
+
+    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+        """The model is the body's (``models/`` stripped) or ""; the service sets the path's."""
+        model = body_model(body) if isinstance(body, Mapping) else None
+        return parse_gemini(body, model=model or "", stream=False, memo=memo)
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
+        body = counted_request(body)
         tools = field(body, "tools")
+        config = field(body, "generationConfig")
+        schema = None
+        if isinstance(config, Mapping):
+            schema = field(config, "responseJsonSchema") or field(config, "responseSchema")
+        if not tools and schema is None:
+            return 0  # nothing but the conversation
         shaped: list[Any] = []
         for tool in tools if isinstance(tools, list) else []:
             if not isinstance(tool, Mapping):
@@ -248,11 +228,8 @@ class GeminiDialect:
             }
             if rest:
                 shaped.append({"type": "custom", "custom": rest})
-        config = field(body, "generationConfig")
-        if isinstance(config, Mapping):
-            schema = field(config, "responseJsonSchema") or field(config, "responseSchema")
-            if isinstance(schema, Mapping):
-                shaped.append({"type": "json_schema", "json_schema": {"schema": schema}})
+        if isinstance(schema, Mapping):
+            shaped.append({"type": "json_schema", "json_schema": {"schema": schema}})
         return counter.count_tools({"tools": shaped}) if shaped else 0
 
     def render(
@@ -290,14 +267,38 @@ class GeminiDialect:
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
         return {"totalTokens": input_tokens}
 
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return array_stream_error(error, started=started)
+
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         return b"data: " + _json_bytes(gemini_error(error)) + b"\r\n\r\n"
+
+    def count_request(
+        self, body: Mapping[str, Any], path: str, /
+    ) -> tuple[UpstreamTarget, dict[str, Any]] | None:
+        """``POST {version}/models/{model}:countTokens`` at the upstream's origin: the client's own
+        versioned path with its method replaced, asking to count the whole request
+        (``generateContentRequest``: contents, system instruction, tools and their settings, with
+        the model named as Google wants it); None for a path that names no model's method."""
+        head, colon, _method = path.rpartition(":")
+        model = unquote(head.rpartition(MODELS_SEGMENT)[2]) if MODELS_SEGMENT in head else ""
+        if not colon or not model or "/" in model:
+            return None
+        request = {key: value for key, value in body.items() if key != "model"}
+        request["model"] = MODEL_PREFIX + model.removeprefix(MODEL_PREFIX)
+        return UpstreamTarget(f"{head}:countTokens", at_origin=True), {"generateContentRequest": request}
+
+    def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None:
+        """``body`` as it is: Gemini does not count ``maxOutputTokens`` against its input window
+        (``output_in_window``), so a lower cap never makes a request fit."""
+        return dict(body)
 
 
 GEMINI = GeminiDialect()
 
 __all__ = [
     "GEMINI",
+    "GEMINI_NAME",
     "STATUS_NAMES",
     "UNFITTABLE_CACHED",
     "GeminiDialect",

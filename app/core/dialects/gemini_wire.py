@@ -6,7 +6,10 @@ INTERFACE CONTRACT (``gemini.py`` builds the dialect on these; pure, standard li
   (Gemini's REST API accepts both: ``systemInstruction``/``system_instruction``, ...);
   ``key_of(mapping, name)``: which of the two spellings the mapping uses (``name`` when neither);
 * ``neutral_messages(contents, system) -> list[dict]``: the neutral messages of validated
-  ``contents`` (and the ``systemInstruction`` content, or None) by the mapping below;
+  ``contents`` (and the ``systemInstruction`` content, or None) by the mapping below; they are
+  ``system_message(system)`` (None for a system instruction without parts) followed by
+  ``content_messages(i, contents[i], contents[i - 1] or None)`` for each content, a pure
+  function of those three (what a resent history's parse reuses);
 * ``render_contents(body, messages, *, source=None) -> dict``: ``body`` with ``contents`` (and the
   system instruction when it changed) rebuilt from fitted neutral messages; ``source`` (the
   parse's own messages) lets every unchanged message be written back without comparing it;
@@ -27,7 +30,8 @@ system instruction, ``[i]`` = the whole of a content with no parts):
 * pairing: a user content's function responses answer the calls of the model content right
   before it, by ``id`` when both the call and the response carry one, else by function name in
   order; a response that answers nothing gets an id no call has (an orphan the engine sees);
-* neutral parts: ``text`` -> a text part; a thought (``thought: true``) -> a ``thinking`` part
+* neutral parts: ``text`` -> a text part (a content or system instruction that is one text part
+  and nothing else has that string as its content); a thought (``thought: true``) -> a ``thinking`` part
   (counted, never cut); ``inlineData``/``fileData`` -> an ``image`` or ``media`` part priced by
   ``gemini_media`` (``PRICE_KEY``); every other part (``executableCode``, ...) -> its values as
   text; a ``thoughtSignature`` -> a priced ``signature`` part besides its part;
@@ -81,6 +85,28 @@ _SIGNATURE = "thoughtSignature"
 _PAYLOAD_KEYS = ("functionCall", "functionResponse", "inlineData", "fileData")
 
 Key = tuple[int, int, int]
+# The snake_case spellings of the fields read most (``field``: one dict lookup, no regex).
+_SNAKES: dict[str, str] = {
+    "contents": "contents",
+    "systemInstruction": "system_instruction",
+    "generationConfig": "generation_config",
+    "maxOutputTokens": "max_output_tokens",
+    "generateContentRequest": "generate_content_request",
+    "cachedContent": "cached_content",
+    "tools": "tools",
+    "functionCall": "function_call",
+    "functionResponse": "function_response",
+    "functionDeclarations": "function_declarations",
+    "inlineData": "inline_data",
+    "fileData": "file_data",
+    "mimeType": "mime_type",
+    "thoughtSignature": "thought_signature",
+    "usageMetadata": "usage_metadata",
+    "promptTokenCount": "prompt_token_count",
+    "responseJsonSchema": "response_json_schema",
+    "responseSchema": "response_schema",
+    "parametersJsonSchema": "parameters_json_schema",
+}
 
 
 @lru_cache(maxsize=128)
@@ -92,10 +118,16 @@ def field(mapping: Mapping[str, Any], name: str) -> Any:
     """``mapping[name]`` by its lowerCamelCase name, else by its snake_case spelling, else None."""
     value = mapping.get(name)
     if value is None:
-        snake = _snake(name)
+        snake = _SNAKES.get(name) or _snake(name)
         if snake != name:
             value = mapping.get(snake)
     return value
+
+
+def plain_text(part: object) -> bool:
+    """A part that is a text and nothing else (``{"text": "..."}``): the common case, decided
+    without looking for any other field (it has none)."""
+    return type(part) is dict and len(part) == 1 and type(part.get("text")) is str
 
 
 def key_of(mapping: Mapping[str, Any], name: str) -> str:
@@ -108,7 +140,7 @@ def key_of(mapping: Mapping[str, Any], name: str) -> str:
 
 def is_signed(part: object) -> bool:
     """True for a part whose content the model signed or that is the model's thought."""
-    if not isinstance(part, Mapping):
+    if plain_text(part) or not isinstance(part, Mapping):
         return False
     signature = field(part, _SIGNATURE)
     return (isinstance(signature, str) and signature != "") or part.get("thought") is True
@@ -119,8 +151,8 @@ def _role(content: Mapping[str, Any]) -> str:
 
 
 def _parts(content: object) -> list[Any]:
-    parts = content.get("parts") if isinstance(content, Mapping) else None
-    return parts if isinstance(parts, list) else []
+    parts = content.get("parts") if type(content) is dict or isinstance(content, Mapping) else None
+    return parts if type(parts) is list else []
 
 
 # -- neutral parts -----------------------------------------------------------------------------
@@ -128,7 +160,7 @@ def _parts(content: object) -> list[Any]:
 
 def _is_text_part(part: object) -> bool:
     """A plain text part: a string ``text``, not a thought, no other payload."""
-    return (
+    return plain_text(part) or (
         isinstance(part, Mapping)
         and isinstance(part.get("text"), str)
         and part.get("thought") is not True
@@ -152,6 +184,8 @@ def _media(part: Mapping[str, Any]) -> dict[str, Any] | None:
 def neutral_parts(part: object) -> list[dict[str, Any]]:
     """A wire part (not a function call or response) as neutral content parts: exactly one for an
     object, then a priced ``signature`` part when it is signed (a signed part is opaque)."""
+    if plain_text(part):
+        return [{"type": "text", "text": part["text"]}]  # type: ignore[index]
     if not isinstance(part, Mapping):
         return [{"type": "text", "text": part}] if isinstance(part, str) else []
     out: list[dict[str, Any]]
@@ -238,6 +272,8 @@ def _calls_of(parts: Sequence[Any]) -> list[tuple[int, str, str | None]]:
     """``(part index, name, id)`` of every function call among ``parts``."""
     out = []
     for k, part in enumerate(parts):
+        if plain_text(part):
+            continue
         call = field(part, "functionCall") if isinstance(part, Mapping) else None
         if isinstance(call, Mapping):
             out.append((k, str(call.get("name")), _id(call.get("id"))))
@@ -247,6 +283,8 @@ def _calls_of(parts: Sequence[Any]) -> list[tuple[int, str, str | None]]:
 def _responses_of(parts: Sequence[Any]) -> list[tuple[int, str, str | None]]:
     out = []
     for k, part in enumerate(parts):
+        if plain_text(part):
+            continue
         response = field(part, "functionResponse") if isinstance(part, Mapping) else None
         if isinstance(response, Mapping):
             out.append((k, str(response.get("name")), _id(response.get("id"))))
@@ -256,12 +294,14 @@ def _responses_of(parts: Sequence[Any]) -> list[tuple[int, str, str | None]]:
 # -- parse -------------------------------------------------------------------------------------
 
 
-def _system_message(system: Mapping[str, Any]) -> dict[str, Any] | None:
+def system_message(system: Mapping[str, Any]) -> dict[str, Any] | None:
     parts = _parts(system)
     if not parts:
         return None
-    content = [p for part in parts for p in neutral_parts(part)]
     origin = [(SYSTEM_INDEX, k) for k in range(len(parts))]
+    if len(parts) == 1 and plain_text(parts[0]):
+        return neutral("system", parts[0]["text"], origin=origin)  # one text: a plain string
+    content = [p for part in parts for p in neutral_parts(part)]
     return neutral("system", content, origin=origin, opaque=any(is_signed(p) for p in parts))
 
 
@@ -271,50 +311,62 @@ def neutral_messages(
     """The neutral messages of validated ``contents`` (see the module docstring)."""
     out: list[dict[str, Any]] = []
     if system is not None:
-        message = _system_message(system)
+        message = system_message(system)
         if message is not None:
             out.append(message)
-    previous_calls: list[tuple[int, str, str | None]] = []
     for i, content in enumerate(contents):
-        parts = _parts(content)
-        signed = any(is_signed(p) for p in parts)
-        if _role(content) == "model":
-            previous_calls = _calls_of(parts)
-            call_at = {k for k, _, _ in previous_calls}
-            # A signed call is priced by its signature (the call itself by ``tool_calls``).
-            body = [
-                p
-                for k, part in enumerate(parts)
-                for p in (_signature_parts(part) if k in call_at else neutral_parts(part))
-            ]
-            origin: list[Path] = [(i, k) for k in range(len(parts))] or [(i,)]
-            calls = [
-                {
-                    "id": f"c{i}.{k}",
-                    "type": "function",
-                    "function": {"name": name, "arguments": _arguments(field(parts[k], "functionCall"))},
-                }
-                for k, name, _ in previous_calls
-            ]
-            if calls:
-                out.append(neutral("assistant", body, origin=origin, opaque=signed, tool_calls=calls))
-            else:
-                out.append(neutral("assistant", body, origin=origin, opaque=signed))
-            continue
-        responses = _responses_of(parts)
-        calls_before = previous_calls if i > 0 and _role(contents[i - 1]) == "model" else []
-        answered = pair_responses([(n, c) for _, n, c in calls_before], [(n, r) for _, n, r in responses])
-        for (k, name, _), c in zip(responses, answered, strict=True):
-            call_id = f"c{i - 1}.{calls_before[c][0]}" if c is not None else f"r{i}.{k}"
-            text, _key = response_content(field(parts[k], "functionResponse"))
-            out.append(neutral("tool", text, origin=[(i, k)], opaque=signed, tool_call_id=call_id, name=name))
-        response_at = {k for k, _, _ in responses}
-        rest = [k for k in range(len(parts)) if k not in response_at]
-        if rest or not responses:
-            body = [p for k in rest for p in neutral_parts(parts[k])]
-            paths: list[Path] = [(i, k) for k in rest] or [(i,)]
-            out.append(neutral("user", body, origin=paths, opaque=signed))
-        previous_calls = []
+        out.extend(content_messages(i, content, contents[i - 1] if i else None))
+    return out
+
+
+def content_messages(
+    index: int, content: Mapping[str, Any], previous: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The neutral messages of ``contents[index]`` (validated), ``previous`` the content before it
+    (None for the first): a pure function of the three, so a parse may reuse them for a resent
+    history whose contents up to ``index`` are strictly equal (``parse_memo``)."""
+    i = index
+    parts = _parts(content)
+    if len(parts) == 1 and plain_text(parts[0]):
+        # One text and nothing else (most contents): its neutral content is the string itself.
+        role = "assistant" if _role(content) == "model" else "user"
+        return [neutral(role, parts[0]["text"], origin=[(i, 0)])]
+    signed = any(is_signed(p) for p in parts)
+    if _role(content) == "model":
+        calls_here = _calls_of(parts)
+        call_at = {k for k, _, _ in calls_here}
+        # A signed call is priced by its signature (the call itself by ``tool_calls``).
+        body = [
+            p
+            for k, part in enumerate(parts)
+            for p in (_signature_parts(part) if k in call_at else neutral_parts(part))
+        ]
+        origin: list[Path] = [(i, k) for k in range(len(parts))] or [(i,)]
+        calls = [
+            {
+                "id": f"c{i}.{k}",
+                "type": "function",
+                "function": {"name": name, "arguments": _arguments(field(parts[k], "functionCall"))},
+            }
+            for k, name, _ in calls_here
+        ]
+        if calls:
+            return [neutral("assistant", body, origin=origin, opaque=signed, tool_calls=calls)]
+        return [neutral("assistant", body, origin=origin, opaque=signed)]
+    out: list[dict[str, Any]] = []
+    responses = _responses_of(parts)
+    calls_before = _calls_of(_parts(previous)) if previous is not None and _role(previous) == "model" else []
+    answered = pair_responses([(n, c) for _, n, c in calls_before], [(n, r) for _, n, r in responses])
+    for (k, name, _), c in zip(responses, answered, strict=True):
+        call_id = f"c{i - 1}.{calls_before[c][0]}" if c is not None else f"r{i}.{k}"
+        text, _key = response_content(field(parts[k], "functionResponse"))
+        out.append(neutral("tool", text, origin=[(i, k)], opaque=signed, tool_call_id=call_id, name=name))
+    response_at = {k for k, _, _ in responses}
+    rest = [k for k in range(len(parts)) if k not in response_at]
+    if rest or not responses:
+        user_body = [p for k in rest for p in neutral_parts(parts[k])]
+        paths: list[Path] = [(i, k) for k in rest] or [(i,)]
+        out.append(neutral("user", user_body, origin=paths, opaque=signed))
     return out
 
 
@@ -432,6 +484,8 @@ def _segments(
 def _back_system(message: Message, system: Mapping[str, Any], origin: Sequence[Path]) -> Any:
     orig_parts = _parts(system)
     content = message.get("content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
     if is_opaque(message) or not isinstance(content, list):
         return system
     parts = [
@@ -560,13 +614,16 @@ def wire_problems(body: Mapping[str, Any]) -> list[str]:
 __all__ = [
     "SEPARATOR_TEXT",
     "SYSTEM_INDEX",
+    "content_messages",
     "field",
     "is_signed",
     "key_of",
     "neutral_messages",
     "neutral_parts",
     "pair_responses",
+    "plain_text",
     "render_contents",
     "response_content",
+    "system_message",
     "wire_problems",
 ]

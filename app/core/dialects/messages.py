@@ -77,7 +77,7 @@ from typing import Any
 
 from ..conversation import PRICE_KEY, Conversation, neutral
 from ..dialect import ErrorInfo, Headers, model_from_body
-from ..endpoints import AUTHORIZATION, KeySlot, Route
+from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
 from ..media import image_size_from_data_url
 from ..messages import Message
@@ -452,6 +452,7 @@ class MessagesDialect:
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-api-key"), AUTHORIZATION)
     items_key: str = "messages"
     chat_shaped: bool = False
+    output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"usage"',)
 
@@ -585,14 +586,20 @@ class MessagesDialect:
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
         return {"input_tokens": input_tokens}
 
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return None  # every answer of this API streams as server-sent events
+
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(anthropic_error(error), ensure_ascii=False, separators=(",", ":"))
         return b"event: error\ndata: " + payload.encode("utf-8") + b"\n\n"
 
-    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None:
+    def count_request(
+        self, body: Mapping[str, Any], path: str, /
+    ) -> tuple[UpstreamTarget, dict[str, Any]] | None:
         """``POST messages/count_tokens`` with the fields it takes (``COUNT_FIELDS``: the prompt's;
         ``max_tokens``, ``stream``, ``metadata``... are refused there as extra inputs)."""
-        return "messages/count_tokens", {k: v for k, v in body.items() if k in COUNT_FIELDS}
+        fields = {k: v for k, v in body.items() if k in COUNT_FIELDS}
+        return UpstreamTarget("messages/count_tokens"), fields
 
     def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None:
         """``max_tokens`` lowered to ``tokens``; an enabled thinking budget must stay below it (and

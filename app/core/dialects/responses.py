@@ -51,7 +51,7 @@ from typing import Any
 
 from ..conversation import Conversation
 from ..dialect import ErrorInfo, Headers, model_from_body
-from ..endpoints import AUTHORIZATION, KeySlot, Route
+from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
@@ -103,6 +103,7 @@ class ResponsesDialect:
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "input"
     chat_shaped: bool = False
+    output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset(
         {"response.created", "response.in_progress", "response.queued"}
     )
@@ -221,6 +222,9 @@ class ResponsesDialect:
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]:
         return {"object": "response.input_tokens", "input_tokens": input_tokens}
 
+    def json_stream_error(self, error: ErrorInfo, /, *, started: bool) -> bytes | None:
+        return None  # every answer of this API streams as server-sent events
+
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         event = {
             "type": "error",
@@ -232,10 +236,13 @@ class ResponsesDialect:
         data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
         return f"event: error\ndata: {data}\n\n".encode()
 
-    def count_request(self, body: Mapping[str, Any], /) -> tuple[str, dict[str, Any]] | None:
+    def count_request(
+        self, body: Mapping[str, Any], path: str, /
+    ) -> tuple[UpstreamTarget, dict[str, Any]] | None:
         """``POST responses/input_tokens`` with the fields it takes (``COUNT_FIELDS``): the same
         input, tools and settings that shape the prompt; the output settings stay out."""
-        return "responses/input_tokens", {k: v for k, v in body.items() if k in COUNT_FIELDS}
+        fields = {k: v for k, v in body.items() if k in COUNT_FIELDS}
+        return UpstreamTarget("responses/input_tokens"), fields
 
     def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None:
         """``max_output_tokens`` lowered to ``tokens`` (reasoning tokens count against it too)."""

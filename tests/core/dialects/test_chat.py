@@ -99,7 +99,7 @@ def test_overflow_and_usage() -> None:
 
 def test_chat_has_no_counting_endpoint_and_lowers_every_output_cap_it_sets() -> None:
     body = {"model": "m", "messages": [], "max_tokens": 5_000, "max_completion_tokens": 6_000, "n": 1}
-    assert CHAT.count_request(body) is None
+    assert CHAT.count_request(body, "/v1/chat/completions") is None
     capped = CHAT.with_output_cap(body, 1_000)
     assert capped == {**body, "max_tokens": 1_000, "max_completion_tokens": 1_000}
     assert body["max_tokens"] == 5_000  # the input is never mutated

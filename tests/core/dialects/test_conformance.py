@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 
 from app.core.budget import Policy
@@ -22,9 +23,11 @@ from app.core.errors import CannotFit, InvalidRequest
 from app.core.fit import plan_request
 from app.core.registry import ModelSpec
 from app.core.routes import RouteMatch, RouteTable, detect
+from tests.core.dialects import gemini_kit as gk
 from tests.core.dialects import responses_kit as rk
 from tests.core.fakes import FakeMessageCounter, tool_exchange, words
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
+from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel, context_error
 
@@ -236,6 +239,76 @@ def messages_usage() -> list[tuple[Mapping[str, Any], int]]:
     return [(answer, fake.count(body)), (start, fake.count(body))]
 
 
+# -- gemini --------------------------------------------------------------------------------------
+
+
+def gemini_samples() -> list[dict[str, Any]]:
+    system = {"parts": [{"text": "be terse"}]}
+    return [
+        # The model is in the path; a body may name it too (the dry run and the gateway engine).
+        {"model": gk.MODEL, "contents": [gk.user("hi")], "systemInstruction": system},
+        gk.body([gk.user("list files"), *gk.step(["ls", "cat"], ["a b", "c"], tag="s1"), gk.said("done")]),
+        gk.body(
+            [gk.user("think"), *gk.step(["read_file"], ["r"], tag="s2", think=True)],
+            generationConfig={"maxOutputTokens": 9, "thinkingConfig": {"includeThoughts": True}},
+        ),
+    ]
+
+
+def gemini_long() -> dict[str, Any]:
+    contents: list[dict[str, Any]] = []
+    for k in range(12):
+        contents.append(gk.user(f"question {k} " + words(40, f"q{k}")))
+        contents += gk.step(["read_file"], [words(120, f"r{k}")], tag=f"t{k}")
+        contents.append(gk.said(words(30, f"a{k}"), signed=True))
+    contents.append(gk.user("the last question"))
+    return gk.body(contents, systemInstruction={"parts": [{"text": "be terse"}]})
+
+
+def gemini_fake(window_tokens: int = 1_000_000) -> FakeGemini:
+    return FakeGemini([FakeGeminiModel(gk.MODEL, input_token_limit=window_tokens)], signer=gk.SIGNER)
+
+
+def _gemini_answer(fake: FakeGemini, verb: str, body: dict[str, Any], query: str = "") -> tuple[int, bytes]:
+    url = f"http://gemini.test/v1beta/models/{gk.MODEL}:{verb}" + (f"?{query}" if query else "")
+    headers = {"x-goog-api-key": "k"}
+    answer = fake.handler(httpx.Request("POST", url, json=body, headers=headers))
+    return answer.status_code, answer.read()
+
+
+def gemini_overflow() -> list[Answer]:
+    fake = gemini_fake(window_tokens=50)
+    long = gk.body([gk.user(words(400))])
+    return [
+        _gemini_answer(fake, "generateContent", long),
+        _gemini_answer(fake, "streamGenerateContent", long),  # the array form: [{"error": ...}]
+        _gemini_answer(fake, "streamGenerateContent", long, "alt=sse"),
+    ]
+
+
+def gemini_not_overflow() -> list[Answer]:
+    forged = gk.body([gk.user("x"), {"role": "model", "parts": [{"text": "y", "thoughtSignature": "AAAA"}]}])
+    missing = FakeGemini([FakeGeminiModel("other")])
+    return [
+        _gemini_answer(gemini_fake(), "generateContent", forged),  # Corrupted thought signature.
+        _gemini_answer(missing, "generateContent", gk.body([gk.user("x")])),  # 404 NOT_FOUND
+    ]
+
+
+def gemini_status(body: dict[str, Any]) -> int:
+    return _gemini_answer(gemini_fake(), "generateContent", body)[0]
+
+
+def gemini_usage() -> list[tuple[Mapping[str, Any], int]]:
+    fake = gemini_fake()
+    request = gk.body([gk.user("hello there")])
+    status, answer = fake.respond("POST", f"/{gk.MODEL}:generateContent", request)
+    _, chunks = fake.respond("POST", f"/{gk.MODEL}:streamGenerateContent", request)
+    assert status == 200 and isinstance(answer, dict) and isinstance(chunks, list)
+    prompt = fake.count(request, fake.model(gk.MODEL))
+    return [(answer, prompt), *((chunk, prompt) for chunk in chunks)]
+
+
 KITS: dict[str, Kit] = {
     "chat": Kit(
         samples=chat_samples,
@@ -263,6 +336,16 @@ KITS: dict[str, Kit] = {
         error_keys=frozenset({"type", "error"}),
         headers={"anthropic-version": "2023-06-01"},
         upstream_status=messages_status,
+    ),
+    "gemini": Kit(
+        samples=gemini_samples,
+        long=gemini_long,
+        overflow=gemini_overflow,
+        not_overflow=gemini_not_overflow,
+        usage=gemini_usage,
+        error_keys=frozenset({"error"}),
+        headers={"x-goog-api-key": "k"},
+        upstream_status=gemini_status,
     ),
 }
 
@@ -345,8 +428,15 @@ def test_the_model_comes_from_the_request(api: tuple[Dialect, Kit]) -> None:
     body = kit.samples()[0]
     match = RouteMatch.first(dialect)
     assert dialect.model_of(body, match.params) == body["model"]
+    bare = {k: v for k, v in body.items() if k != "model"}
     with pytest.raises(InvalidRequest):
-        dialect.model_of({k: v for k, v in body.items() if k != "model"}, {})
+        dialect.model_of(bare, {})
+    table = RouteTable.of(DIALECTS)
+    for route in dialect.routes:
+        if "{model}" in route.template:  # the path names the model: the path's wins
+            matched = table.match(route.template.replace("{model}", "from-path"))
+            assert matched is not None and dialect.model_of(bare, matched.params) == "from-path"
+            assert dialect.model_of(body, matched.params) == "from-path"
 
 
 @pytest.mark.parametrize("status", STATUSES)
@@ -359,7 +449,11 @@ def test_every_error_status_renders_in_the_apis_shape(api: tuple[Dialect, Kit], 
     assert set(shaped) == kit.error_keys
     assert "m!" in json.dumps(shaped)
     event = dialect.stream_error(info)
-    assert event.endswith(b"\n\n") and b"m!" in event and (event.startswith((b"data:", b"event:")))
+    # One SSE event: a blank line ends it (LF, or CRLF as Google frames its events).
+    assert event.endswith((b"\n\n", b"\r\n\r\n")) and b"m!" in event
+    assert event.startswith((b"data:", b"event:"))
+    ending = dialect.json_stream_error(info, started=True)
+    assert ending is None or b"m!" in ending
 
 
 def test_cannot_fit_carries_the_numbers_in_the_apis_shape(api: tuple[Dialect, Kit]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from app.core.budget import Policy
 from app.core.conversation import PRICE_KEY, is_opaque, origin_of
 from app.core.dialect import ErrorInfo, error_info
 from app.core.dialects import DIALECTS
@@ -28,8 +29,11 @@ from app.core.dialects.gemini_media import (
     media_tokens,
 )
 from app.core.dialects.gemini_wire import SEPARATOR_TEXT, pair_responses
+from app.core.endpoints import UpstreamTarget
 from app.core.errors import CannotFit, InvalidRequest
+from app.core.fit import plan_request
 from app.core.overflow import classify_overflow
+from app.core.routes import RouteTable, detect
 from app.core.strategies import IMAGE_PLACEHOLDER
 from tests.core.dialects.gemini_kit import (
     PNG_DATA,
@@ -38,6 +42,7 @@ from tests.core.dialects.gemini_kit import (
     fit,
     result_part,
     said,
+    spec,
     step,
     strict_check,
     thought,
@@ -72,7 +77,23 @@ def test_parse_maps_contents_onto_neutral_messages() -> None:
     assert [first["tool_call_id"], second["tool_call_id"]] == [c["id"] for c in calls["tool_calls"]]
     assert not is_opaque(first)  # results are not signed: prunable
     assert origin_of(calls) == ((1, 0), (1, 1)) and origin_of(second) == ((2, 1),)
-    assert done["role"] == "assistant" and done["content"] == [{"type": "text", "text": "done"}]
+    assert done["role"] == "assistant" and done["content"] == "done"  # one text part: its string
+
+
+def test_a_changed_one_text_content_or_system_instruction_keeps_its_part() -> None:
+    request = {
+        "systemInstruction": {"parts": [{"text": "long rules", "x": 1}]},  # not plain: a list
+        "contents": [user("first question"), said("answer"), user("now?")],
+    }
+    plain = {**request, "systemInstruction": {"role": "system", "parts": [{"text": "long rules"}]}}
+    messages = parse(plain)
+    assert messages[0]["content"] == "long rules" and messages[1]["content"] == "first question"
+    changed = [{**messages[0], "content": "short"}, {**messages[1], "content": "first"}, *messages[2:]]
+    rendered = GEMINI.render(plain, changed, source=messages)
+    assert rendered["systemInstruction"] == {"role": "system", "parts": [{"text": "short"}]}
+    assert rendered["contents"][0] == {"role": "user", "parts": [{"text": "first"}]}
+    assert rendered["contents"][1:] == plain["contents"][1:]
+    assert isinstance(parse(request)[0]["content"], list)  # a part with more than a text stays parts
 
 
 def test_pairing_is_by_id_when_both_have_one_else_by_name_in_order() -> None:
@@ -160,35 +181,6 @@ def test_the_model_and_the_stream_come_from_the_path_and_cached_content_is_not_f
     inner = {"model": "models/g", "contents": [user("x")]}
     assert counted_request({"generateContentRequest": inner}) is inner
     assert counted_request({"contents": []}) == {"contents": []}
-
-
-@pytest.mark.parametrize(
-    ("request_body", "param"),
-    [
-        ({}, "contents"),
-        ({"contents": "hi"}, "contents"),
-        ({"contents": ["hi"]}, "contents[0]"),
-        ({"contents": [{"role": "assistant", "parts": []}]}, "contents[0].role"),
-        ({"contents": [{"parts": {"text": "x"}}]}, "contents[0].parts"),
-        ({"contents": [{"parts": ["x"]}]}, "contents[0].parts[0]"),
-        ({"contents": [{"parts": [{"functionCall": {"args": {}}}]}]}, "contents[0].parts[0].functionCall"),
-        (
-            {"contents": [{"parts": [{"functionCall": {"name": "f", "args": []}}]}]},
-            "contents[0].parts[0].functionCall.args",
-        ),
-        (
-            {"contents": [{"parts": [{"functionResponse": {"response": {}}}]}]},
-            "contents[0].parts[0].functionResponse",
-        ),
-        ({"contents": [], "systemInstruction": "be nice"}, "systemInstruction"),
-        ({"contents": [], "generationConfig": {"maxOutputTokens": 0}}, "generationConfig.maxOutputTokens"),
-        ({"contents": [], "tools": {"functionDeclarations": []}}, "tools"),
-    ],
-)
-def test_bad_bodies_are_invalid_requests_naming_the_field(request_body: dict[str, Any], param: str) -> None:
-    with pytest.raises(InvalidRequest) as caught:
-        parse_gemini(request_body, model="m", stream=False)
-    assert caught.value.param == param
 
 
 def test_render_of_an_unchanged_parse_is_the_body_itself() -> None:
@@ -363,6 +355,10 @@ def test_stream_errors_are_crlf_sse_frames_or_the_closing_element_of_an_array() 
     assert GEMINI.overflow(200, frame) is not None
     closing = array_stream_error(error)
     assert json.loads(b"[{}" + closing)[1] == GEMINI.error_body(error)
+    assert GEMINI.json_stream_error(error, started=True) == closing
+    whole = GEMINI.json_stream_error(error, started=False)  # nothing went out yet: a whole array
+    assert whole is not None and json.loads(whole) == [GEMINI.error_body(error)]
+    assert GEMINI.overflow(400, whole) is not None
 
 
 @pytest.mark.parametrize(
@@ -423,7 +419,79 @@ def test_usage_counting_answers_and_tools() -> None:
     assert GEMINI.tool_tokens({"contents": []}, counter) == 0
 
 
-def test_the_budget_facts_and_the_dialect_is_not_registered_yet() -> None:
-    assert GEMINI.output_in_window is False
-    assert GEMINI.items_key == "contents" and GEMINI.name == "gemini"
-    assert "gemini" not in DIALECTS  # registered by the lead once the seam can route it
+def test_the_dialect_is_registered_with_its_routes_keys_and_budget_facts() -> None:
+    assert DIALECTS["gemini"] is GEMINI and GEMINI.items_key == "contents"
+    assert GEMINI.output_in_window is False and not GEMINI.chat_shaped
+    assert GEMINI.preamble_events == frozenset()  # overflows come as a 400 before the stream opens
+    table = RouteTable.of(DIALECTS)
+    for version in ("/v1beta", "/v1"):
+        for verb, stream, kind in (
+            ("generateContent", False, "fit"),
+            ("streamGenerateContent", True, "fit"),
+            ("countTokens", None, "count"),
+        ):
+            path = f"{version}/models/gemini-2.5-flash:{verb}"
+            matched = table.match(path, "alt=sse&key=k")
+            assert matched is not None and matched.dialect is GEMINI
+            assert (matched.route.stream, matched.route.kind) == (stream, kind)
+            assert matched.route.upstream_first is (kind == "count")  # the tokenizer is not public
+            assert matched.params == {"model": "gemini-2.5-flash"}
+            assert matched.target == UpstreamTarget(path, at_origin=True)  # its own path, at the origin
+            assert matched.query == "alt=sse&key=k"
+    assert ("/v1beta", True) in table.passthrough_prefixes()  # GET /v1beta/models... passes through
+    assert table.owner("/v1beta/models") is GEMINI
+    assert [(s.name, s.in_query) for s in GEMINI.key_slots] == [("x-goog-api-key", False), ("key", True)]
+
+
+def test_the_model_comes_from_the_path_else_the_body_and_bodies_are_recognised() -> None:
+    bare = {"contents": [user("hi")]}
+    assert GEMINI.model_of(bare, {"model": "gemini-2.5-pro"}) == "gemini-2.5-pro"
+    assert GEMINI.model_of({**bare, "model": "models/gemini-x"}, {}) == "gemini-x"
+    counted = {"generateContentRequest": {"model": "models/g", **bare}}
+    assert GEMINI.model_of(counted, {}) == "g"
+    with pytest.raises(InvalidRequest) as caught:
+        GEMINI.model_of(bare, {})
+    assert caught.value.param == "model"
+    assert GEMINI.recognition(bare, {}) == 2 and GEMINI.recognition(counted, {}) == 2
+    assert GEMINI.recognition({"messages": []}, {}) == 0
+    # The gateway engine asks with any API's items under ``contents``: only Contents are Gemini's.
+    assert GEMINI.recognition({"contents": [{"role": "user", "content": "hi"}]}, {}) == 0
+    assert detect(DIALECTS, bare, {}) is GEMINI
+    assert GEMINI.upstream_count({"totalTokens": 31, "promptTokensDetails": []}) == 31
+    assert GEMINI.upstream_count({"totalTokens": 0}) is None
+
+
+def test_the_budget_keeps_no_output_reserve_against_the_input_limit() -> None:
+    request = {"contents": [user(words(50))], "generationConfig": {"maxOutputTokens": 4000}}
+    plan, _ = fit(request, counter=FakeMessageCounter(), window_tokens=10_000)
+    assert plan.budget.reserve_tokens == 0
+    assert plan.budget.input_budget_tokens == 10_000 - plan.budget.margin_tokens
+    chat = plan_request(
+        {"model": "m", "messages": [{"role": "user", "content": words(50)}], "max_tokens": 4000},
+        spec=spec(10_000),
+        policy=Policy(),
+        counter=FakeMessageCounter(),
+    )
+    assert chat.budget.reserve_tokens == 4000  # an API that counts the output keeps its reserve
+
+
+def test_the_count_request_goes_to_the_clients_own_version_at_the_origin_with_the_whole_request() -> None:
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "systemInstruction": {"parts": [{"text": "be brief"}]},
+        "tools": [{"functionDeclarations": [{"name": "read"}]}],
+        "generationConfig": {"maxOutputTokens": 100},
+    }
+    call = GEMINI.count_request(body, "/v1beta/models/gemini-2.5-flash:streamGenerateContent")
+    assert call is not None
+    target, counted = call
+    assert target == UpstreamTarget("/v1beta/models/gemini-2.5-flash:countTokens", at_origin=True)
+    assert counted == {"generateContentRequest": {**body, "model": "models/gemini-2.5-flash"}}
+    v1 = GEMINI.count_request(body, "/v1/models/gemini-2.5-pro:generateContent")
+    assert v1 is not None and v1[0].path == "/v1/models/gemini-2.5-pro:countTokens"
+    assert GEMINI.count_request(body, "/v1beta/models") is None  # no model's method: nothing to ask
+
+
+def test_the_output_cap_is_left_alone_as_it_is_not_counted_against_the_input_limit() -> None:
+    body = {"contents": [], "generationConfig": {"maxOutputTokens": 65_536}}
+    assert GEMINI.with_output_cap(body, 1_000) == body

@@ -25,6 +25,7 @@ from app.core.dialects.messages import (
     window_from_beta,
 )
 from app.core.dialects.messages_wire import SEPARATOR_TEXT
+from app.core.endpoints import UpstreamTarget
 from app.core.errors import CannotFit, InvalidRequest
 from app.core.fit import plan_request
 from app.core.overflow import classify_overflow
@@ -702,10 +703,10 @@ def test_the_count_request_drops_what_count_tokens_refuses() -> None:
         "thinking": {"type": "enabled", "budget_tokens": 2_000},
         "temperature": 1,
     }
-    call = MESSAGES.count_request(body)
+    call = MESSAGES.count_request(body, "/v1/whatever")
     assert call is not None
-    path, counted = call
-    assert path == "messages/count_tokens"
+    target, counted = call
+    assert target == UpstreamTarget("messages/count_tokens")  # under the base URL, whatever the client's path
     assert counted == {k: body[k] for k in ("model", "system", "messages", "tools", "thinking")}
 
 

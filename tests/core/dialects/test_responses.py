@@ -11,6 +11,7 @@ import pytest
 from app.core.conversation import OPAQUE_KEY, ORIGIN_KEY, PRICE_KEY, is_opaque, origin_of
 from app.core.dialect import ErrorInfo, error_info
 from app.core.dialects.responses import ENCRYPTED_CHARS_PER_TOKEN, RESPONSES
+from app.core.endpoints import UpstreamTarget
 from app.core.errors import CannotFit, InvalidRequest
 from app.core.messages import group_units, pairing_problems
 from app.core.tokens import MessageCounter
@@ -437,10 +438,10 @@ def test_the_count_request_keeps_only_what_the_input_tokens_endpoint_takes() -> 
         "include": ["reasoning.encrypted_content"],
         "metadata": {"k": "v"},
     }
-    call = RESPONSES.count_request(body)
+    call = RESPONSES.count_request(body, "/v1/whatever")
     assert call is not None
-    path, counted = call
-    assert path == "responses/input_tokens"
+    target, counted = call
+    assert target == UpstreamTarget("responses/input_tokens")  # under the base URL, whatever the path
     assert counted == {k: body[k] for k in ("model", "instructions", "input", "tools", "reasoning")}
 
 
