@@ -34,7 +34,7 @@ SMALL_MODEL = "small-summarizer"
 SMALL_WINDOW_TOKENS = 600
 FACT = re.compile(r"FACT-\w+")
 SUMMARY_HEAD = re.compile(r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?\]\n")
-NOTE = re.compile(r"^\[ctxproxy: [0-9,]+ earlier messages? \([0-9,]+ tokens\) (was|were) removed here")
+NOTE = re.compile(r"^\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(was|were) removed here")
 
 
 class Registry(OneModelRegistry):

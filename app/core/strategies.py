@@ -49,15 +49,19 @@ IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image
 # Last resort never cuts a message below this many tokens in total.
 LAST_RESORT_FLOOR_TOKENS = 64
 
+# Placeholders, notes and markers are pure functions of what they replace (their sizes are in
+# characters of the replaced text, never in tokens: a token count of a model counted by estimate
+# changes with calibration, and one changed byte in the prefix is a prompt-cache miss). The
+# patterns also recognise the older wordings with token counts, which clients may resend.
 _PRUNED_RE = re.compile(
     r"\[ctxproxy: tool result removed to fit the context window "
-    r"\((?:[A-Za-z0-9_.:-]{1,64}, )?[0-9,]+ tokens\)\]"
+    r"\((?:[A-Za-z0-9_.:-]{1,64}(?:, )?)?(?:[0-9,]+ (?:tokens|characters))?\)\]"
 )
 # Only names of the shape OpenAI allows for functions go into a placeholder (never free text).
 _TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _NOTE_RE = re.compile(
-    r"\[ctxproxy: [0-9,]+ earlier messages? \([0-9,]+ tokens\) (?:was|were) removed here to fit the "
-    r"context window\]"
+    r"\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(?:was|were) removed here to fit "
+    r"the context window\]"
 )
 _SUMMARY_RE = re.compile(r"\[ctxproxy: summary of [0-9,]+ earlier messages?\]\n")
 IMAGE_PLACEHOLDER = "[ctxproxy: image removed to fit the context window]"
@@ -89,9 +93,24 @@ def _has_image(message: Message) -> bool:
     )
 
 
-def _pruned_text(tokens: int, tool_name: str | None) -> str:
+def content_chars(content: object) -> int:
+    """Characters of a message's text: string content, or its parts' ``text`` strings."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(part["text"])
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return 0
+
+
+def pruned_text(chars: int, tool_name: str | None) -> str:
+    """The placeholder of a pruned tool result: a pure function of the result (its tool's name
+    and the characters of its text)."""
     what = f"{tool_name}, " if tool_name else ""
-    return f"[ctxproxy: tool result removed to fit the context window ({what}{tokens:,} tokens)]"
+    return f"[ctxproxy: tool result removed to fit the context window ({what}{chars:,} characters)]"
 
 
 def _tool_names(messages: Sequence[Message]) -> dict[str, str]:
@@ -182,7 +201,7 @@ def _prune(messages: Sequence[Message], ctx: FitContext, *, newest: bool) -> Str
             if not (isinstance(content, str) and _PRUNED_RE.fullmatch(content)):
                 candidate = {
                     **message,
-                    "content": _pruned_text(base_tokens[i], _result_tool_name(message, names)),
+                    "content": pruned_text(content_chars(content), _result_tool_name(message, names)),
                 }
         else:
             content = message.get("content")
@@ -278,13 +297,12 @@ def _cut_until_fits(
     return StrategyResult(_replace(messages, changes), (Action(kind, len(changes), freed),))
 
 
-def _note_text(count: int, tokens: int) -> str:
+def note_text(count: int) -> str:
+    """The note that stands for ``count`` dropped messages (a pure function of the span: no token
+    count, which for a model counted by estimate would change with calibration)."""
     noun = "message" if count == 1 else "messages"
     verb = "was" if count == 1 else "were"
-    return (
-        f"[ctxproxy: {count:,} earlier {noun} ({tokens:,} tokens) {verb} removed here to fit the "
-        "context window]"
-    )
+    return f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window]"
 
 
 def _summary_text(count: int, summary: str) -> str:
@@ -415,7 +433,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
 
     def note_for(blocks: int) -> tuple[int, int]:
         members = members_of(blocks)
-        text = _note_text(len(members), sum(base_tokens[i] for i in members))
+        text = note_text(len(members))
         freed = sum(tokens[i] for i in members)
         return freed, ctx.counter.count_message({"role": role, "content": text})
 
@@ -438,8 +456,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         return [block_members[s - 1][-1] + 1 for s in stops if s <= blocks]
 
     block_ends = ends_of(k)
-    dropped_tokens = sum(base_tokens[i] for i in dropped)
-    replacement: dict[str, Any] = {"role": role, "content": _note_text(len(dropped), dropped_tokens)}
+    replacement: dict[str, Any] = {"role": role, "content": note_text(len(dropped))}
     actions: list[Action] = []
     if ctx.summaries is not None:
         # A summary is longer than the note: when it does not fit the room the cut left, cut to
@@ -507,7 +524,7 @@ def next_cut(messages: Sequence[Message], ctx: FitContext) -> tuple[DroppedSpan,
     total = sum(ctx.tokens)
     needed = 0
     if not ctx.fits(total) and block_members:
-        note = ctx.counter.count_message({"role": "user", "content": _note_text(10**6, 10**9)})
+        note = ctx.counter.count_message({"role": "user", "content": note_text(10**9)})
         needed = next(
             (
                 k

@@ -136,7 +136,7 @@ def test_middle_out_before_dropping(counter: FakeMessageCounter) -> None:
     assert [a.kind for a in result.actions] == ["truncated"]
     cut = result.messages[-2]["content"]
     assert cut.startswith("huge0 huge1") and cut.endswith("huge4999")
-    assert "tokens removed from the middle of this message]" in cut
+    assert "characters removed from the middle of this message]" in cut
 
 
 def test_drop_when_nothing_lighter_is_enough(counter: FakeMessageCounter) -> None:
