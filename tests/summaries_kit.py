@@ -109,8 +109,8 @@ async def settle(app: FastAPI, timeout_s: float = 10.0) -> None:
 def turn(i: int, size: int) -> list[dict[str, Any]]:
     filler = " ".join(["w"] * size)
     return [
-        {"role": "user", "content": f"u{i} remember FACT-{i}u {filler}"},
-        {"role": "assistant", "content": f"a{i} noted FACT-{i}a {filler}"},
+        {"role": "user", "content": f"u{i} remember FACT-{i}u. {filler}"},
+        {"role": "assistant", "content": f"a{i} noted FACT-{i}a. {filler}"},
     ]
 
 

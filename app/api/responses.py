@@ -48,7 +48,8 @@ def context_headers(
     """Our response headers for a chat request (``X-Context-Count`` is ``exact``, ``estimate`` or
     ``calibrated``; ``X-Context-Warning`` only when there is a warning, e.g. ``upstream-truncated``;
     ``X-Context-Prefix-Reuse``, when known, the share of the forwarded message tokens that the
-    previous forwarded request of the conversation already sent as its prefix, 3 decimals)."""
+    previous forwarded request of the conversation already sent as its prefix, 3 decimals;
+    ``X-Context-Memory``: ``summary``, ``note`` or ``none``, what stands in for what was cut)."""
     headers = [
         ("X-Context-Window", str(plan.budget.window_tokens)),
         ("X-Context-Budget", str(request_budget_tokens(plan.budget))),
@@ -57,6 +58,8 @@ def context_headers(
         ("X-Context-Count", plan.count_kind),
         ("X-Context-Actions", plan.actions_header()),
         ("X-Context-Retries", str(retries)),
+        # What stands in for what the cut forgot: ``summary``, ``note`` (note and placeholders), ``none``.
+        ("X-Context-Memory", plan.memory_kind),
     ]
     if warnings:
         headers.append(("X-Context-Warning", ",".join(dict.fromkeys(warnings))))

@@ -34,12 +34,21 @@ INTERFACE CONTRACT (the service drives a request through it; ``app/core/dialects
     (Responses ``/responses/input_tokens``, Anthropic ``/messages/count_tokens``) with our count;
   - ``stream_error(error) -> bytes``: the SSE bytes that end a stream that failed midway, in this
     API's shape (chat: ``data: {"error": ...}``; Responses: an ``error`` event; Anthropic:
-    ``event: error``).
+    ``event: error``);
+  - ``summary_request(prompt, *, model, max_tokens) -> SummaryCall``: how this API asks its
+    upstream for a summary (``app.compaction``): ``prompt`` is the summarizer's chat-shaped
+    messages (a ``system`` message, then ``user`` ones), the call says the path, the non-streaming
+    body and the client's headers to carry (credentials, API version);
+  - ``summary_text(answer) -> str | None``: the summary text of this API's answer to that call
+    (None when it holds none).
 
 * ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
   ``invalid_request_error``, ``upstream_timeout``, ...), ``message``, ``param``, and for a
   cannot-fit error the numbers (``tokens``, ``limit_tokens``, ``window_tokens``,
   ``reserve_tokens``) so a dialect can word it as its own upstream would.
+* ``SummaryCall`` (frozen): ``path`` (under the upstream base URL), ``body``, ``carry`` (names of
+  the client's request headers the call repeats, lower-case) and ``defaults`` (headers sent when
+  the client did not send them, e.g. Anthropic's ``anthropic-version``).
 * ``error_info(error) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` -> 400,
   ``CannotFit`` -> 400 ``context_length_exceeded``).
 """
@@ -70,6 +79,16 @@ class ErrorInfo:
     limit_tokens: int | None = None
     window_tokens: int | None = None
     reserve_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryCall:
+    """One summary request in a dialect's own API (see the module docstring)."""
+
+    path: str
+    body: dict[str, Any]
+    carry: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, str], ...] = ()
 
 
 class Dialect(Protocol):
@@ -110,6 +129,12 @@ class Dialect(Protocol):
     def count_answer(self, input_tokens: int, /) -> dict[str, Any]: ...
 
     def stream_error(self, error: ErrorInfo, /) -> bytes: ...
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall: ...
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None: ...
 
 
 def error_info(error: CoreError) -> ErrorInfo:

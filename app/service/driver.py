@@ -102,12 +102,16 @@ class Service:
         return counter
 
     def policy(self, options: RequestOptions) -> Policy:
-        return self._policy.refined(
+        policy = self._policy.refined(
             mode=options.mode,
             keep_turns=options.keep_turns,
             reserve_tokens=options.reserve_tokens,
             cut_target=options.cut_target,
         )
+        # With summaries wanted, every plan of the request (the first one too) leaves the cut room
+        # for the memory: the same cut whether or not its summary comes.
+        wanted = self.summaries is not None and self.summaries.wanted(policy, options.summarize)
+        return replace(policy, summarize=True) if wanted and not policy.summarize else policy
 
     def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
         """The counter to plan ``spec`` with (per model, calibrated, for the estimate)."""

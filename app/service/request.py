@@ -105,9 +105,16 @@ class ProxyRequest:
     def stream(self) -> bool:
         return self.conversation.stream
 
-    def plan(self, *, cap_tokens: int | None = None, summaries: SummaryProvider | None = None) -> Plan:
+    def plan(
+        self,
+        *,
+        cap_tokens: int | None = None,
+        summaries: SummaryProvider | None = None,
+        headroom_tokens: int = 0,
+    ) -> Plan:
         """The plan of this request (no I/O), capped by ``X-Context-Budget`` and ``cap_tokens``;
-        ``summaries`` puts LLM summaries in place of dropped spans. Never raises ``CannotFit``."""
+        ``summaries`` puts an LLM summary in place of what the cut forgot; ``headroom_tokens``
+        plans the next cut (``app.core.fit``). Never raises ``CannotFit``."""
         caps = [c for c in (self.options.budget_tokens, cap_tokens) if c is not None]
         policy = self.policy if summaries is None else replace(self.policy, summarize=True)
         plan = plan_request(
@@ -119,6 +126,7 @@ class ProxyRequest:
             summaries=summaries,
             dialect=self.dialect,
             conversation=self.conversation,
+            headroom_tokens=headroom_tokens,
         )
         return replace(plan, count_kind="calibrated") if self.calibrated else plan
 

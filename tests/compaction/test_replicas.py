@@ -4,6 +4,7 @@ that is down degrades to the in-process cache with a warning, never to errors.""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
@@ -43,9 +44,12 @@ async def test_two_replicas_share_one_summary_through_redis(redis_server: RedisS
     finally:
         await redis.aclose()
     assert keys and all(key.startswith("ctxproxy:summary:") for key in keys)
-    # summaries only: no prompt text, no message of the conversation, no key
-    assert all(v.startswith("- Facts established") and "sk-secret" not in v for v in values)
-    assert not any("remember" in v or "w w w" in v for v in values)
+    # Summaries and the chain's index (spans' lengths and keys) only: no key, no prompt.
+    summary = by_one[1].split("\n", 1)[1]
+    chains = [v for k, v in zip(keys, values, strict=True) if k.startswith("ctxproxy:summary:chain:")]
+    assert len(chains) == 1 and all(isinstance(n, int) and len(key) == 64 for n, key in json.loads(chains[0]))
+    assert sorted(v for v in values if v not in chains) == [summary]
+    assert not any("sk-secret" in v or "You write handoff" in v for v in values)
 
 
 async def test_two_replicas_racing_on_one_span_make_it_once(redis_server: RedisServer) -> None:

@@ -265,43 +265,6 @@ def test_drop_never_touches_pinned_or_protected(counter: FakeMessageCounter) -> 
     assert len(result.messages) == 2 + 1 + 3
 
 
-class Summaries:
-    def __init__(self, answer: str | None) -> None:
-        self.answer = answer
-        self.spans: list[list[Message]] = []
-
-    def summary_for(self, span: Sequence[Message], /) -> str | None:
-        self.spans.append(list(span))
-        return self.answer
-
-
-def test_drop_uses_a_summary_when_given(counter: FakeMessageCounter) -> None:
-    messages = chat(40)
-    provider = Summaries("they talked about words")
-    ctx = build_context(messages, budget=budget(900), policy=Policy(), counter=counter, summaries=provider)
-    result = drop_oldest(messages, ctx)
-    (span,) = result.dropped
-    assert provider.spans == [messages[span.start : span.stop]]
-    n = span.stop - span.start
-    assert (
-        result.messages[2]["content"]
-        == f"[ctxproxy: summary of {n} earlier messages]\nthey talked about words"
-    )
-    assert is_ctxproxy_note(result.messages[2])
-    assert ("summarized", n) in [(a.kind, a.count) for a in result.actions]
-
-
-@pytest.mark.parametrize("answer", [None, "   ", words(5000)])
-def test_drop_falls_back_to_the_note(answer: str | None, counter: FakeMessageCounter) -> None:
-    messages = chat(40)
-    ctx = build_context(
-        messages, budget=budget(900), policy=Policy(), counter=counter, summaries=Summaries(answer)
-    )
-    result = drop_oldest(messages, ctx)
-    assert "earlier messages were removed" in result.messages[2]["content"]
-    assert "summary_failed" in [a.kind for a in result.actions]
-
-
 def test_last_resort_cuts_newest_first_and_the_system_prompt_last(counter: FakeMessageCounter) -> None:
     messages = [system(400), user(300, "first"), assistant(10), user(400, "newest")]
     ctx = ctx_for(messages, 900, counter)

@@ -18,13 +18,15 @@ from typing import Any
 
 from ..budget import requested_output_tokens
 from ..conversation import Conversation
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, SummaryCall
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
 from ..tokens import MessageCounter
 
 _AT_INDEX = re.compile(r" at \d+\b")
+# The client's headers an OpenAI-style summary call repeats: its key and its account scoping.
+OPENAI_SUMMARY_HEADERS: tuple[str, ...] = ("authorization", "openai-organization", "openai-project")
 
 
 def openai_error_type(error: ErrorInfo) -> str:
@@ -115,6 +117,25 @@ class ChatDialect:
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(openai_error(error), ensure_ascii=False, separators=(",", ":"))
         return b"data: " + payload.encode("utf-8") + b"\n\n"
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall:
+        """A non-streaming chat completion of the prompt as is."""
+        body = {
+            "model": model,
+            "messages": [dict(m) for m in prompt],
+            "max_tokens": max_tokens,
+            "stream": False,
+        }
+        return SummaryCall(self.upstream_path, body, carry=OPENAI_SUMMARY_HEADERS)
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
+        choices = answer.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        message = first.get("message") if isinstance(first, Mapping) else None
+        content = message.get("content") if isinstance(message, Mapping) else None
+        return content if isinstance(content, str) else None
 
 
 CHAT = ChatDialect()

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conversation import PRICE_KEY, Conversation, neutral
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, SummaryCall
 from ..errors import InvalidRequest
 from ..media import image_size_from_data_url
 from ..messages import Message
@@ -89,6 +89,7 @@ REDACTED_THINKING_CHARS_PER_TOKEN = 4
 # 32 MB request limit), so a hostile body cannot make parsing unbounded.
 DOCUMENT_MAX_DECODED_CHARS = 64 * 1024 * 1024
 
+ANTHROPIC_VERSION = "2023-06-01"  # the API version a summary call sends when the client sent none
 LONG_CONTEXT_BETA = "context-1m-2025-08-07"
 LONG_CONTEXT_WINDOW_TOKENS = 1_000_000
 # Model-table keys (``ModelSpec.matched``) whose window the beta above raises to 1M tokens
@@ -518,6 +519,40 @@ class MessagesDialect:
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         payload = json.dumps(anthropic_error(error), ensure_ascii=False, separators=(",", ":"))
         return b"event: error\ndata: " + payload.encode("utf-8") + b"\n\n"
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall:
+        """The system message as ``system``, the rest as messages; the client's key
+        (``x-api-key`` or ``Authorization``) and ``anthropic-version`` repeated (the version the
+        API requires is sent when the client sent none)."""
+        system = [str(m.get("content", "")) for m in prompt if m.get("role") == "system"]
+        rest = [
+            {"role": str(m.get("role")), "content": m.get("content")}
+            for m in prompt
+            if m.get("role") != "system"
+        ]
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": rest, "stream": False}
+        if system:
+            body["system"] = "\n\n".join(system)
+        return SummaryCall(
+            self.upstream_path,
+            body,
+            carry=("x-api-key", "authorization", "anthropic-version"),
+            defaults=(("anthropic-version", ANTHROPIC_VERSION),),
+        )
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
+        """The answer's ``text`` blocks, joined."""
+        content = answer.get("content")
+        texts = [
+            block["text"]
+            for block in (content if isinstance(content, list) else [])
+            if isinstance(block, Mapping)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        ]
+        return "".join(texts) if texts else None
 
 
 MESSAGES = MessagesDialect()

@@ -45,12 +45,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conversation import Conversation
-from ..dialect import ErrorInfo
+from ..dialect import ErrorInfo, SummaryCall
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
 from ..tokens import MessageCounter
+from .chat import OPENAI_SUMMARY_HEADERS
 from .responses_items import (
     ENCRYPTED_CHARS_PER_TOKEN,
     INSTRUCTIONS_PATH,
@@ -173,6 +174,43 @@ class ResponsesDialect:
         }
         data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
         return f"event: error\ndata: {data}\n\n".encode()
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall:
+        """The system message as ``instructions``, the rest as ``input`` messages; not stored
+        (``store: false``), not streamed."""
+        system = [str(m.get("content", "")) for m in prompt if m.get("role") in ("system", "developer")]
+        rest = [
+            {"role": str(m.get("role")), "content": m.get("content")}
+            for m in prompt
+            if m.get("role") not in ("system", "developer")
+        ]
+        body: dict[str, Any] = {
+            "model": model,
+            "input": rest,
+            "max_output_tokens": max_tokens,
+            "store": False,
+            "stream": False,
+        }
+        if system:
+            body["instructions"] = "\n\n".join(system)
+        return SummaryCall(self.upstream_path, body, carry=OPENAI_SUMMARY_HEADERS)
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
+        """The ``output_text`` parts of the answer's ``message`` items, joined."""
+        output = answer.get("output")
+        texts: list[str] = []
+        for item in output if isinstance(output, list) else []:
+            content = (
+                item.get("content") if isinstance(item, Mapping) and item.get("type") == "message" else None
+            )
+            for part in content if isinstance(content, list) else []:
+                if isinstance(part, Mapping) and part.get("type") == "output_text":
+                    text = part.get("text")
+                    if isinstance(text, str):
+                        texts.append(text)
+        return "".join(texts) if texts else None
 
 
 def _error_type(error: ErrorInfo) -> str:
