@@ -18,10 +18,10 @@ of what a test plants or looks for:
    no boilerplate: each of its lines is a point already made;
 4. what was said or read (user, assistant and tool-result text, earlier summaries) comes before
    the record of the actions that produced it (the transcript's tool-call lines): a model
-   summarizes what it learned before what it did. Within each, sentences are ranked by the mean
-   rarity of their words (``1 / count`` of each word in the whole material): a sentence of words
-   used everywhere says little, one with words used nowhere else (a name, an identifier, a
-   number) says much;
+   summarizes what it learned before what it did. Within each, sentences are ranked by what they
+   say that nothing else does: first by how many of their words occur nowhere else in the whole
+   material (a name, an identifier, a number), then by the mean rarity of their words (``1 /
+   count`` of each): a sentence of words used everywhere says little;
 5. the best ranked are kept, in their original order, while they fit the request's output cap
    (``max_tokens``/``max_output_tokens``, counted with the fake's tokenizer): a hard cap, as a
    real model's; what does not fit is lost, oldest points included.
@@ -89,11 +89,13 @@ def salient_summary(prompt: str, *, cap_tokens: int, count_text: Callable[[str],
     unique = list(dict.fromkeys(candidates))
     counts = Counter(w.lower() for s in unique for w in _WORD.findall(s))
 
-    def rarity(sentence: str) -> float:
-        words = [w.lower() for w in _WORD.findall(sentence)]
-        return sum(1 / counts[w] for w in words) / len(words) if words else 0.0
+    def rank(i: int) -> tuple[bool, int, float, int]:
+        words = [w.lower() for w in _WORD.findall(unique[i])]
+        only_here = sum(1 for w in words if counts[w] == 1)
+        rarity = sum(1 / counts[w] for w in words) / len(words) if words else 0.0
+        return (_is_action(unique[i]), -only_here, -rarity, i)
 
-    ranked = sorted(range(len(unique)), key=lambda i: (_is_action(unique[i]), -rarity(unique[i]), i))
+    ranked = sorted(range(len(unique)), key=rank)
     kept: list[int] = []
     used = 0
     for i in ranked:
@@ -101,6 +103,9 @@ def salient_summary(prompt: str, *, cap_tokens: int, count_text: Callable[[str],
         if used + cost <= cap_tokens:
             kept.append(i)
             used += cost
+    # The cap is on the answer as written (sentences joined may count differently).
+    while kept and count_text("\n".join(unique[i] for i in sorted(kept))) > cap_tokens:
+        kept.pop()
     return "\n".join(unique[i] for i in sorted(kept))
 
 

@@ -26,13 +26,16 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
     parts' summaries are merged (hierarchically if even they do not fit). Every request it sends
     fits ``window_tokens - reply_tokens``. Any exception, a timeout (``timeout_s`` for the whole
     call) or an empty answer gives ``None``.
+  - ``await longest_summarized(span, cache) -> (n, summary)``: the longest proper prefix of
+    ``span`` its chain has a summary of (``(0, None)`` when none).
   - ``span_key(span)``; ``prompt_tokens(messages)``; counters ``calls``, ``failures``,
     ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got), ``last_error``.
 
 * ``PrefetchedSummaries(mapping, *, summarizer_model, prompt_version=PROMPT_VERSION)``: the
   synchronous ``app.core.fit.SummaryProvider`` the engine calls; answers ``summary_for(span)``
   from ``mapping`` (span key -> summary) that the service filled beforehand, records the keys it
-  was asked for and those it missed.
+  was asked for and those it missed; with ``lengths`` (of the mapped spans), a span of another
+  length is a miss at once.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core.errors import CtxproxyError
@@ -212,7 +215,7 @@ class Summarizer:
                 return cached
             if await self.blocked(key, cache) is not None:
                 return None
-            start, previous = await self._longest_prefix(span, cache)
+            start, previous = await self.longest_summarized(span, cache)
             summary = await self._summarize_logged(span[start:], previous)
         except Exception as exc:  # a broken cache: fail open
             self.failures += 1
@@ -226,9 +229,11 @@ class Summarizer:
         await self._extend_chain(span, key, cache)
         return summary
 
-    async def _longest_prefix(self, span: Sequence[Message], cache: SummaryCache) -> tuple[int, str | None]:
-        """``(n, summary)``: the longest prefix of ``span`` (``n`` messages) already summarized in
-        its chain, or ``(0, None)``."""
+    async def longest_summarized(
+        self, span: Sequence[Message], cache: SummaryCache
+    ) -> tuple[int, str | None]:
+        """``(n, summary)``: the longest proper prefix of ``span`` (``n`` messages) already
+        summarized in its chain, or ``(0, None)``."""
         raw = await cache.get(self.chain_key(span))
         try:
             chain = [(int(n), str(k)) for n, k in json.loads(raw)] if raw else []
@@ -388,11 +393,19 @@ class PrefetchedSummaries:
     """
 
     def __init__(
-        self, mapping: Mapping[str, str], *, summarizer_model: str, prompt_version: str = PROMPT_VERSION
+        self,
+        mapping: Mapping[str, str],
+        *,
+        summarizer_model: str,
+        prompt_version: str = PROMPT_VERSION,
+        lengths: Iterable[int] | None = None,
     ) -> None:
         self.mapping = dict(mapping)
         self.summarizer_model = summarizer_model
         self.prompt_version = prompt_version
+        # The lengths of the spans in ``mapping``, when known: a span of another length is a miss
+        # without hashing it (the engine may offer many earlier spans).
+        self.lengths = frozenset(lengths) if lengths is not None else None
         self.asked: list[str] = []
         self.missed: list[str] = []
 
@@ -400,6 +413,8 @@ class PrefetchedSummaries:
         return summary_key(span, summarizer_model=self.summarizer_model, prompt_version=self.prompt_version)
 
     def summary_for(self, span: Sequence[Message], /) -> str | None:
+        if self.lengths is not None and len(span) not in self.lengths:
+            return None
         key = self.key(span)
         self.asked.append(key)
         summary = self.mapping.get(key)

@@ -51,7 +51,14 @@ from .context import SummaryProvider, build_context
 from .conversation import Conversation
 from .dialect import Dialect
 from .dialects.chat import CHAT
-from .memory import MemorySpan, memory_span, memory_tokens_for, place_memory, span_messages
+from .memory import (
+    MemorySpan,
+    memory_span,
+    memory_step_tokens,
+    memory_tokens_for,
+    place_memory,
+    span_messages,
+)
 from .messages import Message, pairing_problems
 from .plan import Action, DroppedSpan, Plan
 from .registry import ModelSpec
@@ -255,12 +262,15 @@ def plan_request(
     span: MemorySpan | None = None
     if room:
         context = build_context(messages, budget=budget, policy=policy, counter=counter, tokens=per_message)
+        # Memory stops from counts calibration never moves (a model counted by estimate keeps
+        # the same stops, so the same spans, as its correction is learned).
         span = memory_span(
             messages,
-            per_message,
+            per_message if counter.exact else counter.uncorrected_counts(messages),
             forgotten=steps.forgotten,
             pinned=context.pinned,
             newest_user=context.newest_user,
+            step_tokens=memory_step_tokens(budget, policy),
         )
     if span is not None and summaries is not None:
         current, tokens = _remember(
@@ -301,10 +311,16 @@ def _remember(
     limit: int,
 ) -> tuple[tuple[Message, ...], tuple[int, ...]]:
     """The fitted messages with the memory of ``span`` in place when the provider has its summary
-    and it fits (``summarized``), else unchanged (``summary_failed``, with why)."""
-    summary = summaries.summary_for(span_messages(messages, span))
+    (or, else, the summary of one of its ``earlier`` spans) and it fits (``summarized``, counting
+    the messages it stands for), else unchanged (``summary_failed``, with why)."""
     count = len(span.indices)
-    if not (isinstance(summary, str) and summary.strip()):
+    summary: str | None = None
+    for candidate in (span, *(span.until(stop) for stop in span.earlier)):
+        found = summaries.summary_for(span_messages(messages, candidate))
+        if isinstance(found, str) and found.strip():
+            summary, span = found, candidate
+            break
+    if summary is None:
         steps.actions.append(Action("summary_failed", count, detail="no summary available"))
         return current, tokens
     placed = place_memory(
@@ -320,5 +336,5 @@ def _remember(
     if placed is None:
         steps.actions.append(Action("summary_failed", count, detail="summary too large to fit"))
         return current, tokens
-    steps.actions.append(Action("summarized", count))
+    steps.actions.append(Action("summarized", len(span.indices)))
     return placed.messages, placed.tokens

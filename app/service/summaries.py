@@ -16,7 +16,9 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   ``cap_tokens``. When it forgot something (``plan.memory``), the summary of that span is looked
   up in the cache, else made (or joined, when another request or replica is making it) and
   awaited for at most ``settings.summary_timeout_s``; the request value plans itself again with
-  it (``summarized``), or with nothing (``summary_failed``: the note and placeholders stand in).
+  it (``summarized``); without it (late, failed, backing off) with the summary of the span's
+  ``earlier`` memory when one is cached (what the conversation had), else with nothing
+  (``summary_failed``: the note and placeholders stand in).
   Then, when the plan fits but uses more than ``settings.summary_ahead_ratio`` of the budget, the
   span the next cut will forget (``app.core.fit.next_cut_headroom``) is summarized in the
   background. Never raises: compaction never fails a request. A request that forgot nothing and
@@ -28,7 +30,8 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   ``CTXPROXY_SUMMARY_BASE_URL`` and ``CTXPROXY_SUMMARY_API`` override the model, the upstream and
   the API.
 * ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures,
-  tokens_in, tokens_out, cache hits, waited, failed, too_large, ahead, backing_off), totals of
+  tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
+  in by an ``earlier`` one, ``too_large``, ``backing_off``; summaries made ``ahead``), totals of
   the same, in-flight work and the cache's counters.
 """
 
@@ -74,7 +77,7 @@ ESTIMATE_MARGIN = 0.1
 _carried: ContextVar[tuple[Header, ...]] = ContextVar("ctxproxy_summary_headers", default=())
 
 COUNTERS = ("calls", "failures", "tokens_in", "tokens_out")
-EVENTS = ("cached", "waited", "failed", "too_large", "ahead", "backing_off")
+EVENTS = ("cached", "waited", "failed", "earlier", "too_large", "ahead", "backing_off")
 
 
 class SummaryUpstreamError(SummaryError):
@@ -271,9 +274,17 @@ class Summaries:
                         self.settings.summary_timeout_s,
                     )
         mapping = {key: summary} if summary else {}
-        replanned = request.plan(
-            cap_tokens=cap_tokens, summaries=PrefetchedSummaries(mapping, summarizer_model=summarizer.model)
-        )
+        lengths = [len(span)]
+        if not summary:
+            # The summary of an earlier, shorter span (an earlier cut step's, the longest its chain
+            # has) stands in: a late summary never takes away the memory the conversation had.
+            length, earlier = await summarizer.longest_summarized(span, self.cache)
+            if earlier:
+                mapping[summarizer.span_key(span[:length])] = earlier
+                lengths.append(length)
+                self._count(api, "earlier")
+        provider = PrefetchedSummaries(mapping, summarizer_model=summarizer.model, lengths=lengths)
+        replanned = request.plan(cap_tokens=cap_tokens, summaries=provider)
         if summary and _summary_failed(replanned, "summary too large to fit"):
             self._count(api, "too_large")
             logger.warning("the summary of %d cut messages does not fit; forwarding with the note", len(span))

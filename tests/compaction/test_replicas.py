@@ -11,10 +11,19 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.compaction.conftest import RedisServer
-from tests.summaries_kit import chat, conversation, fake_upstream, forwarded_messages, proxy, summary_message
+from tests.summaries_kit import (
+    LARGE_MODEL,
+    chat,
+    conversation,
+    fake_upstream,
+    forwarded_messages,
+    proxy,
+    summary_message,
+)
 
 CHAT = "/v1/chat/completions"
-NO_AHEAD = {"summary_ahead_ratio": 1.0}
+# No background work, and a summarizer whose window holds the span in one call.
+NO_AHEAD = {"summary_ahead_ratio": 1.0, "summary_model": LARGE_MODEL}
 
 
 async def test_two_replicas_share_one_summary_through_redis(redis_server: RedisServer) -> None:

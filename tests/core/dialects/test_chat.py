@@ -95,3 +95,21 @@ def test_overflow_and_usage() -> None:
     assert CHAT.input_tokens_used({"usage": {"prompt_tokens": True}}) is None
     assert CHAT.input_tokens_used({"choices": []}) is None
     assert CHAT.count_answer(5)["input_tokens"] == 5
+
+
+PROMPT = [
+    {"role": "system", "content": "You write handoff summaries"},
+    {"role": "user", "content": "Summarize."},
+]
+
+
+def test_a_summary_is_asked_as_a_non_streaming_chat_completion() -> None:
+    call = CHAT.summary_request(PROMPT, model="m", max_tokens=300)
+    assert call.path == "chat/completions"
+    assert call.body == {"model": "m", "messages": PROMPT, "max_tokens": 300, "stream": False}
+    assert call.body["messages"][0] is not PROMPT[0]  # its own copy
+    assert "authorization" in call.carry and call.defaults == ()
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "- gist"}}]}
+    assert CHAT.summary_text(answer) == "- gist"
+    for broken in ({}, {"choices": []}, {"choices": [{"message": {"content": None}}]}, {"choices": "x"}):
+        assert CHAT.summary_text(broken) is None

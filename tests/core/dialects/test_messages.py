@@ -688,3 +688,25 @@ def test_any_body_is_planned_or_refused_as_an_invalid_request(body: dict[str, An
     assert isinstance(MESSAGES.problems(out), list)
     new = set(MESSAGES.problems(out)) - set(MESSAGES.problems(body))
     assert not new, (new, plan.actions)
+
+
+def test_a_summary_is_asked_with_messages_its_key_and_its_version() -> None:
+    prompt = [
+        {"role": "system", "content": "You write handoff summaries"},
+        {"role": "user", "content": "Summarize."},
+    ]
+    call = MESSAGES.summary_request(prompt, model="claude-x", max_tokens=300)
+    assert call.path == "messages"
+    assert call.body == {
+        "model": "claude-x",
+        "max_tokens": 300,
+        "system": "You write handoff summaries",
+        "messages": [{"role": "user", "content": "Summarize."}],
+        "stream": False,
+    }
+    assert set(call.carry) == {"x-api-key", "authorization", "anthropic-version"}
+    assert call.defaults == (("anthropic-version", "2023-06-01"),)
+    answer = {"content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "- gist"}]}
+    assert MESSAGES.summary_text(answer) == "- gist"
+    assert MESSAGES.summary_text({"content": [{"type": "tool_use"}]}) is None
+    assert MESSAGES.summary_text({"type": "error"}) is None

@@ -422,3 +422,31 @@ def test_an_over_long_agent_session_is_fitted_keeping_reasoning_and_pairs_intact
     assert all(ORIGIN_KEY not in i and OPAQUE_KEY not in i for i in forwarded["input"])
     plan_again, again = fit(forwarded, cap_tokens=2000, counter=FakeMessageCounter())
     assert not plan_again.changed and again is forwarded
+
+
+def test_a_summary_is_asked_with_instructions_and_input_not_stored() -> None:
+    prompt = [
+        {"role": "system", "content": "You write handoff summaries"},
+        {"role": "user", "content": "Summarize."},
+    ]
+    call = RESPONSES.summary_request(prompt, model="m", max_tokens=300)
+    assert call.path == "responses"
+    assert call.body == {
+        "model": "m",
+        "instructions": "You write handoff summaries",
+        "input": [{"role": "user", "content": "Summarize."}],
+        "max_output_tokens": 300,
+        "store": False,
+        "stream": False,
+    }
+    assert "authorization" in call.carry
+    answer = {
+        "output": [
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "content": [{"type": "output_text", "text": "- one"}, {"type": "refusal"}]},
+            {"type": "message", "content": [{"type": "output_text", "text": "\n- two"}]},
+        ]
+    }
+    assert RESPONSES.summary_text(answer) == "- one\n- two"
+    assert RESPONSES.summary_text({"output": [{"type": "reasoning"}]}) is None
+    assert RESPONSES.summary_text({}) is None
