@@ -52,6 +52,7 @@ from .conversation import Conversation
 from .dialect import Dialect
 from .dialects.chat import CHAT
 from .memory import (
+    MEMORY_GAP_FACTOR,
     MemorySpan,
     memory_span,
     memory_step_tokens,
@@ -271,6 +272,7 @@ def plan_request(
             pinned=context.pinned,
             newest_user=context.newest_user,
             step_tokens=memory_step_tokens(budget, policy),
+            gap_tokens=MEMORY_GAP_FACTOR * room,
         )
     if span is not None and summaries is not None:
         current, tokens = _remember(

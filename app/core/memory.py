@@ -12,7 +12,7 @@ INTERFACE CONTRACT (``fit.py`` places the memory; the service summarizes its spa
   ``stop``: ``until(stop)`` is the span of an earlier memory, which stands in while the summary
   of this one is not there yet, so a late summary never takes away the memory a request had).
 * ``memory_stops(messages, tokens, *, step_tokens) -> list[int]`` and ``memory_span(messages,
-  tokens, *, forgotten, pinned, newest_user, step_tokens) -> MemorySpan | None``.
+  tokens, *, forgotten, pinned, newest_user, step_tokens, gap_tokens=0) -> MemorySpan | None``.
 * ``memory_text(count, summary) -> str`` and ``MEMORY_HEAD_RE`` (the framing, a pure function of
   the span's size and its summary); ``span_messages(messages, span)`` (what a summarizer reads:
   the messages without the engine's reserved keys, so the same history gives the same span
@@ -33,12 +33,13 @@ conversation's own start, so while a cut moves by a unit or a block the memory s
 and it moves on in steps of at least ``S`` tokens: one summary call, folding the previous summary
 with the next step's messages, so every forgotten token is summarized about once and the previous
 summary sent again is at most a quarter of the call. A cut past the last stop (within a step of
-the conversation's end) keeps the memory at the last stop: what it forgot after that stop has no
-summary (the note and placeholders stand for it) until the conversation grows past the next stop,
-a request or two later; that costs less than a summary call for a few messages at every cut
-step. So the memory of one cut is a function of the conversation's own messages and of where the
-cut is, and as a session grows it only moves forward (``app.compaction`` folds the previous
-summary).
+the conversation's end) keeps the memory at the last stop while what it forgot after that stop
+is less than two memories' worth (``MEMORY_GAP_FACTOR``): that gap has no summary (the note and
+placeholders stand for it) until the conversation grows past the next stop, a request or two
+later, which costs less than a summary call for a few messages at every cut step; a larger gap is
+summarized up to the cut itself (the next stop's summary folds on from there). So the memory of
+one cut is a function of the conversation's own messages and of where the cut is, and as a
+session grows it only moves forward (``app.compaction`` folds the previous summary).
 
 Where it goes: before the first kept message at or after F, the place where the forgetting ends
 (so what it also covers of the messages after it is shown right after it); a prune that moves on
@@ -65,6 +66,7 @@ from .tokens import MessageCounter
 MEMORY_MAX_TOKENS = 4096
 MEMORY_BUDGET_SHARE = 0.15
 MEMORY_STEP_FACTOR = 4
+MEMORY_GAP_FACTOR = 2
 MEMORY_HEAD_RE = re.compile(r"\[ctxproxy: summary of [0-9,]+ earlier messages?\]\n")
 
 
@@ -148,6 +150,7 @@ def memory_span(
     pinned: frozenset[int],
     newest_user: int | None,
     step_tokens: int,
+    gap_tokens: int = 0,
 ) -> MemorySpan | None:
     """The span of input ``messages`` (with the client's per-message ``tokens``) a memory stands
     for, given the input indices a cut ``forgotten``; None when nothing was."""
@@ -157,9 +160,14 @@ def memory_span(
     at = next((unit.stop for unit in group_units(messages) if unit.start <= last < unit.stop), last + 1)
     stops = memory_stops(messages, tokens, step_tokens=step_tokens)
     # The next stop; past the last one (the conversation has not grown a step past the cut yet),
-    # the last one: what lies between it and the cut has no summary until the next stop exists
-    # (the note and placeholders stand for it), rather than a summary call for a few messages.
-    stop = next((s for s in stops if s >= at), stops[-1] if stops else at)
+    # the last one when what lies between it and the cut is less than ``gap_tokens`` (it has no
+    # summary until the next stop exists; the note and placeholders stand for it), rather than a
+    # summary call for a few messages; else the cut itself.
+    stop = next((s for s in stops if s >= at), None)
+    if stop is None:
+        last_stop = stops[-1] if stops else None
+        gap = sum(tokens[last_stop:at]) if last_stop is not None else gap_tokens
+        stop = last_stop if last_stop is not None and gap < gap_tokens else at
     turns = group_turns(messages)
     start = turns[0].start if turns else at
     # The newest user message is never forgotten, but it is covered like any shown message: when a

@@ -327,7 +327,9 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
     (current counts, summed from the oldest block) cross a multiple of the level step ``S``
     (``context.step_tokens_for``), and inside the last (still growing) block every turn start is
     one. The stops depend only on the conversation's start (and on what prune left there, which
-    moves in the same steps). Third: how many of the member blocks come before the growing one."""
+    moves in the same steps). With a memory (``ctx.memory_tokens``), the protected tail's units but
+    its newest follow, each a stop. Third: how many of the member blocks come before the growing
+    one."""
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
     base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
     blocks = droppable_blocks(
@@ -346,6 +348,12 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
         parts += [
             (a, b, True) for a, b in _split_last_block(base_messages, base_tokens, start, stop, block_tokens)
         ]
+    if ctx.memory_tokens > 0:
+        # With a memory, the protected tail's older units may go too (each a stop, after every
+        # block): a summary stands for them, where the last resort would cut the newest messages'
+        # middles with none. The newest unit always stays.
+        tail = group_units(base_messages[ctx.protected_from :])
+        parts += [(ctx.protected_from + u.start, ctx.protected_from + u.stop, True) for u in tail[:-1]]
     block_members: list[list[int]] = []
     in_last: list[bool] = []
     for start, stop, last in parts:
@@ -396,9 +404,10 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     reached again, by another level. Where old blocks are cheap (an agent's pruned tool
     exchanges) a level holds many of them.
 
-    Never drops a pinned message, the newest user message, a note, the protected tail or part of
-    a unit. The note's role keeps alternation where possible: ``assistant`` when the message
-    before it is a user message, else ``user``.
+    Never drops a pinned message, the newest user message, a note, the protected tail (with a
+    memory: the tail's newest unit; its older units come last, after every block, rather than the
+    last resort's cuts) or part of a unit. The note's role keeps alternation where possible:
+    ``assistant`` when the message before it is a user message, else ``user``.
 
     Actions: ``dropped_turns`` (user messages dropped; absent when none was) and
     ``dropped_messages`` (with the tokens freed). ``StrategyResult.dropped`` holds one span per

@@ -77,16 +77,31 @@ def test_the_span_covers_up_to_the_next_stop_and_skips_the_pinned(counter: FakeM
     assert shorter.indices == tuple(i for i in span.indices if i < shorter.stop)
 
 
-def test_past_the_last_stop_the_memory_stays_at_it(counter: FakeMessageCounter) -> None:
+def test_past_the_last_stop_the_memory_stays_at_it_unless_the_gap_is_large(
+    counter: FakeMessageCounter,
+) -> None:
     messages = chat(20)
     tokens = counter.count_messages(messages)
     stops = memory_stops(messages, tokens, step_tokens=100)
     last = len(messages) - 2
     assert last > stops[-1]
-    span = memory_span(
-        messages, tokens, forgotten={last - 1}, pinned=frozenset({0}), newest_user=None, step_tokens=100
-    )
-    assert span is not None and span.at == last and span.stop == stops[-1]
+    gap = sum(tokens[stops[-1] : last])
+
+    def span_with(gap_tokens: int) -> MemorySpan | None:
+        return memory_span(
+            messages,
+            tokens,
+            forgotten={last - 1},
+            pinned=frozenset({0}),
+            newest_user=None,
+            step_tokens=100,
+            gap_tokens=gap_tokens,
+        )
+
+    small = span_with(gap + 1)  # the gap is less than the threshold: no call for it yet
+    assert small is not None and small.at == last and small.stop == stops[-1]
+    large = span_with(gap)  # a gap that is worth a call: summarized up to the cut
+    assert large is not None and large.at == last == large.stop
 
 
 def test_nothing_forgotten_is_no_memory(counter: FakeMessageCounter) -> None:
