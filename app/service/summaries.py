@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -157,7 +157,7 @@ class Summaries:
             settings.cache_url, ttl_s=settings.cache_ttl_s, max_entries=settings.cache_max_entries
         )
         self._semaphore = asyncio.Semaphore(settings.summary_concurrency)
-        self._ahead: dict[tuple[str, str, str, int], tuple[str, AheadOfTime] | None] = {}
+        self._ahead: dict[tuple[str, str, str, int, int], tuple[str, AheadOfTime] | None] = {}
         self._events: dict[str, dict[str, int]] = {}
 
     def wanted(self, policy: Policy, summarize: bool | None) -> bool:
@@ -175,30 +175,40 @@ class Summaries:
 
     def ahead_for(self, request: ProxyRequest, *, reply_tokens: int) -> AheadOfTime | None:
         """The background worker (and its summarizer) for ``request``'s summaries; None if it
-        cannot summarize (an unknown model, a window too small for the prompt)."""
+        cannot summarize (an unknown model, a window too small for the prompt). Summaries by the
+        request's own model are sized with what the proxy knows of it now (the window it learned or
+        discovered, the counter it calibrated); another summary model by the model table."""
         dialect = self.dialect_for(request)
         model = self.settings.summary_model or request.model
         base_url = self.settings.summary_base_url or self.upstream.base_url_for(model)
-        key = (dialect.name, model, base_url, reply_tokens)
+        try:
+            if model == request.model:
+                spec = request.spec
+                count_text: Callable[[str], int] = request.counter.text_tokens
+                exact = request.counter.exact
+            else:
+                spec = self.registry.resolve(model)
+                counter = self.vocabularies.counter_for(spec.encoding)
+                count_text, exact = counter.count_text, counter.exact
+        except Exception as exc:
+            logger.warning(
+                "summaries with model %r are not possible: %s: %.200s", model, type(exc).__name__, exc
+            )
+            return None
+        window = spec.window_tokens if exact else math.floor(spec.window_tokens * (1 - ESTIMATE_MARGIN))
+        reply = max(MIN_REPLY_TOKENS, min(reply_tokens, spec.max_output_tokens, window // 4))
+        key = (dialect.name, model, base_url, reply, window)
         if key in self._ahead:
             found = self._ahead[key]
             return found[1] if found is not None else None
         ahead: AheadOfTime | None = None
         try:
-            spec = self.registry.resolve(model)
-            counter = self.vocabularies.counter_for(spec.encoding)
-            window = (
-                spec.window_tokens
-                if counter.exact
-                else math.floor(spec.window_tokens * (1 - ESTIMATE_MARGIN))
-            )
-            reply = max(MIN_REPLY_TOKENS, min(reply_tokens, spec.max_output_tokens, window // 4))
             complete = UpstreamComplete(self.upstream, dialect=dialect, base_url=base_url, max_tokens=reply)
             summarizer = Summarizer(
                 complete,
                 model=model,
                 window_tokens=window,
-                count_text=counter.count_text,
+                count_text=count_text,
                 timeout_s=BACKGROUND_TIMEOUT_S,
                 reply_tokens=reply,
                 identity=f"POST {base_url.rstrip('/')}/{dialect.upstream_path} ({dialect.name})",
