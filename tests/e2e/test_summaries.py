@@ -2,9 +2,10 @@
 
 A real fake upstream (uvicorn on loopback) serves one small-window model and doubles as the
 summarizer (extractive and capped, ``tests/fake_summarizer.py``: it keeps what only one sentence
-says, so each turn's fact, and drops the turn's repetitive details; it counts ``summary_calls``). A real ``redis-server`` on a free loopback port is the
-shared summary cache of two real uvicorn ctxproxy servers (``summarize=True``). Replica A prepares
-the next cut ahead of time (the default ``summary_ahead_ratio``); replica B does nothing in the
+says, so each turn's fact, and drops the turn's repetitive details; it counts ``summary_calls``).
+A real ``redis-server`` on a free loopback port is the shared summary cache of two real uvicorn
+ctxproxy servers (``summarize=True``). Replica A prepares the next cut ahead of time (the default
+``summary_ahead_ratio``); replica B does nothing in the
 background (``summary_ahead_ratio=1.0``), so every summary call made while B answers would be B's
 own in-line one. Conversations grow turn by turn against A, as a user chats (A is left to settle
 between turns); one arrives whole at B, whose request then waits for its summary in line. Each
