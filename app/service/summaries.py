@@ -348,17 +348,9 @@ class Summaries:
         await self.cache.aclose()
 
 
-def span_of(plan: Plan) -> list[dict[str, Any]]:
-    """The messages ``plan``'s memory stands for (``[]`` when it has none)."""
-    if plan.memory is None or plan.source is None:
-        return []
-    return span_messages(plan.source, plan.memory)
-
-
 __all__ = [
     "Summaries",
     "SummaryUpstreamError",
     "UpstreamComplete",
     "carried_headers",
-    "span_of",
 ]

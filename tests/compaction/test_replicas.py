@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -72,6 +73,25 @@ async def test_two_replicas_racing_on_one_span_make_it_once(redis_server: RedisS
         responses = await asyncio.gather(first.post(CHAT, json=body), second.post(CHAT, json=body))
     assert all("summarized=" in r.headers["x-context-actions"] for r in responses)
     assert fake.summary_calls == 1
+
+
+@pytest.mark.parametrize("mode", ["error", "missing"])
+async def test_a_failed_span_backs_off_on_every_replica(redis_server: RedisServer, mode: Any) -> None:
+    # A span that failed on one replica (or an upstream without the summary route) is not asked for
+    # again by another one while it backs off: the back-off lives in the shared cache.
+    fake = fake_upstream()
+    fake.summary_mode = mode
+    body = chat(conversation(12))
+    async with (
+        proxy(fake, cache_url=redis_server.url, **NO_AHEAD) as (first, _one),
+        proxy(fake, cache_url=redis_server.url, **NO_AHEAD) as (second, app_two),
+    ):
+        failed = await first.post(CHAT, json=body)
+        assert fake.summary_calls == 1
+        again = await second.post(CHAT, json=body)
+        stats = app_two.state.service.summaries.stats()
+    assert failed.headers["x-context-memory"] == again.headers["x-context-memory"] == "note"
+    assert fake.summary_calls == 1 and stats["backing_off"] == 1 and stats["calls"] == 0
 
 
 async def test_a_redis_that_is_down_degrades_to_memory_with_a_warning(
