@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .budget import Budget, Policy, budget_for
-from .context import SummaryProvider, build_context
+from .context import SummaryProvider, build_context, pinned_indices
 from .conversation import Conversation
 from .dialect import Dialect
 from .dialects.chat import CHAT
@@ -262,15 +262,13 @@ def plan_request(
     current, tokens, actions = steps.messages, steps.tokens, steps.actions
     span: MemorySpan | None = None
     if room:
-        context = build_context(messages, budget=budget, policy=policy, counter=counter, tokens=per_message)
         # Memory stops from counts calibration never moves (a model counted by estimate keeps
         # the same stops, so the same spans, as its correction is learned).
         span = memory_span(
             messages,
             per_message if counter.exact else counter.uncorrected_counts(messages),
             forgotten=steps.forgotten,
-            pinned=context.pinned,
-            newest_user=context.newest_user,
+            pinned=pinned_indices(messages, pin_first_user=policy.pin_first_user),
             step_tokens=memory_step_tokens(budget, policy),
             gap_tokens=MEMORY_GAP_FACTOR * room,
         )

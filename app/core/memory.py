@@ -12,7 +12,7 @@ INTERFACE CONTRACT (``fit.py`` places the memory; the service summarizes its spa
   ``stop``: ``until(stop)`` is the span of an earlier memory, which stands in while the summary
   of this one is not there yet, so a late summary never takes away the memory a request had).
 * ``memory_stops(messages, tokens, *, step_tokens) -> list[int]`` and ``memory_span(messages,
-  tokens, *, forgotten, pinned, newest_user, step_tokens, gap_tokens=0) -> MemorySpan | None``.
+  tokens, *, forgotten, pinned, step_tokens, gap_tokens=0) -> MemorySpan | None``.
 * ``memory_text(count, summary) -> str`` and ``MEMORY_HEAD_RE`` (the framing, a pure function of
   the span's size and its summary); ``span_messages(messages, span)`` (what a summarizer reads:
   the messages without the engine's reserved keys, so the same history gives the same span
@@ -148,7 +148,6 @@ def memory_span(
     *,
     forgotten: Iterable[int],
     pinned: frozenset[int],
-    newest_user: int | None,
     step_tokens: int,
     gap_tokens: int = 0,
 ) -> MemorySpan | None:

@@ -64,9 +64,7 @@ def test_the_span_covers_up_to_the_next_stop_and_skips_the_pinned(counter: FakeM
     messages = chat(20)
     tokens = counter.count_messages(messages)
     stops = memory_stops(messages, tokens, step_tokens=100)
-    span = memory_span(
-        messages, tokens, forgotten={2, 3, 4}, pinned=frozenset({0, 1}), newest_user=39, step_tokens=100
-    )
+    span = memory_span(messages, tokens, forgotten={2, 3, 4}, pinned=frozenset({0, 1}), step_tokens=100)
     assert span is not None
     assert span.at == 5  # after the unit holding the newest forgotten message
     assert span.stop == min(s for s in stops if s >= 5)
@@ -93,7 +91,6 @@ def test_past_the_last_stop_the_memory_stays_at_it_unless_the_gap_is_large(
             tokens,
             forgotten={last - 1},
             pinned=frozenset({0}),
-            newest_user=None,
             step_tokens=100,
             gap_tokens=gap_tokens,
         )
@@ -107,10 +104,7 @@ def test_past_the_last_stop_the_memory_stays_at_it_unless_the_gap_is_large(
 def test_nothing_forgotten_is_no_memory(counter: FakeMessageCounter) -> None:
     messages = chat(5)
     tokens = counter.count_messages(messages)
-    assert (
-        memory_span(messages, tokens, forgotten=(), pinned=frozenset(), newest_user=None, step_tokens=10)
-        is None
-    )
+    assert memory_span(messages, tokens, forgotten=(), pinned=frozenset(), step_tokens=10) is None
 
 
 def test_the_span_a_summarizer_reads_has_no_reserved_keys() -> None:
