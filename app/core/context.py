@@ -82,7 +82,9 @@ class FitContext:
     ``protected_from`` is where the protected tail starts; ``newest_user`` is the newest user
     message's index (``build_context`` sets it; prune and drop never touch it, see ``untouchable``).
     ``memory_tokens``: room the strategies leave for the memory of what they forget
-    (``memory.py``; the pipeline sets it when summaries are wanted).
+    (``memory.py``; the pipeline sets it when summaries are wanted): it comes out of the protected
+    tail's share, so the region a cut works in keeps its size (and the cut its levels).
+    ``headroom_tokens``: more room, for planning the next cut (``fit.next_cut_headroom``).
     """
 
     budget: Budget
@@ -95,6 +97,7 @@ class FitContext:
     input_tokens: tuple[int, ...] | None = None
     newest_user: int | None = None
     memory_tokens: int = 0
+    headroom_tokens: int = 0
 
     def untouchable(self, index: int) -> bool:
         """Pinned, or the newest user message: prune and drop never touch it, wherever it is."""
@@ -103,8 +106,11 @@ class FitContext:
     @property
     def target_tokens(self) -> int:
         """The most message tokens a strategy aims for: the input budget less the reply priming
-        and the room kept for the memory (``memory_tokens``, 0 without summaries)."""
-        return self.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - self.memory_tokens
+        and the room kept for the memory (``memory_tokens``, 0 without summaries) and the next cut
+        (``headroom_tokens``)."""
+        return (
+            self.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - self.memory_tokens - self.headroom_tokens
+        )
 
     def fits(self, total_message_tokens: int) -> bool:
         return total_message_tokens <= self.target_tokens
@@ -195,6 +201,7 @@ def build_context(
     input_messages: Sequence[Message] | None = None,
     input_tokens: Sequence[int] | None = None,
     memory_tokens: int = 0,
+    headroom_tokens: int = 0,
 ) -> FitContext:
     """A context for ``messages`` (counting them when ``tokens`` is not given).
 
@@ -212,13 +219,14 @@ def build_context(
             messages,
             keep_turns=policy.keep_turns,
             tokens=base if base is not None else counts,
-            max_tokens=protect_tokens_for(budget, policy),
+            max_tokens=max(0, protect_tokens_for(budget, policy) - max(0, memory_tokens)),
         ),
         tokens=counts,
         input_messages=tuple(input_messages) if input_messages is not None else None,
         input_tokens=base,
         newest_user=newest_user_index(messages),
         memory_tokens=max(0, memory_tokens),
+        headroom_tokens=max(0, headroom_tokens),
     )
 
 

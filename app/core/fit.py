@@ -125,8 +125,10 @@ def _run_steps(
     policy: Policy,
     counter: MessageCounter,
     memory_tokens: int = 0,
+    headroom_tokens: int = 0,
 ) -> _Steps:
-    """Run ``steps`` in order until the messages fit, leaving ``memory_tokens`` of room."""
+    """Run ``steps`` in order until the messages fit, leaving ``memory_tokens`` of room for the
+    memory (out of the protected tail's share) and ``headroom_tokens`` more."""
     current: tuple[Message, ...] = tuple(messages)
     tokens: tuple[int, ...] = per_message
     actions: list[Action] = []
@@ -145,6 +147,7 @@ def _run_steps(
             input_messages=messages if aligned else None,
             input_tokens=per_message if aligned else None,
             memory_tokens=memory_tokens,
+            headroom_tokens=headroom_tokens,
         )
         if ctx.fits(sum(tokens)):
             break
@@ -257,7 +260,8 @@ def plan_request(
         budget=budget,
         policy=policy,
         counter=counter,
-        memory_tokens=room + max(0, headroom_tokens),
+        memory_tokens=room,
+        headroom_tokens=max(0, headroom_tokens),
     )
     current, tokens, actions = steps.messages, steps.tokens, steps.actions
     span: MemorySpan | None = None
