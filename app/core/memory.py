@@ -4,7 +4,8 @@ INTERFACE CONTRACT (``fit.py`` places the memory; the service summarizes its spa
 
 * ``memory_tokens_for(budget, policy) -> int``: the room a cut leaves for the memory when the
   policy wants one (``auto`` with ``summarize``), else 0: ``MEMORY_BUDGET_SHARE`` of the input
-  budget, at most ``MEMORY_MAX_TOKENS``. A summary is asked for with this many tokens at most.
+  budget, at most ``MEMORY_MAX_TOKENS``, out of the protected tail's share (``context``). A
+  summary is asked for with this many tokens at most.
   ``memory_step_tokens(budget, policy)``: the spacing of memory stops (below).
 * ``MemorySpan`` (frozen): ``at`` (the input index the memory goes before: where the forgetting
   ends), ``stop`` (the end of what it stands for), ``indices`` (the input messages it stands for,
@@ -19,7 +20,7 @@ INTERFACE CONTRACT (``fit.py`` places the memory; the service summarizes its spa
   whatever the dialect froze or priced this time).
 * ``place_memory(messages, tokens, origins, *, span, summary, counter, limit_tokens) ->
   Placed | None``: ``messages`` with the memory inserted before the first message from input
-  index ``span.stop`` on (and the drop's note, which it stands for, removed); None when it does
+  index ``span.at`` on (and the drop's note, which it stands for, removed); None when it does
   not fit ``limit_tokens``.
 
 What is forgotten: every input message a strategy pruned (a placeholder now stands in its place)
