@@ -184,7 +184,9 @@ class Summaries:
         try:
             if model == request.model:
                 spec = request.spec
-                count_text: Callable[[str], int] = request.counter.text_tokens
+                # The tokenizer itself (calibrated when it is the estimate), not the request
+                # counter's cache: a span cut into parts counts many long prefixes once each.
+                count_text: Callable[[str], int] = request.counter.counter.count_text
                 exact = request.counter.exact
             else:
                 spec = self.registry.resolve(model)
