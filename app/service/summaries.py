@@ -42,6 +42,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 import orjson
@@ -59,6 +60,7 @@ from ..settings import Settings
 from ..upstream.client import UpstreamClient
 from ..upstream.headers import Header
 from ..wire import dump_json
+from .fastpath import run_plan
 from .ports import UPSTREAM_KEY_HEADERS, ModelResolver, Vocabularies
 from .report import request_budget_tokens
 from .request import ProxyRequest
@@ -296,7 +298,9 @@ class Summaries:
                 lengths.append(length)
                 self._count(api, "earlier")
         provider = PrefetchedSummaries(mapping, summarizer_model=summarizer.model, lengths=lengths)
-        replanned = request.plan(cap_tokens=cap_tokens, summaries=provider)
+        replanned = await run_plan(
+            partial(request.plan, cap_tokens=cap_tokens, summaries=provider), size_bytes=len(request.raw)
+        )
         if summary and _summary_failed(replanned, "summary too large to fit"):
             self._count(api, "too_large")
             logger.warning("the summary of %d cut messages does not fit; forwarding with the note", len(span))
@@ -308,7 +312,10 @@ class Summaries:
         """Summarize in the background what the next cut will forget (``plan``: this request's
         plan without a provider)."""
         headroom = next_cut_headroom(plan, request.policy)
-        upcoming = request.plan(cap_tokens=cap_tokens, headroom_tokens=headroom)
+        upcoming = await run_plan(
+            partial(request.plan, cap_tokens=cap_tokens, headroom_tokens=headroom),
+            size_bytes=len(request.raw),
+        )
         if upcoming.memory is None or upcoming.source is None:
             return
         if plan.memory is not None and upcoming.memory.indices == plan.memory.indices:
