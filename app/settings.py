@@ -28,6 +28,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from .core.budget import DEFAULT_CUT_TARGET, Policy, PolicyMode
+from .core.dialects import DIALECTS
 from .core.errors import CtxproxyError
 
 MIB = 1024 * 1024
@@ -81,7 +82,11 @@ class Settings(BaseSettings):
         "for the next turns, so upstream prompt caches keep hitting); 1.0 cuts as little as possible.",
     )
 
-    summarize: bool = False
+    summarize: bool = Field(
+        default=True,
+        description="Under policy auto, what a cut forgets (dropped turns, pruned tool results) is "
+        "summarized by the upstream in the request's own API (fail open: the note stands in).",
+    )
     cache_url: str | None = None
     cache_ttl_s: float = Field(default=86400.0, gt=0)
     cache_max_entries: int = Field(default=4096, ge=1)
@@ -127,6 +132,17 @@ class Settings(BaseSettings):
         "kept, forward a lower one instead of refusing (never below OUTPUT_FLOOR_TOKENS).",
     )
     output_floor_tokens: int = Field(default=1024, ge=1)
+    # Summaries (memory of what a cut forgot): the API they are asked in, and their back-off.
+    summary_api: str | None = Field(
+        default=None,
+        description="Wire API of summary requests (a dialect's name); unset: the request's own.",
+    )
+    summary_retry_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A span whose summary failed is not asked for again for this long (doubling, up to "
+        "an hour); an endpoint or key that cannot work turns summaries off for as long.",
+    )
 
     @field_validator("upstream_base_url")
     @classmethod
@@ -142,10 +158,17 @@ class Settings(BaseSettings):
             return None
         return cls._http_url(value)
 
-    @field_validator("summary_model", "cache_url")
+    @field_validator("summary_model", "cache_url", "summary_api")
     @classmethod
     def _blank_is_unset(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
+
+    @field_validator("summary_api")
+    @classmethod
+    def _known_api(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() not in DIALECTS:
+            raise ValueError(f"unknown API {value!r}")
+        return value.lower() if value is not None else None
 
     @field_validator("cache_url")
     @classmethod
@@ -265,8 +288,8 @@ class Settings(BaseSettings):
                 f"{self.reserve_ratio:.0%} of the window, within "
                 f"[{self.reserve_min_tokens}, {self.reserve_max_tokens}] tokens"
             )
-        summaries = "off"
-        if self.summarize:
+        summaries = "off" if self.policy_mode == "auto" else f"off (policy {self.policy_mode})"
+        if self.summarize and self.policy_mode == "auto":
             writer = self.summary_model or "each request's own"
             summaries = f"on (model: {writer})"
         return [
@@ -354,6 +377,8 @@ def _expected(name: str) -> str:
     words = expected.get(base, "a valid value")
     if name == "cache_url":
         words = "a redis://, rediss:// or unix:// URL (or empty: in memory)"
+    elif name == "summary_api":
+        words = "one of " + ", ".join(DIALECTS)
     elif name.endswith("_url"):
         words = "an http:// or https:// URL"
     bounds = []

@@ -3,7 +3,8 @@
 A stateless client resends its whole history every turn, through a real ctxproxy (uvicorn on
 127.0.0.1, summaries on, in-process cache) to the project's fake upstream (``tests.fake_upstream``,
 real tokenizer, a window that the session outgrows), which also plays the summarizer: it answers
-summary requests after ``--summary-delay-s`` with every ``FACT-<id>`` of its input. Each user turn
+summary requests after ``--summary-delay-s`` with its extractive, capped summary
+(``tests/fake_summarizer.py``). ``bench.memory`` measures the memory across APIs and shapes. Each user turn
 carries one fact. Between turns the client "thinks" for ``--think-s`` (a real user or agent takes at
 least that long), which gives ahead-of-time compaction its chance to run.
 
@@ -39,7 +40,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "summaries.md"
 MODEL = "bench-summarized"
 FACT = re.compile(r"FACT-\w+")
 SUMMARY_HEAD = re.compile(r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?\]\n")
-NOTE_HEAD = re.compile(r"^\[ctxproxy: ([0-9,]+) earlier messages? \(")
+NOTE_HEAD = re.compile(r"^\[ctxproxy: ([0-9,]+) earlier messages? (?:\(|was|were)")
 
 
 @dataclass
@@ -76,6 +77,12 @@ def _noted(messages: Sequence[dict[str, Any]]) -> int:
         if isinstance(content, str) and (match := NOTE_HEAD.match(content)):
             return int(match.group(1).replace(",", ""))
     return 0
+
+
+def _dropped(actions: str) -> int:
+    """Messages the cut dropped (``dropped_messages=N`` of ``X-Context-Actions``; 0 when none)."""
+    found = re.search(r"dropped_messages=([0-9]+)", actions)
+    return int(found.group(1)) if found else 0
 
 
 def _wait_idle(summaries: Any, timeout_s: float) -> bool:
@@ -143,7 +150,7 @@ def run_session(
                         actions=response.headers.get("x-context-actions", ""),
                         waited=summaries.stats()["waited"] > waited_before,
                         ahead_idle=idle,
-                        cut_messages=found[0] if found else _noted(forwarded),
+                        cut_messages=_dropped(response.headers.get("x-context-actions", "")),
                         cut_facts=len(cut),
                         kept_facts=len(cut & _facts([{"content": found[1]}])) if found else 0,
                         forwarded=forwarded,
@@ -283,11 +290,11 @@ def render(result: dict[str, Any]) -> str:
         *[f"| {name} | {value} | {target} |" for name, value, target in rows],
         "",
         "Summary calls grow with the tokens cut, not with the requests: once a session overflows, each "
-        "newly cut block (an eighth of the input budget) costs one rolling summary call, written in the "
-        "background before the overflow that needs it. Calls per request are therefore about "
-        "(tokens added per turn) / (budget / 8) while a session overflows; the figure above is for the "
-        "turn size stated. The fake summarizer repeats every FACT it is shown, so fact retention measures "
-        "the plumbing (the right span summarized and forwarded), not the quality of a real model's summary.",
+        "memory step (at least four summaries' worth of messages) costs one summary call folding the "
+        "previous summary, written in the background before the overflow that needs it. The fake "
+        "summarizer is extractive and capped (`tests/fake_summarizer.py`): it keeps what only one "
+        "sentence says, so fact retention is a floor for a real model's. `python -m bench.memory` "
+        "measures the memory across APIs and shapes.",
         "",
         *(
             [

@@ -21,6 +21,11 @@ It enforces what the real API enforces, and the stricter reading of it the proxy
   wordings (``prompt is too long: N tokens > W maximum``; ``input length and `max_tokens` exceed
   context limit: N + K > W, ...``).
 
+A summary request (its ``system`` is the project's summary prompt) is answered by the extractive,
+capped summarizer of ``tests.fake_summarizer`` (no kinder than a real model), counted in
+:attr:`FakeAnthropic.summary_calls`; it must carry ``anthropic-version`` (400 otherwise) and a key
+(``x-api-key`` or ``Authorization``; 401 otherwise), as the real API requires.
+
 Answers (``respond``): :attr:`FakeAnthropic.script` when set (a scripted model: its blocks), else
 scripted tool loops (while the request has ``tools`` and the current loop has fewer than
 ``FakeClaude.loop_calls`` tool results, it calls the first tool with ``{"step": n}``; then a final
@@ -54,6 +59,7 @@ from starlette.routing import Route
 
 from app.demo import serve_in_thread
 from app.tokenizer import counter_for
+from tests.fake_summarizer import is_summary_prompt, prompt_text, summary_answer
 
 IMAGE_TOKENS = 1600
 MAX_BREAKPOINTS = 4
@@ -305,6 +311,8 @@ class FakeAnthropic:
     # A scripted model: the reply's blocks (thinking is added in front when enabled), or None for
     # the default behaviour.
     script: Callable[[Mapping[str, Any]], list[dict[str, Any]] | None] | None = None
+    summary_calls: int = 0
+    summary_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         self._by_name = {m.name: m for m in self.models}
@@ -381,6 +389,17 @@ class FakeAnthropic:
             default=0,
         )
         content: list[dict[str, Any]] = []
+        summary = summary_answer(
+            body.get("system"),
+            "\n\n".join(prompt_text(m.get("content")) for m in messages if isinstance(m, Mapping)),
+            cap_tokens=body.get("max_tokens"),
+            count_text=self._encoding.count_text,
+        )
+        if summary is not None:
+            with self._lock:
+                self.summary_calls += 1
+                self.summary_prompt_tokens += tokens
+            return self._answer(model, [{"type": "text", "text": summary}], "end_turn", tokens)
         thinking = body.get("thinking")
         if isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive"):
             text = f"Thinking about step {results} of this loop."
@@ -407,6 +426,18 @@ class FakeAnthropic:
             facts = list(dict.fromkeys(FACT_RE.findall("\n".join(_texts([body.get("system"), messages])))))
             content.append({"type": "text", "text": "Done. " + " ".join(facts)})
             stop = "end_turn"
+        return self._answer(model, content, stop, tokens, n=n)
+
+    def _answer(
+        self,
+        model: FakeClaude,
+        content: list[dict[str, Any]],
+        stop: str,
+        tokens: int,
+        *,
+        n: int | None = None,
+    ) -> dict[str, Any]:
+        n = next(self._ids) if n is None else n
         return {
             "id": f"msg_{n:06d}",
             "type": "message",
@@ -422,6 +453,10 @@ class FakeAnthropic:
                 "output_tokens": 10,
             },
         }
+
+    def client_requests(self) -> list[Recorded]:
+        """The ``/v1/messages`` requests that are not summary requests (the client's, forwarded)."""
+        return [r for r in self.message_requests() if not is_summary_prompt(r.json().get("system"))]
 
     # ---- transports -------------------------------------------------------------------------
 
@@ -439,9 +474,21 @@ class FakeAnthropic:
         except ValueError:
             return None
 
+    def _answer_with_headers(
+        self, path: str, headers: Mapping[str, str], raw: bytes
+    ) -> tuple[int, dict[str, Any] | list[bytes]]:
+        body = self._decode(raw)
+        if isinstance(body, Mapping) and is_summary_prompt(body.get("system")):
+            lower = {k.lower() for k in headers}
+            if "anthropic-version" not in lower:
+                return 400, error_body("anthropic-version: header is required")
+            if not lower & {"x-api-key", "authorization"}:
+                return 401, error_body("x-api-key header is required", "authentication_error")
+        return self.respond(path, body)
+
     async def _http(self, request: Request) -> Response:
         raw = await request.body()
-        status, answer = self.respond(request.url.path, self._decode(raw))
+        status, answer = self._answer_with_headers(request.url.path, request.headers, raw)
         self._record(request.url.path, request.headers, raw, status)
         if isinstance(answer, list):
             return StreamingResponse(_aiter(answer), media_type="text/event-stream")
@@ -453,7 +500,7 @@ class FakeAnthropic:
     def handler(self, request: httpx.Request) -> httpx.Response:
         """The same answers for ``respx``/``httpx.MockTransport``."""
         raw = request.read()
-        status, answer = self.respond(request.url.path, self._decode(raw))
+        status, answer = self._answer_with_headers(request.url.path, request.headers, raw)
         self._record(request.url.path, request.headers, raw, status)
         if isinstance(answer, list):
             return httpx.Response(

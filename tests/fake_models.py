@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.fake_upstream import serve_app
+from tests.fake_upstream import is_summary_request, serve_app
 
 Flavour = Literal["vllm", "llamacpp", "ollama", "openrouter"]
 FLAVOURS: tuple[Flavour, ...] = ("vllm", "llamacpp", "ollama", "openrouter")
@@ -141,8 +141,16 @@ class FakeModelServer:
     # -- introspection ----------------------------------------------------------------------------
 
     def chats(self) -> list[Recorded]:
+        """The chat requests a client's call was forwarded as (the proxy's summary requests aside)."""
         with self._lock:
-            return [r for r in self.requests if r.path.endswith("/chat/completions")]
+            chats = [r for r in self.requests if r.path.endswith("/chat/completions")]
+        return [r for r in chats if not is_summary_request(json.loads(r.body or b"null"))]
+
+    def summaries(self) -> list[Recorded]:
+        """The proxy's summary requests (this server answers them as any chat, with its reply)."""
+        with self._lock:
+            chats = [r for r in self.requests if r.path.endswith("/chat/completions")]
+        return [r for r in chats if is_summary_request(json.loads(r.body or b"null"))]
 
     def discovery_requests(self) -> list[Recorded]:
         with self._lock:

@@ -16,6 +16,10 @@ integration tests. It is strict where the real API is strict, with the real API'
   event inside a 200 stream, as streamed responses can end);
 * ``previous_response_id``: responses are stored (unless ``store: false``) and a request that names
   one is checked and counted with the stored history in front of its own input;
+* a summary request (its ``instructions`` are the project's summary prompt) is answered by the
+  extractive, capped summarizer of ``tests.fake_summarizer`` (no kinder than a real model), as
+  one ``message`` item, counted in :attr:`summary_calls` (:attr:`summary_prompt_tokens`);
+  :attr:`summary_mode` ``"missing"`` answers them 404, as a gateway without the route would;
 * answers: a scripted :attr:`responder` (``body -> list of output specs``) or the default reply;
   specs are ``{"text": ...}``, ``{"call": name, "arguments": ...}``, ``{"reasoning": summary}``;
   a request whose last item is Codex's ``compaction_trigger`` is answered with one sealed
@@ -54,6 +58,7 @@ from app.core.dialects.responses import RESPONSES
 from app.core.errors import InvalidRequest
 from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter
 from app.tokenizer import counter_for
+from tests.fake_summarizer import is_summary_prompt, prompt_text, summary_answer
 from tests.fake_upstream import FakeModel, serve_app
 
 DRIP_WAIT_S = 10.0
@@ -106,6 +111,9 @@ class FakeResponsesUpstream:
         self.responder: Responder | None = None
         self.overflow_in_stream = False
         self.compactions = 0
+        self.summary_calls = 0
+        self.summary_prompt_tokens = 0
+        self.summary_mode = "ok"
         self.drip_acks: list[threading.Event] | None = None
         self.drip_timeouts: list[int] = []
         self._key = key
@@ -141,6 +149,12 @@ class FakeResponsesUpstream:
         with self._lock:
             self.requests.clear()
             self.compactions = 0
+            self.summary_calls = 0
+            self.summary_prompt_tokens = 0
+
+    def client_responses(self) -> list[Recorded]:
+        """The ``/v1/responses`` requests that are not summary requests (the client's, forwarded)."""
+        return [r for r in self.responses() if not is_summary_prompt(r.json().get("instructions"))]
 
     def responses(self) -> list[Recorded]:
         with self._lock:
@@ -201,6 +215,12 @@ class FakeResponsesUpstream:
         wanted = body.get("max_output_tokens")
         output = wanted if isinstance(wanted, int) else 0
         stream = body.get("stream") is True
+        if is_summary_prompt(body.get("instructions")):
+            with self._lock:
+                self.summary_calls += 1
+                self.summary_prompt_tokens += prompt
+            if self.summary_mode == "missing":
+                return _json(404, error_body("Not Found")), prompt
         if prompt > model.window_tokens or prompt + output > model.window_tokens:
             if stream and self.overflow_in_stream:
                 return _sse(self._failed_events(body, model)), prompt
@@ -274,6 +294,22 @@ class FakeResponsesUpstream:
         ):
             specs: list[dict[str, Any]] = [{"compaction": True}]  # Codex's remote compaction (v2)
             self.compactions += 1
+        elif is_summary_prompt(full.get("instructions")):
+            items = full.get("input")
+            text = "\n\n".join(
+                prompt_text(i.get("content"))
+                for i in (items if isinstance(items, list) else [])
+                if isinstance(i, dict)
+            )
+            count_text = self._counter(model.encoding).counter.count_text
+            cap = full.get("max_output_tokens")
+            specs = [
+                {
+                    "text": summary_answer(
+                        full.get("instructions"), text, cap_tokens=cap, count_text=count_text
+                    )
+                }
+            ]
         elif self.responder is not None:
             specs = self.responder(full)
         else:

@@ -13,12 +13,14 @@ proxy talks to it exactly as it talks to vLLM, llama.cpp or OpenAI:
   ``stream_options.include_usage``; then ``data: [DONE]``). When the request has ``tools`` and the
   last message is a user message naming a tool (or ``tool_choice`` forces one) it answers with a
   tool call instead.
-* It doubles as a deterministic summarizer: a chat request whose system prompt starts with the
-  project's summary prompt (``app.compaction.prompts.SYSTEM_MARKER``) is answered with a summary
-  that repeats every ``FACT-<id>`` token of its input, in order of first appearance, and is counted
-  in :attr:`FakeUpstream.summary_calls`. :attr:`FakeUpstream.summary_mode` makes those requests
-  fail (``"error"``: a 500), answer nothing (``"empty"``) or wait :attr:`summary_delay_s` first
-  (``"slow"``); :attr:`summary_padding` is appended to every summary (to make it long).
+* It doubles as a summarizer: a chat request whose system prompt starts with the project's
+  summary prompt (``app.compaction.prompts.SYSTEM_MARKER``) is answered with the extractive,
+  capped summary of ``tests.fake_summarizer`` (no kinder than a real model: it knows nothing of
+  what a test plants), counted in :attr:`FakeUpstream.summary_calls` and its prompt tokens in
+  :attr:`FakeUpstream.summary_prompt_tokens`. :attr:`FakeUpstream.summary_mode` makes those
+  requests fail (``"error"``: a 500; ``"missing"``: a 404, as an upstream without that route),
+  answer nothing (``"empty"``) or wait :attr:`summary_delay_s` first (``"slow"``);
+  :attr:`summary_padding` is appended to every summary (to make it long).
 * ``GET /v1/models`` lists its models.
 * Every request is recorded (method, path, headers, raw body) in :attr:`FakeUpstream.requests`.
 
@@ -46,12 +48,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.compaction.prompts import SYSTEM_MARKER
 from app.core.tokens import MessageCounter, TokenCounter
 from app.demo import serve_in_thread
+from tests.fake_summarizer import is_summary_prompt, prompt_text, summary_answer
 
 Dialect = Literal["openai", "vllm", "llamacpp"]
-SummaryMode = Literal["ok", "error", "empty", "slow"]
+SummaryMode = Literal["ok", "error", "missing", "empty", "slow"]
 FACT_RE = re.compile(r"FACT-\w+")
 DIALECTS: tuple[Dialect, ...] = ("openai", "vllm", "llamacpp")
 
@@ -170,6 +172,7 @@ class FakeUpstream:
         self.summary_delay_s = 0.0
         self.summary_padding = ""
         self.summary_calls = 0
+        self.summary_prompt_tokens = 0
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -194,6 +197,7 @@ class FakeUpstream:
         with self._lock:
             self.requests.clear()
             self.summary_calls = 0
+            self.summary_prompt_tokens = 0
 
     def prompt_tokens(self, model: FakeModel, body: Mapping[str, Any]) -> int:
         """The fake's own count of ``body``'s prompt: tiktoken chat accounting times the ratio."""
@@ -315,14 +319,23 @@ class FakeUpstream:
     ) -> Response:
         with self._lock:
             self.summary_calls += 1
+            self.summary_prompt_tokens += prompt_tokens
         mode = self.summary_mode
         if mode == "slow":
             await asyncio.sleep(self.summary_delay_s)
         if mode == "error":
             self._record(request, raw, status=500, prompt_tokens=prompt_tokens)
             return _openai_error(500, "The server had an error while processing your request.")
+        if mode == "missing":
+            self._record(request, raw, status=404, prompt_tokens=prompt_tokens)
+            return _openai_error(404, "Not Found")
         self._record(request, raw, status=200, prompt_tokens=prompt_tokens)
-        text = "" if mode == "empty" else fact_summary(body["messages"]) + self.summary_padding
+        count_text = self._counter(model.encoding).counter.count_text
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        messages = body["messages"]
+        user_text = "\n\n".join(prompt_text(m.get("content")) for m in messages[1:] if isinstance(m, Mapping))
+        summary = summary_answer(messages[0].get("content"), user_text, cap_tokens=cap, count_text=count_text)
+        text = "" if mode == "empty" else (summary or "") + self.summary_padding
         reply = {"role": "assistant", "content": text}
         completion = self._counter(model.encoding).counter.count_text(text)
         usage = {
@@ -358,21 +371,7 @@ def is_summary_request(body: Any) -> bool:
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], Mapping):
         return False
     first = messages[0]
-    content = first.get("content")
-    return first.get("role") == "system" and isinstance(content, str) and content.startswith(SYSTEM_MARKER)
-
-
-def fact_summary(messages: Iterable[Any]) -> str:
-    """A deterministic summary: every ``FACT-<id>`` of the non-system messages, first-seen order."""
-    facts: dict[str, None] = {}
-    for message in messages:
-        if isinstance(message, Mapping) and message.get("role") != "system":
-            content = message.get("content")
-            text = content if isinstance(content, str) else json.dumps(content)
-            facts.update(dict.fromkeys(FACT_RE.findall(text)))
-    if not facts:
-        return "- Facts established: none."
-    return "- Facts established: " + ", ".join(facts) + "."
+    return first.get("role") == "system" and is_summary_prompt(first.get("content"))
 
 
 def _requested_tool(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -460,7 +459,6 @@ __all__ = [
     "FakeUpstream",
     "RecordedRequest",
     "context_error",
-    "fact_summary",
     "is_summary_request",
     "serve_app",
     "serve_proxy",

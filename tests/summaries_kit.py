@@ -2,6 +2,8 @@
 
 The fake upstream (``tests.fake_upstream``) is reached through ``httpx.ASGITransport`` injected as the
 app's upstream transport, and both sides count one token per word, so the numbers are easy to follow.
+``LARGE_MODEL`` is a summarizer whose window holds a whole cut step of these small conversations (the
+request model's 1000-token window would take a cold span in parts).
 A ``RecordingTransport`` in between notes the host of every upstream request.
 """
 
@@ -32,9 +34,12 @@ from tests.fake_upstream import FakeModel, FakeUpstream
 MODEL = "m"
 SMALL_MODEL = "small-summarizer"
 SMALL_WINDOW_TOKENS = 600
+# A summarizer whose window holds a whole cut step of these small conversations in one call.
+LARGE_MODEL = "large-summarizer"
+LARGE_WINDOW_TOKENS = 8000
 FACT = re.compile(r"FACT-\w+")
 SUMMARY_HEAD = re.compile(r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?\]\n")
-NOTE = re.compile(r"^\[ctxproxy: [0-9,]+ earlier messages? \([0-9,]+ tokens\) (was|were) removed here")
+NOTE = re.compile(r"^\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(was|were) removed here")
 
 
 class Registry(OneModelRegistry):
@@ -42,10 +47,11 @@ class Registry(OneModelRegistry):
 
     def resolve(self, model: str, /) -> ModelSpec:
         spec = super().resolve(model)
-        if model == SMALL_MODEL:
+        windows = {SMALL_MODEL: SMALL_WINDOW_TOKENS, LARGE_MODEL: LARGE_WINDOW_TOKENS}
+        if model in windows:
             return ModelSpec(
                 name=model,
-                window_tokens=SMALL_WINDOW_TOKENS,
+                window_tokens=windows[model],
                 max_output_tokens=MAX_OUTPUT_TOKENS,
                 encoding="o200k_base",
                 source="test",
@@ -55,7 +61,11 @@ class Registry(OneModelRegistry):
 
 
 def fake_upstream() -> FakeUpstream:
-    models = [FakeModel(MODEL, WINDOW_TOKENS), FakeModel(SMALL_MODEL, SMALL_WINDOW_TOKENS)]
+    models = [
+        FakeModel(MODEL, WINDOW_TOKENS),
+        FakeModel(SMALL_MODEL, SMALL_WINDOW_TOKENS),
+        FakeModel(LARGE_MODEL, LARGE_WINDOW_TOKENS),
+    ]
     return FakeUpstream(models, counter_factory=lambda _encoding: WordCounter())
 
 
@@ -109,8 +119,8 @@ async def settle(app: FastAPI, timeout_s: float = 10.0) -> None:
 def turn(i: int, size: int) -> list[dict[str, Any]]:
     filler = " ".join(["w"] * size)
     return [
-        {"role": "user", "content": f"u{i} remember FACT-{i}u {filler}"},
-        {"role": "assistant", "content": f"a{i} noted FACT-{i}a {filler}"},
+        {"role": "user", "content": f"u{i} remember FACT-{i}u. {filler}"},
+        {"role": "assistant", "content": f"a{i} noted FACT-{i}a. {filler}"},
     ]
 
 

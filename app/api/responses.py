@@ -51,8 +51,9 @@ def context_headers(
     previous forwarded request of the conversation already sent as its prefix, 3 decimals;
     ``X-Context-Output-Lowered``, the output cap forwarded when it was lowered below the client's;
     ``X-Context-Upstream-Tokens``, the upstream's own count of the whole request when the plan was
-    decided by it). Window and budget are the ones the forwarded plan was fitted to (a retry's
-    learned window, an exact count's margin)."""
+    decided by it; ``X-Context-Memory``: ``summary``, ``note`` or ``none``, what stands in for what
+    was cut). Window and budget are the ones the forwarded plan was fitted to (a retry's learned
+    window, an exact count's margin)."""
     headers = [
         ("X-Context-Window", str(plan.budget.window_tokens)),
         ("X-Context-Budget", str(request_budget_tokens(plan.budget))),
@@ -61,6 +62,8 @@ def context_headers(
         ("X-Context-Count", plan.count_kind),
         ("X-Context-Actions", plan.actions_header()),
         ("X-Context-Retries", str(retries)),
+        # What stands in for what the cut forgot: ``summary``, ``note`` (note and placeholders), ``none``.
+        ("X-Context-Memory", plan.memory_kind),
     ]
     if plan.output_cap_tokens is not None:
         headers.append(("X-Context-Output-Lowered", str(plan.output_cap_tokens)))

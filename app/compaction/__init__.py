@@ -7,11 +7,12 @@ Self-contained building blocks (no HTTP): the service injects the upstream call 
 
     cache.py       SummaryCache protocol, MemoryCache, RedisCache, cache_from_url, summary_key
     prompts.py     PROMPT_VERSION, the prompts, message rendering
-    summarizer.py  Summarizer (rolling, chunked, fail-open), PrefetchedSummaries
+    summarizer.py  Summarizer (incremental chain, chunked, fail-open, back-off), PrefetchedSummaries
     ahead.py       AheadOfTime (background, deduplicated, bounded)
 
 Errors: nothing here raises into a request. ``SummaryError`` is internal to the summarizer and
-becomes ``None``; configuration mistakes (a too-small window, an unknown cache URL scheme) raise
+becomes ``None`` (its ``status`` tells a failure the endpoint will repeat from one the span
+caused); configuration mistakes (a too-small window, an unknown cache URL scheme) raise
 ``ValueError`` at construction.
 """
 
@@ -26,7 +27,7 @@ from .cache import (
     summary_key,
 )
 from .prompts import PROMPT_VERSION, SYSTEM_MARKER
-from .summarizer import Complete, PrefetchedSummaries, Summarizer, blocks_from_spans
+from .summarizer import Complete, PrefetchedSummaries, Summarizer, SummaryError
 
 __all__ = [
     "PROMPT_VERSION",
@@ -39,7 +40,7 @@ __all__ = [
     "RedisCache",
     "Summarizer",
     "SummaryCache",
-    "blocks_from_spans",
+    "SummaryError",
     "cache_from_url",
     "prefix_keys",
     "summary_key",

@@ -1,45 +1,54 @@
-"""LLM handoff summaries of the span the engine cuts: rolling, chunked, cached, fail-open.
+"""LLM handoff summaries of what a cut forgot: incremental, cached, chunked, fail-open, backing off.
 
 INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
 
 * ``Complete = Callable[[list[dict], str], Awaitable[str]]``: the injected upstream call,
-  ``(messages, model) -> text``; the service builds it over its upstream client (and should send
-  ``max_tokens=summarizer.reply_tokens``). It may raise anything: the summarizer fails open.
+  ``(messages, model) -> text``; the service builds it over its upstream client in the request's
+  own wire API (and sends ``max_tokens=summarizer.reply_tokens``). It may raise anything: the
+  summarizer fails open. A ``SummaryError`` with an HTTP ``status`` tells it what kind of failure
+  it was (``SummaryError.permanent``: the endpoint or the credentials cannot work).
 * ``Summarizer(complete, *, model, window_tokens, count_text, prompt_version=PROMPT_VERSION,
-  timeout_s, reply_tokens=None)``:
+  timeout_s, reply_tokens=None, identity="", retry_after_s=60.0, retry_max_s=3600.0)``:
 
-  - ``await summarize_span(blocks, *, previous_summary=None) -> str | None``: one handoff summary
-    of the blocks' messages (folding in ``previous_summary``). A span whose request would not fit
+  - ``await memory_for(span, cache) -> str | None``: the summary of exactly ``span`` (the
+    messages a memory stands for, ``app.core.memory.span_messages``). Incremental: a session's
+    spans grow from the same start, so the longest prefix of ``span`` already summarized (found
+    through the conversation's *chain*, one cache entry per first message listing the spans
+    summarized from it) is folded with the messages after it: one call per cut step, each
+    forgotten message summarized about once. The result is cached under ``span_key(span)`` and
+    joins the chain. A failed span is not asked for again before its back-off ends (``fail:``
+    entries in the cache, ``retry_after_s`` doubling up to ``retry_max_s``; shared by replicas
+    through a shared cache) and its cause is logged once; a ``permanent`` failure turns the
+    summarizer (``identity``: the API, base URL and model) off for the same back-off.
+  - ``await summarize_span(messages, *, previous_summary=None) -> str | None``: one handoff
+    summary of ``messages`` (folding in ``previous_summary``). A span whose request would not fit
     the summarizer's window is cut into parts that each fit, summarized part by part, and the
     parts' summaries are merged (hierarchically if even they do not fit). Every request it sends
     fits ``window_tokens - reply_tokens``. Any exception, a timeout (``timeout_s`` for the whole
-    call) or an empty answer gives ``None`` (logged, never raised).
-  - ``await summary_for_blocks(blocks, cache) -> str | None``: rolling compaction. Looks up the
-    longest prefix of blocks ``0..j`` already summarized in ``cache`` and extends it one block at
-    a time (``summary(0..k) = summarize(summary(0..k-1) + block k)``), caching every step, so a
-    growing conversation costs one summary call per new block. ``timeout_s`` bounds each step.
-  - ``key_for(blocks)`` / ``span_key(span)``: the cache key of blocks ``0..k`` / of a flat span
-    (equal for the same messages), ``prefix_keys(blocks)``, ``prompt_tokens(messages)``,
-    ``calls`` / ``failures`` counters.
+    call) or an empty answer gives ``None``.
+  - ``await longest_summarized(span, cache) -> (n, summary)``: the longest proper prefix of
+    ``span`` its chain has a summary of (``(0, None)`` when none).
+  - ``span_key(span)``; ``prompt_tokens(messages)``; counters ``calls``, ``failures``,
+    ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got), ``last_error``.
 
-* ``blocks_from_spans(messages, plan.dropped) -> list[list[Message]]``: the blocks of what the
-  engine dropped, ready for ``summary_for_blocks`` / ``key_for``.
 * ``PrefetchedSummaries(mapping, *, summarizer_model, prompt_version=PROMPT_VERSION)``: the
   synchronous ``app.core.fit.SummaryProvider`` the engine calls; answers ``summary_for(span)``
   from ``mapping`` (span key -> summary) that the service filled beforehand, records the keys it
-  was asked for and those it missed.
+  was asked for and those it missed; with ``lengths`` (of the mapped spans), a span of another
+  length is a miss at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core.errors import CtxproxyError
 from ..core.messages import Message
-from ..core.plan import DroppedSpan
 from .cache import SummaryCache, prefix_keys, summary_key
 from .prompts import (
     PROMPT_VERSION,
@@ -61,30 +70,29 @@ MAX_MERGE_DEPTH = 4
 _PART_PLACEHOLDER = 99999
 
 
+# HTTP statuses that say the summary endpoint or its credentials cannot work: no span can succeed.
+PERMANENT_STATUSES: frozenset[int] = frozenset({401, 403, 404, 405})
+CHAIN_LENGTH = 16
+
+
 class SummaryError(CtxproxyError):
-    """Internal: a summary could not be made (turned into ``None`` at the public boundary)."""
+    """Internal: a summary could not be made (turned into ``None`` at the public boundary).
+    ``status``: the summary call's HTTP status, when it got an answer."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def permanent(self) -> bool:
+        """The endpoint or the credentials cannot work (no other span would fare better)."""
+        return self.status in PERMANENT_STATUSES
 
 
-def _flatten(blocks: Sequence[Sequence[Message]]) -> list[Message]:
-    return [message for block in blocks for message in block]
-
-
-def blocks_from_spans(messages: Sequence[Message], spans: Sequence[DroppedSpan]) -> list[list[Message]]:
-    """The blocks of ``Plan.dropped`` (indices into the *input* ``messages``), oldest first.
-
-    Their concatenation is exactly the span the engine passes to ``SummaryProvider.summary_for``,
-    so ``Summarizer.key_for(blocks)`` is the key ``PrefetchedSummaries`` will be asked for.
-    """
-    blocks: list[list[Message]] = []
-    for span in spans:
-        start = span.start
-        for stop in span.block_stops or (span.stop,):
-            if stop > start:
-                blocks.append(list(messages[start:stop]))
-                start = stop
-        if start < span.stop:
-            blocks.append(list(messages[start : span.stop]))
-    return blocks
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 class Summarizer:
@@ -100,6 +108,9 @@ class Summarizer:
         prompt_version: str = PROMPT_VERSION,
         timeout_s: float | None,
         reply_tokens: int | None = None,
+        identity: str = "",
+        retry_after_s: float = 60.0,
+        retry_max_s: float = 3600.0,
     ) -> None:
         self.complete = complete
         self.model = model
@@ -109,8 +120,16 @@ class Summarizer:
         self.timeout_s = timeout_s
         self.reply_tokens = reply_tokens if reply_tokens is not None else min(2048, window_tokens // 4)
         self.input_budget_tokens = window_tokens - self.reply_tokens
+        self.identity = identity or model
+        self.retry_after_s = max(0.001, retry_after_s)
+        self.retry_max_s = max(self.retry_after_s, retry_max_s)
         self.calls = 0
         self.failures = 0
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.last_error = ""
+        # Spans whose failure was logged (a span backing off is logged once, not per request).
+        self._logged: set[str] = set()
         smallest = self.prompt_tokens(merge_messages(["x", "x"]))
         if self.input_budget_tokens < 2 * smallest:
             raise ValueError(
@@ -129,66 +148,152 @@ class Summarizer:
     def span_key(self, span: Sequence[Message]) -> str:
         return summary_key(span, summarizer_model=self.model, prompt_version=self.prompt_version)
 
-    def prefix_keys(self, blocks: Sequence[Sequence[Message]]) -> list[str]:
-        return prefix_keys(blocks, summarizer_model=self.model, prompt_version=self.prompt_version)
+    def chain_key(self, span: Sequence[Message]) -> str:
+        """The cache key of the chain of ``span``'s conversation (by its first message)."""
+        return "chain:" + self.span_key(span[:1])
 
-    def key_for(self, blocks: Sequence[Sequence[Message]]) -> str:
-        """The key of the summary of all ``blocks`` (same as ``span_key`` of their messages)."""
-        return self.span_key(_flatten(blocks))
+    # -- failures and back-off -------------------------------------------------------------
 
-    async def summarize_span(
-        self, blocks: Sequence[Sequence[Message]], *, previous_summary: str | None = None
-    ) -> str | None:
-        messages = _flatten(blocks)
-        if not messages:
-            return previous_summary
+    def _off_key(self) -> str:
+        return "off:" + hashlib.sha256(f"{self.identity}\n{self.model}".encode()).hexdigest()
+
+    async def blocked(self, key: str, cache: SummaryCache) -> str | None:
+        """Why ``key`` is not summarized now (its own back-off, or the summarizer is off), or
+        None when it may be."""
+        for name in (self._off_key(), "fail:" + key):
+            raw = await cache.get(name)
+            if raw:
+                try:
+                    return str(json.loads(raw).get("cause", "failed earlier"))
+                except (ValueError, AttributeError):
+                    return "failed earlier"
+        return None
+
+    async def _failed(
+        self, key: str, span: Sequence[Message], exc: BaseException, cache: SummaryCache
+    ) -> None:
+        """Back off ``key`` (and the whole summarizer after a permanent failure); log the cause
+        once per span."""
+        self.failures += 1
+        cause = _cause(exc)
+        self.last_error = cause
+        permanent = isinstance(exc, SummaryError) and exc.permanent
+        name = self._off_key() if permanent else "fail:" + key
+        # The failures in a row outlive each back-off (so the next one doubles), not forever.
+        raw = await cache.get("tries:" + name)
+        attempts = int(raw) + 1 if raw and raw.isdigit() else 1
+        ttl_s = min(self.retry_max_s, self.retry_after_s * 2 ** (attempts - 1))
+        await cache.set("tries:" + name, str(attempts), ttl_s=4 * self.retry_max_s)
+        await cache.set(name, json.dumps({"attempts": attempts, "cause": cause}), ttl_s=ttl_s)
+        if permanent:
+            logger.warning(
+                "summaries by %s are off for %.0fs: %s (the cut's note and placeholders stand alone)",
+                self.identity,
+                ttl_s,
+                cause,
+            )
+        elif key not in self._logged:
+            self._logged.add(key)
+            logger.warning(
+                "no summary of %d cut messages (%s); not asked again for %.0fs, the note stands in",
+                len(span),
+                cause,
+                ttl_s,
+            )
+        else:
+            logger.debug("summary of %s failed again: %s", key[:12], cause)
+
+    # -- summaries -------------------------------------------------------------------------
+
+    async def memory_for(self, span: Sequence[Message], cache: SummaryCache) -> str | None:
+        if not span:
+            return None
+        key = self.span_key(span)
+        try:
+            cached = await cache.get(key)
+            if cached:
+                return cached
+            if await self.blocked(key, cache) is not None:
+                return None
+            start, previous = await self.longest_summarized(span, cache)
+            summary = await self._summarize_logged(span[start:], previous)
+        except Exception as exc:  # a broken cache: fail open
+            self.failures += 1
+            self.last_error = _cause(exc)
+            logger.warning("summary of %d cut messages failed: %s", len(span), self.last_error)
+            return None
+        if isinstance(summary, BaseException):
+            await self._failed(key, span, summary, cache)
+            return None
+        await cache.set(key, summary)
+        await self._extend_chain(span, key, cache)
+        return summary
+
+    async def longest_summarized(
+        self, span: Sequence[Message], cache: SummaryCache
+    ) -> tuple[int, str | None]:
+        """``(n, summary)``: the longest proper prefix of ``span`` (``n`` messages) already
+        summarized in its chain, or ``(0, None)``."""
+        raw = await cache.get(self.chain_key(span))
+        try:
+            chain = [(int(n), str(k)) for n, k in json.loads(raw)] if raw else []
+        except (ValueError, TypeError):
+            chain = []
+        lengths = sorted({n for n, _ in chain if 0 < n < len(span)}, reverse=True)
+        if not lengths:
+            return 0, None
+        keys = prefix_keys(
+            [[m] for m in span[: lengths[0]]], summarizer_model=self.model, prompt_version=self.prompt_version
+        )
+        known = dict(chain)
+        for n in lengths:
+            if known.get(n) == keys[n - 1] and (summary := await cache.get(keys[n - 1])):
+                return n, summary
+        return 0, None
+
+    async def _extend_chain(self, span: Sequence[Message], key: str, cache: SummaryCache) -> None:
+        name = self.chain_key(span)
+        raw = await cache.get(name)
+        try:
+            chain = [[int(n), str(k)] for n, k in json.loads(raw)] if raw else []
+        except (ValueError, TypeError):
+            chain = []
+        entries = [[len(span), key], *(e for e in chain if e[1] != key)][:CHAIN_LENGTH]
+        await cache.set(name, json.dumps(entries))
+
+    async def _summarize_logged(
+        self, messages: Sequence[Message], previous: str | None
+    ) -> str | BaseException:
+        """The summary, or the exception that stopped it (cancellation is never swallowed)."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                text = await self._summarize(render_messages(messages), previous_summary)
-        except TimeoutError:
-            self.failures += 1
-            logger.warning("summary of %d messages timed out after %ss", len(messages), self.timeout_s)
-            return None
+                return await self._summarize(render_messages(messages), previous)
         except Exception as exc:
-            self.failures += 1
-            logger.warning(
-                "summary of %d messages failed: %s: %.200s", len(messages), type(exc).__name__, exc
-            )
-            return None
-        return text
+            return exc
 
-    async def summary_for_blocks(
-        self, blocks: Sequence[Sequence[Message]], cache: SummaryCache
+    async def summarize_span(
+        self, messages: Sequence[Message], *, previous_summary: str | None = None
     ) -> str | None:
-        if not blocks:
-            return None
-        try:
-            keys = self.prefix_keys(blocks)
-            start, summary = 0, None
-            for j in range(len(blocks) - 1, -1, -1):
-                cached = await cache.get(keys[j])
-                if cached:
-                    start, summary = j + 1, cached
-                    break
-            for i in range(start, len(blocks)):
-                summary = await self.summarize_span([blocks[i]], previous_summary=summary)
-                if summary is None:
-                    return None
-                await cache.set(keys[i], summary)
-            return summary
-        except Exception as exc:
+        if not messages:
+            return previous_summary
+        result = await self._summarize_logged(messages, previous_summary)
+        if isinstance(result, BaseException):
             self.failures += 1
-            logger.warning("rolling summary failed: %s: %.200s", type(exc).__name__, exc)
+            self.last_error = _cause(result)
+            logger.warning("summary of %d messages failed: %s", len(messages), self.last_error)
             return None
+        return result
 
     async def _call(self, messages: list[dict[str, Any]]) -> str:
         tokens = self.prompt_tokens(messages)
         if tokens > self.input_budget_tokens:
             raise SummaryError(f"summary request of {tokens} tokens over budget {self.input_budget_tokens}")
         self.calls += 1
+        self.tokens_in += tokens
         answer = await self.complete(messages, self.model)
         if not isinstance(answer, str) or not answer.strip():
             raise SummaryError("the summarizer returned an empty answer")
+        self.tokens_out += self.count_text(answer)
         return answer.strip()
 
     def _fits(self, messages: list[dict[str, Any]]) -> bool:
@@ -288,11 +393,19 @@ class PrefetchedSummaries:
     """
 
     def __init__(
-        self, mapping: Mapping[str, str], *, summarizer_model: str, prompt_version: str = PROMPT_VERSION
+        self,
+        mapping: Mapping[str, str],
+        *,
+        summarizer_model: str,
+        prompt_version: str = PROMPT_VERSION,
+        lengths: Iterable[int] | None = None,
     ) -> None:
         self.mapping = dict(mapping)
         self.summarizer_model = summarizer_model
         self.prompt_version = prompt_version
+        # The lengths of the spans in ``mapping``, when known: a span of another length is a miss
+        # without hashing it (the engine may offer many earlier spans).
+        self.lengths = frozenset(lengths) if lengths is not None else None
         self.asked: list[str] = []
         self.missed: list[str] = []
 
@@ -300,6 +413,8 @@ class PrefetchedSummaries:
         return summary_key(span, summarizer_model=self.summarizer_model, prompt_version=self.prompt_version)
 
     def summary_for(self, span: Sequence[Message], /) -> str | None:
+        if self.lengths is not None and len(span) not in self.lengths:
+            return None
         key = self.key(span)
         self.asked.append(key)
         summary = self.mapping.get(key)

@@ -65,7 +65,8 @@ MIN_BLOCK_TOKENS = 256
 
 
 class SummaryProvider(Protocol):
-    """Returns a summary text for exactly ``span`` (the messages being dropped), or None."""
+    """Returns a summary text for exactly ``span`` (the messages a memory stands for, as
+    ``memory.span_messages`` gives them), or None."""
 
     def summary_for(self, span: Sequence[Message], /) -> str | None: ...
 
@@ -77,9 +78,13 @@ class FitContext:
     ``tokens`` are the per-message counts of those messages (strategies never recount unchanged
     messages). ``input_messages``/``input_tokens`` are the client's original messages and counts at
     the same indices (the pipeline keeps indices aligned until turns are dropped); block boundaries
-    and notes use them so cuts stay stable, and summaries see the original messages.
+    and notes use them so cuts stay stable.
     ``protected_from`` is where the protected tail starts; ``newest_user`` is the newest user
     message's index (``build_context`` sets it; prune and drop never touch it, see ``untouchable``).
+    ``memory_tokens``: room the strategies leave for the memory of what they forget
+    (``memory.py``; the pipeline sets it when summaries are wanted): it comes out of the protected
+    tail's share, so the region a cut works in keeps its size (and the cut its levels).
+    ``headroom_tokens``: more room, for planning the next cut (``fit.next_cut_headroom``).
     """
 
     budget: Budget
@@ -88,10 +93,11 @@ class FitContext:
     pinned: frozenset[int]
     protected_from: int
     tokens: tuple[int, ...]
-    summaries: SummaryProvider | None = None
     input_messages: tuple[Message, ...] | None = None
     input_tokens: tuple[int, ...] | None = None
     newest_user: int | None = None
+    memory_tokens: int = 0
+    headroom_tokens: int = 0
 
     def untouchable(self, index: int) -> bool:
         """Pinned, or the newest user message: prune and drop never touch it, wherever it is."""
@@ -99,8 +105,12 @@ class FitContext:
 
     @property
     def target_tokens(self) -> int:
-        """The most message tokens that fit (the input budget less the reply priming)."""
-        return self.budget.input_budget_tokens - REPLY_PRIMING_TOKENS
+        """The most message tokens a strategy aims for: the input budget less the reply priming
+        and the room kept for the memory (``memory_tokens``, 0 without summaries) and the next cut
+        (``headroom_tokens``)."""
+        return (
+            self.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - self.memory_tokens - self.headroom_tokens
+        )
 
     def fits(self, total_message_tokens: int) -> bool:
         return total_message_tokens <= self.target_tokens
@@ -188,9 +198,10 @@ def build_context(
     policy: Policy,
     counter: MessageCounter,
     tokens: Sequence[int] | None = None,
-    summaries: SummaryProvider | None = None,
     input_messages: Sequence[Message] | None = None,
     input_tokens: Sequence[int] | None = None,
+    memory_tokens: int = 0,
+    headroom_tokens: int = 0,
 ) -> FitContext:
     """A context for ``messages`` (counting them when ``tokens`` is not given).
 
@@ -208,13 +219,14 @@ def build_context(
             messages,
             keep_turns=policy.keep_turns,
             tokens=base if base is not None else counts,
-            max_tokens=protect_tokens_for(budget, policy),
+            max_tokens=max(0, protect_tokens_for(budget, policy) - max(0, memory_tokens)),
         ),
         tokens=counts,
-        summaries=summaries,
         input_messages=tuple(input_messages) if input_messages is not None else None,
         input_tokens=base,
         newest_user=newest_user_index(messages),
+        memory_tokens=max(0, memory_tokens),
+        headroom_tokens=max(0, headroom_tokens),
     )
 
 

@@ -7,8 +7,12 @@ INTERFACE CONTRACT (``strategies.py`` relies on it):
   smaller than ``current_tokens``; None when it cannot shrink. The input is never mutated.
 
 Only text is cut (string content or ``text`` parts, largest first), each to its head and tail around
-one marker ``[ctxproxy: N tokens removed from the middle of this message]``; cutting a cut text again
-keeps the one marker and adds up ``N``. Images, other parts and tool-call arguments are never touched.
+one marker ``[ctxproxy: N characters removed from the middle of this message]``; cutting a cut text
+again keeps the one marker and adds up ``N``. ``N`` counts characters of the removed text, a pure
+function of the cut (a token count of a model counted by estimate would change with calibration).
+The older wording (``N tokens removed``, which clients may resend) is recognised; cut again, its
+text says how many characters were removed from the text as it was received. Images, other parts
+and tool-call arguments are never touched.
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ from .tokens import MessageCounter
 MIN_KEEP_TOKENS = 16
 
 _MARKER_RE = re.compile(
-    r"\n\n\[ctxproxy: ([0-9][0-9,]*) tokens removed from the middle of this message\]\n\n"
+    r"\n\n\[ctxproxy: ([0-9][0-9,]*) (tokens|characters) removed from the middle of this message\]\n\n"
 )
-_LONGEST_MARKER = "\n\n[ctxproxy: 1,000,000 tokens removed from the middle of this message]\n\n"
+_LONGEST_MARKER = "\n\n[ctxproxy: 100,000,000 characters removed from the middle of this message]\n\n"
+
+
+def marker(removed_chars: int) -> str:
+    """The marker that stands for ``removed_chars`` characters cut from the middle of a text."""
+    return f"\n\n[ctxproxy: {removed_chars:,} characters removed from the middle of this message]\n\n"
 
 
 def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | None:
@@ -44,10 +53,10 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | 
             return None
         head_n = keep // 2
         head, tail = tc.head_tail(text, head_tokens=head_n, tail_tokens=keep - head_n)
-        removed = total - count(head) - count(tail)
+        removed = len(text) - len(head) - len(tail)
     else:
         old_head, old_tail = text[: found.start()], text[found.end() :]
-        before = int(found.group(1).replace(",", ""))
+        before = int(found.group(1).replace(",", "")) if found.group(2) == "characters" else 0
         head_total, tail_total = count(old_head), count(old_tail)
         if keep >= head_total + tail_total:
             return None
@@ -56,10 +65,10 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | 
         tail_n = min(tail_total, keep - head_n)
         head = tc.head_tail(old_head, head_tokens=head_n, tail_tokens=0)[0]
         tail = tc.head_tail(old_tail, head_tokens=0, tail_tokens=tail_n)[1]
-        removed = before + head_total + tail_total - count(head) - count(tail)
+        removed = before + len(old_head) + len(old_tail) - len(head) - len(tail)
     if removed <= 0:
         return None
-    return f"{head}\n\n[ctxproxy: {removed:,} tokens removed from the middle of this message]\n\n{tail}"
+    return f"{head}{marker(removed)}{tail}"
 
 
 def _text_slots(message: Message) -> list[int | None]:

@@ -87,12 +87,22 @@ composition root names an API or branches on which dialect it holds (``tests/tes
     boundary);
   - ``with_output_cap(body, tokens) -> dict | None``: ``body`` with its output cap set to
     ``tokens`` (every other key as it is; what the cap constrains, e.g. Anthropic's thinking
-    budget, lowered with it), None when this API cannot take that cap for this body.
+    budget, lowered with it), None when this API cannot take that cap for this body;
+  - ``summary_request(prompt, *, model, max_tokens) -> SummaryCall``: how this API asks its
+    upstream for a summary (``app.compaction``): ``prompt`` is the summarizer's chat-shaped
+    messages (a ``system`` message, then ``user`` ones), the call says where it goes (``path``
+    under the upstream base URL, or from its origin when ``at_origin``), the non-streaming body and
+    the client's headers to carry (credentials, API version);
+  - ``summary_text(answer) -> str | None``: the summary text of this API's answer to that call
+    (None when it holds none).
 
 * ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
   ``invalid_request_error``, ``upstream_timeout``, ...), ``message``, ``param``, and for a
   cannot-fit error the numbers (``tokens``, ``limit_tokens``, ``window_tokens``,
   ``reserve_tokens``) so a dialect can word it as its own upstream would.
+* ``SummaryCall`` (frozen): ``path`` (under the upstream base URL), ``body``, ``carry`` (names of
+  the client's request headers the call repeats, lower-case) and ``defaults`` (headers sent when
+  the client did not send them, e.g. Anthropic's ``anthropic-version``).
 * ``error_info(error) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` -> 400,
   ``CannotFit`` -> 400 ``context_length_exceeded``).
 * ``model_from_body(body) -> str``: the body's ``model`` (a non-empty string), else
@@ -129,6 +139,17 @@ class ErrorInfo:
     limit_tokens: int | None = None
     window_tokens: int | None = None
     reserve_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryCall:
+    """One summary request in a dialect's own API (see the module docstring)."""
+
+    path: str
+    body: dict[str, Any]
+    carry: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, str], ...] = ()
+    at_origin: bool = False
 
 
 class Dialect(Protocol):
@@ -200,6 +221,12 @@ class Dialect(Protocol):
     ) -> tuple[UpstreamTarget, dict[str, Any]] | None: ...
 
     def with_output_cap(self, body: Mapping[str, Any], tokens: int, /) -> dict[str, Any] | None: ...
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall: ...
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None: ...
 
 
 def error_info(error: CoreError) -> ErrorInfo:

@@ -14,21 +14,26 @@ say ``output_lowered``). It never raises ``CannotFit`` itself: a plan that canno
 (``Plan.body``). A conversation the dialect marks not ``fittable`` (its history lives upstream) is
 planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the proxy cannot know.
 
-``SummaryProvider`` is the seam for LLM summaries (a later issue): a *synchronous* lookup the
-pipeline may call for a span it is about to drop; ``None`` means "use the deterministic note".
-It is consulted only under policy ``auto`` with ``policy.summarize``.
+``SummaryProvider`` is the seam for LLM summaries: a *synchronous* lookup the pipeline calls for
+the span its memory stands for (``memory.py``); ``None`` means "use the deterministic note and
+placeholders". Under policy ``auto`` with ``policy.summarize`` a cut leaves room for the memory
+(``memory.memory_tokens_for``) whether or not a summary comes, so the cut is the same either way;
+the plan's ``memory`` is the span (``MemorySpan``), for the service to summarize.
 
-``preview_next_cut(body, *, spec, policy, counter, cap_tokens=None) -> tuple[DroppedSpan, ...]``:
-the spans the next cut of this conversation will drop (for summarizing ahead of time), ``()`` when
-no complete level is left to cut.
+``plan_request(..., headroom_tokens=N)`` plans as if N more tokens were needed, with the same
+blocks and levels (and runs the strategies even when the request fits): with
+``next_cut_headroom(plan, policy)`` it is the plan of the conversation's next cut, one that must
+forget more than ``plan`` did (ahead-of-time summaries prepare its ``memory``).
 
 Steps (``fits`` means messages + reply priming <= the input budget):
 
 1. fits -> unchanged (the original objects; the service forwards the original bytes). Policy
    ``off`` is always unchanged; ``reject`` is unchanged with ``fits=False`` and ``rejected``.
 2. prune old tool results and images, 3. middle-out over-large messages, 4. drop the oldest
-   blocks (with a note or a summary), 5. last resort middle-out of the newest and pinned messages
-   (see ``strategies``). 6. Still over: ``fits=False`` with the smallest count reached.
+   blocks (with a note), 5. last resort middle-out of the newest and pinned messages (see
+   ``strategies``). 6. The memory: with a summary for everything steps 2 and 4 forgot, one
+   message in its place (``memory.place_memory``: ``summarized``; else ``summary_failed`` when a
+   provider was given). 7. Still over: ``fits=False`` with the smallest count reached.
 
 Steps 2 and 4 never touch the protected tail (the newest ``keep_turns`` turns, bounded to
 ``protect_max_share`` of the input budget in whole units), the pinned messages or the newest user
@@ -42,9 +47,9 @@ The final guard: a changed plan's body, rendered by its dialect, must have no st
 (``Dialect.problems``: pairing, signatures, role order) that the input body did not have. One
 would be a bug in a strategy. It is reported as a ``StructureGuardWarning`` (an error under the
 test suite's ``-W error``, so a test that meets it fails loudly), and the plan falls back in the
-user's favour instead of corrupting the conversation: the deterministic cut (no summaries) when
-that one passes, else the input unchanged (forwarded when it fits the budget, refused with the
-numbers when it does not). The fallback plan lists the problems in ``Plan.broken`` for the
+user's favour instead of corrupting the conversation: the deterministic cut (the same cut without
+its memory) when that one passes, else the input unchanged (forwarded when it fits the budget,
+refused with the numbers when it does not). The fallback plan lists the problems in ``Plan.broken`` for the
 service to log. The guard runs only on changed plans: an unchanged body is forwarded as it came.
 """
 
@@ -52,24 +57,40 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .budget import Budget, Limits, Policy, budget_for
-from .context import SummaryProvider, build_context, protect_tokens_for, protected_start
+from .context import SummaryProvider, build_context, pinned_indices
 from .conversation import Conversation
 from .dialect import Dialect
 from .dialects import DEFAULT_DIALECT
+from .memory import (
+    MEMORY_GAP_FACTOR,
+    MemorySpan,
+    memory_span,
+    memory_step_tokens,
+    memory_tokens_for,
+    place_memory,
+    span_messages,
+)
 from .messages import Message
 from .plan import Action, DroppedSpan, Plan
 from .registry import ModelSpec
-from .strategies import STRATEGIES, Strategy, next_cut
+from .strategies import STRATEGIES, Strategy
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
-__all__ = ["HISTORY_UPSTREAM", "StructureGuardWarning", "SummaryProvider", "plan_request", "preview_next_cut"]
+__all__ = [
+    "HISTORY_UPSTREAM",
+    "StructureGuardWarning",
+    "SummaryProvider",
+    "next_cut_headroom",
+    "plan_request",
+]
 
 HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation kept upstream
 _NO_OUTPUT_CAP: Mapping[str, Any] = {}
+
 
 
 class StructureGuardWarning(RuntimeWarning):
@@ -116,6 +137,21 @@ def new_problems(
     return sorted(set(out) - known)
 
 
+@dataclass(slots=True)
+class _Steps:
+    """What ``_run_steps`` did: the messages and counts, the actions, the drop's spans, and for
+    the memory: each message's input index (``origins``, None for one the engine made), the
+    input indices a step forgot (pruned or dropped) and where the drop's note is."""
+
+    messages: tuple[Message, ...]
+    tokens: tuple[int, ...]
+    actions: list[Action]
+    dropped: tuple[DroppedSpan, ...] = ()
+    origins: tuple[int | None, ...] = ()
+    forgotten: frozenset[int] = frozenset()
+    note_at: int | None = None
+
+
 def _run_steps(
     messages: Sequence[Message],
     per_message: tuple[int, ...],
@@ -124,13 +160,18 @@ def _run_steps(
     budget: Budget,
     policy: Policy,
     counter: MessageCounter,
-    summaries: SummaryProvider | None,
-) -> tuple[tuple[Message, ...], tuple[int, ...], list[Action], tuple[DroppedSpan, ...]]:
-    """Run ``steps`` in order until the messages fit: (messages, counts, actions, dropped spans)."""
+    memory_tokens: int = 0,
+    headroom_tokens: int = 0,
+) -> _Steps:
+    """Run ``steps`` in order until the messages fit, leaving ``memory_tokens`` of room for the
+    memory (out of the protected tail's share) and ``headroom_tokens`` more."""
     current: tuple[Message, ...] = tuple(messages)
     tokens: tuple[int, ...] = per_message
     actions: list[Action] = []
     dropped: tuple[DroppedSpan, ...] = ()
+    origins: tuple[int | None, ...] = tuple(range(len(messages)))
+    forgotten: set[int] = set()
+    note_at: int | None = None
     aligned = True  # indices still equal the input's (no message removed or inserted yet)
     for _name, strategy in steps:
         ctx = build_context(
@@ -139,9 +180,10 @@ def _run_steps(
             policy=policy,
             counter=counter,
             tokens=tokens,
-            summaries=summaries,
             input_messages=messages if aligned else None,
             input_tokens=per_message if aligned else None,
+            memory_tokens=memory_tokens,
+            headroom_tokens=headroom_tokens,
         )
         if ctx.fits(sum(tokens)):
             break
@@ -159,10 +201,25 @@ def _run_steps(
         if result.dropped:
             dropped = result.dropped
         if len(result.messages) != len(current):
+            # Only the drop changes the length: it keeps the very objects it keeps, and the one it
+            # makes (the note) is new.
+            origin_of = {id(m): o for m, o in zip(current, origins, strict=True)}
+            kept = {id(m) for m in result.messages}
+            forgotten.update(
+                o for m, o in zip(current, origins, strict=True) if id(m) not in kept and o is not None
+            )
+            origins = tuple(origin_of.get(id(m)) for m in result.messages)
+            note_at = next((j for j, m in enumerate(result.messages) if id(m) not in origin_of), None)
             aligned = False
+        elif _name == "prune":
+            forgotten.update(
+                o
+                for a, b, o in zip(result.messages, current, origins, strict=True)
+                if a is not b and o is not None
+            )
         current, tokens = result.messages, new_tokens
         actions.extend(result.actions)
-    return current, tokens, actions, dropped
+    return _Steps(current, tokens, actions, dropped, origins, frozenset(forgotten), note_at)
 
 
 def plan_request(
@@ -176,8 +233,14 @@ def plan_request(
     dialect: Dialect = DEFAULT_DIALECT,
     conversation: Conversation | None = None,
     limits: Limits | None = None,
+    headroom_tokens: int = 0,
 ) -> Plan:
-    """Plan one request: unchanged when it fits, else the least destructive rewrite that fits."""
+    """Plan one request: unchanged when it fits, else the least destructive rewrite that fits.
+
+    ``headroom_tokens``: plan as if the request needed that many tokens more room (the budget, its
+    blocks and levels unchanged): the plan of this conversation's next cut, whose memory span
+    ahead-of-time summaries prepare.
+    """
     parsed = dialect.parse(body) if conversation is None else conversation
     messages, per_message, tool_tokens, budget = _prepare(
         body,
@@ -199,7 +262,8 @@ def plan_request(
         detail = f"output cap lowered from {requested} to {lowered} tokens"
         lowered_action = (Action("output_lowered", 1, 0, detail),)
     before = sum(per_message) + REPLY_PRIMING_TOKENS + tool_tokens
-    fits = sum(per_message) + REPLY_PRIMING_TOKENS <= budget.input_budget_tokens
+    limit = budget.input_budget_tokens
+    fits = sum(per_message) + REPLY_PRIMING_TOKENS <= limit
     count_kind: Any = "exact" if counter.exact else "estimate"
 
     def plan(
@@ -211,6 +275,7 @@ def plan_request(
         actions: Sequence[Action] = (),
         dropped: Sequence[DroppedSpan] = (),
         warnings: tuple[str, ...] = (),
+        memory: MemorySpan | None = None,
         broken: tuple[str, ...] = (),
     ) -> Plan:
         return Plan(
@@ -230,22 +295,48 @@ def plan_request(
             dialect=dialect,
             warnings=warnings,
             source=parsed.messages,
+            memory=memory,
             broken=broken,
         )
 
     if not parsed.fittable:
         return plan(messages, per_message, changed=False, fits=True, warnings=(HISTORY_UPSTREAM,))
-    if policy.mode == "off" or fits:
+    if policy.mode == "off" or (fits and headroom_tokens <= 0):
         return plan(messages, per_message, changed=False, fits=True)
     if policy.mode == "reject":
-        over = sum(per_message) + REPLY_PRIMING_TOKENS - budget.input_budget_tokens
+        over = sum(per_message) + REPLY_PRIMING_TOKENS - limit
         rejected = Action("rejected", 1, 0, f"over the input budget by {over} tokens (policy reject)")
         return plan(messages, per_message, changed=False, fits=False, actions=(rejected,))
 
-    wanted = summaries if policy.mode == "auto" and policy.summarize else None
-    current, tokens, actions, dropped = _run_steps(
-        messages, per_message, STRATEGIES, budget=budget, policy=policy, counter=counter, summaries=wanted
+    room = memory_tokens_for(budget, policy)
+    steps = _run_steps(
+        messages,
+        per_message,
+        STRATEGIES,
+        budget=budget,
+        policy=policy,
+        counter=counter,
+        memory_tokens=room,
+        headroom_tokens=max(0, headroom_tokens),
     )
+    current, tokens, actions = steps.messages, steps.tokens, steps.actions
+    span: MemorySpan | None = None
+    if room:
+        # Memory stops from counts calibration never moves (a model counted by estimate keeps
+        # the same stops, so the same spans, as its correction is learned).
+        span = memory_span(
+            messages,
+            per_message if counter.exact else counter.uncorrected_counts(messages),
+            forgotten=steps.forgotten,
+            pinned=pinned_indices(messages, pin_first_user=policy.pin_first_user),
+            step_tokens=memory_step_tokens(budget, policy),
+            gap_tokens=MEMORY_GAP_FACTOR * room,
+        )
+    if span is not None and summaries is not None:
+        current, tokens = _remember(
+            current, tokens, steps, span, summaries, messages=messages, counter=counter, limit=limit
+        )
+
     broken = tuple(new_problems(body, current, dialect=dialect, source=parsed.messages))
     if broken:
         warnings.warn(
@@ -253,69 +344,73 @@ def plan_request(
             StructureGuardWarning,
             stacklevel=2,
         )
-        if wanted is not None:
-            current, tokens, actions, dropped = _run_steps(
-                messages,
-                per_message,
-                STRATEGIES,
-                budget=budget,
-                policy=policy,
-                counter=counter,
-                summaries=None,
-            )
-        if wanted is None or new_problems(body, current, dialect=dialect, source=parsed.messages):
+        remembered = current is not steps.messages
+        if remembered:  # the deterministic cut: the same steps, without the memory
+            current, tokens, span = steps.messages, steps.tokens, None
+            actions = [a for a in actions if a.kind != "summarized"]
+        if not remembered or new_problems(body, current, dialect=dialect, source=parsed.messages):
             return plan(messages, per_message, changed=False, fits=fits, broken=broken)
-    fitted = sum(tokens) + REPLY_PRIMING_TOKENS <= budget.input_budget_tokens
+    fitted = sum(tokens) + REPLY_PRIMING_TOKENS <= limit
     if not fitted:
-        over = sum(tokens) + REPLY_PRIMING_TOKENS - budget.input_budget_tokens
+        over = sum(tokens) + REPLY_PRIMING_TOKENS - limit
         actions.append(Action("rejected", 1, 0, f"still over the input budget by {over} tokens"))
-    return plan(current, tokens, changed=True, fits=fitted, actions=actions, dropped=dropped, broken=broken)
-
-
-def preview_next_cut(
-    body: Mapping[str, Any],
-    *,
-    spec: ModelSpec,
-    policy: Policy,
-    counter: MessageCounter,
-    cap_tokens: int | None = None,
-    dialect: Dialect = DEFAULT_DIALECT,
-) -> tuple[DroppedSpan, ...]:
-    """The spans the next cut of this conversation will drop, all of it from the oldest (``()``
-    when no complete level is left), as ``Plan.dropped`` would report them: ``block_stops`` are the
-    level ends, so a summary made ahead of time for them is the one the next cut looks up.
-
-    One rule with the pipeline (``strategies.next_cut``): this body is pruned and cut middle-out
-    as ``plan_request`` would, and the next cut is the level after the one it needs (the first
-    level when it fits). The span is in this body's message indices.
-    """
-    messages, per_message, _tools, budget = _prepare(
-        body,
-        dialect.parse(body),
-        dialect=dialect,
-        spec=spec,
-        policy=policy,
-        counter=counter,
-        cap_tokens=cap_tokens,
-    )
-    current, tokens, _actions, _dropped = _run_steps(
-        messages, per_message, STRATEGIES[:2], budget=budget, policy=policy, counter=counter, summaries=None
-    )
-    ctx = build_context(
+    return plan(
         current,
-        budget=budget,
-        policy=policy,
+        tokens,
+        changed=True,
+        fits=fitted,
+        actions=actions,
+        dropped=steps.dropped,
+        memory=span,
+        broken=broken,
+    )
+
+
+def next_cut_headroom(plan: Plan, policy: Policy) -> int:
+    """The ``headroom_tokens`` whose plan forgets more than ``plan`` (a plan of the same request
+    without a summary provider): its strategies aim one token below what ``plan`` kept, with the
+    memory's room, so they reach the next level."""
+    room = memory_tokens_for(plan.budget, policy)
+    target = plan.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - room
+    return max(1, target - (sum(plan.message_tokens) - 1))
+
+
+def _remember(
+    current: tuple[Message, ...],
+    tokens: tuple[int, ...],
+    steps: _Steps,
+    span: MemorySpan,
+    summaries: SummaryProvider,
+    *,
+    messages: Sequence[Message],
+    counter: MessageCounter,
+    limit: int,
+) -> tuple[tuple[Message, ...], tuple[int, ...]]:
+    """The fitted messages with the memory of ``span`` in place when the provider has its summary
+    (or, else, the summary of one of its ``earlier`` spans) and it fits (``summarized``, counting
+    the messages it stands for), else unchanged (``summary_failed``, with why)."""
+    count = len(span.indices)
+    summary: str | None = None
+    for candidate in (span, *(span.until(stop) for stop in span.earlier)):
+        found = summaries.summary_for(span_messages(messages, candidate))
+        if isinstance(found, str) and found.strip():
+            summary, span = found, candidate
+            break
+    if summary is None:
+        steps.actions.append(Action("summary_failed", count, detail="no summary available"))
+        return current, tokens
+    placed = place_memory(
+        current,
+        tokens,
+        steps.origins,
+        span=span,
+        summary=summary,
         counter=counter,
-        tokens=tokens,
-        input_messages=messages,
-        input_tokens=per_message,
+        limit_tokens=limit - REPLY_PRIMING_TOKENS,
+        note_at=steps.note_at,
     )
-    # The next request carries one more turn: its protected tail starts where this body's newest
-    # ``keep_turns - 1`` turns do (bounded to the share the same way), at least at the newest turn.
-    next_tail = protected_start(
-        messages,
-        keep_turns=max(1, policy.keep_turns - 1),
-        tokens=per_message,
-        max_tokens=protect_tokens_for(budget, policy),
-    )
-    return next_cut(current, replace(ctx, protected_from=max(ctx.protected_from, next_tail)))
+    if placed is None:
+        steps.actions.append(Action("summary_failed", count, detail="summary too large to fit"))
+        return current, tokens
+    steps.actions.append(Action("summarized", len(span.indices)))
+    return placed.messages, placed.tokens

@@ -7,7 +7,9 @@ INTERFACE CONTRACT (the service, the API and the CLI rely on these names):
   ``tokens_before``, ``tokens_after`` (whole-request input tokens: messages, reply priming and
   tool definitions), ``changed`` (False: forward the client's original bytes), ``fits``,
   ``messages`` (what to forward), ``message_tokens`` (per forwarded message), ``actions``;
-  ``dropped`` (the spans of the *input* messages that were removed, for summaries);
+  ``dropped`` (the spans of the *input* messages that were removed); ``memory`` (the
+  ``MemorySpan`` a summary stands for, when summaries are wanted and something was forgotten)
+  and ``memory_kind`` (``summary``/``note``/``none``, the ``X-Context-Memory`` header);
   ``actions_header()`` renders ``pruned=4,dropped_turns=6,truncated=1``; ``dialect`` is the wire
   API's (``api`` its name); ``body(original)`` returns the request body to forward, rendered by
   that dialect; ``warnings`` are ``X-Context-Warning`` values (``history-upstream``); ``broken``
@@ -27,6 +29,7 @@ from typing import Any, Literal
 
 from .budget import Budget
 from .dialect import Dialect
+from .memory import MemorySpan
 from .messages import Message
 from .registry import ModelSpec
 
@@ -36,8 +39,8 @@ ActionKind = Literal[
     "truncated",  # one large message cut middle-out
     "dropped_turns",  # whole turns removed from the oldest (count = turns)
     "dropped_messages",  # how many messages those turns held
-    "summarized",  # a dropped span replaced by a summary instead of a note
-    "summary_failed",  # a summary was wanted but the deterministic note was used
+    "summarized",  # what was forgotten (pruned or dropped) has a summary in its place (count = messages)
+    "summary_failed",  # a summary was wanted but the note and placeholders stand alone
     "last_resort",  # newest or pinned messages cut middle-out
     "output_lowered",  # the forwarded output cap lowered so that what must be kept fits
     "rejected",  # policy reject / cannot fit
@@ -113,9 +116,19 @@ class Plan:
     broken: tuple[str, ...] = ()
     output_cap_tokens: int | None = None
     upstream_tokens: int | None = None
+    memory: MemorySpan | None = None
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
+
+    @property
+    def memory_kind(self) -> Literal["summary", "note", "none"]:
+        """What stands in for what the plan forgot: ``summary`` (a memory message), ``note`` (the
+        drop's note and the prune placeholders alone), ``none`` (nothing was forgotten)."""
+        if any(action.kind == "summarized" for action in self.actions):
+            return "summary"
+        forgot = ("pruned", "images", "dropped_messages")
+        return "note" if any(action.kind in forgot for action in self.actions) else "none"
 
     @property
     def api(self) -> str:

@@ -7,9 +7,9 @@ INTERFACE CONTRACT (the pipeline in ``fit.py`` and the tests rely on these names
   idempotent (applying it to its own output with a context built for that output changes
   nothing), never splits a unit, and returns its input unchanged when the messages already fit.
 * ``prune_old_results``, ``middle_out``, ``drop_oldest``, ``last_resort``; ``STRATEGIES`` in order.
-* ``is_ctxproxy_note(message)``.
-* ``next_cut(messages, ctx) -> tuple[DroppedSpan, ...]``: what the next overflow's cut will drop
-  (the one next-cut rule: ``fit.preview_next_cut`` and ahead-of-time summaries use it).
+* ``is_ctxproxy_note(message)`` (a note, or a memory: ``memory.py``); ``note_text(count)``,
+  ``pruned_text(chars, tool_name)``, ``content_chars(content)``: the texts the steps write, each
+  a pure function of what it replaces.
 
 What a strategy may know and the regions it works in (``FitContext``, the pinned messages, the
 protected tail, the stable blocks) are in ``context.py``; cutting one message middle-out is in
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from .context import (
@@ -42,6 +41,7 @@ from .context import (
 )
 from .conversation import is_opaque
 from .cutting import truncate_message
+from .memory import MEMORY_HEAD_RE
 from .messages import INSTRUCTION_ROLES, Message, group_units
 from .plan import Action, ActionKind, DroppedSpan, StrategyResult
 
@@ -49,17 +49,20 @@ IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image
 # Last resort never cuts a message below this many tokens in total.
 LAST_RESORT_FLOOR_TOKENS = 64
 
+# Placeholders, notes and markers are pure functions of what they replace (their sizes are in
+# characters of the replaced text, never in tokens: a token count of a model counted by estimate
+# changes with calibration, and one changed byte in the prefix is a prompt-cache miss). The
+# patterns also recognise the older wordings with token counts, which clients may resend.
 _PRUNED_RE = re.compile(
     r"\[ctxproxy: tool result removed to fit the context window "
-    r"\((?:[A-Za-z0-9_.:-]{1,64}, )?[0-9,]+ tokens\)\]"
+    r"\((?:[A-Za-z0-9_.:-]{1,64}(?:, )?)?(?:[0-9,]+ (?:tokens|characters))?\)\]"
 )
 # Only names of the shape OpenAI allows for functions go into a placeholder (never free text).
 _TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _NOTE_RE = re.compile(
-    r"\[ctxproxy: [0-9,]+ earlier messages? \([0-9,]+ tokens\) (?:was|were) removed here to fit the "
-    r"context window\]"
+    r"\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(?:was|were) removed here to fit "
+    r"the context window\]"
 )
-_SUMMARY_RE = re.compile(r"\[ctxproxy: summary of [0-9,]+ earlier messages?\]\n")
 IMAGE_PLACEHOLDER = "[ctxproxy: image removed to fit the context window]"
 
 
@@ -67,11 +70,12 @@ Strategy = Callable[[Sequence[Message], FitContext], StrategyResult]
 
 
 def is_ctxproxy_note(message: Message) -> bool:
-    """True for a note or summary the pipeline left in place of dropped messages."""
+    """True for a note or a memory the pipeline left in place of what it cut (any wording it
+    ever wrote: clients resend them)."""
     content = message.get("content")
     if not isinstance(content, str) or message.get("role") not in ("user", "assistant"):
         return False
-    return bool(_NOTE_RE.fullmatch(content) or _SUMMARY_RE.match(content))
+    return bool(_NOTE_RE.fullmatch(content) or MEMORY_HEAD_RE.match(content))
 
 
 def _unchanged(messages: Sequence[Message]) -> StrategyResult:
@@ -89,9 +93,24 @@ def _has_image(message: Message) -> bool:
     )
 
 
-def _pruned_text(tokens: int, tool_name: str | None) -> str:
+def content_chars(content: object) -> int:
+    """Characters of a message's text: string content, or its parts' ``text`` strings."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(part["text"])
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return 0
+
+
+def pruned_text(chars: int, tool_name: str | None) -> str:
+    """The placeholder of a pruned tool result: a pure function of the result (its tool's name
+    and the characters of its text)."""
     what = f"{tool_name}, " if tool_name else ""
-    return f"[ctxproxy: tool result removed to fit the context window ({what}{tokens:,} tokens)]"
+    return f"[ctxproxy: tool result removed to fit the context window ({what}{chars:,} characters)]"
 
 
 def _tool_names(messages: Sequence[Message]) -> dict[str, str]:
@@ -182,7 +201,7 @@ def _prune(messages: Sequence[Message], ctx: FitContext, *, newest: bool) -> Str
             if not (isinstance(content, str) and _PRUNED_RE.fullmatch(content)):
                 candidate = {
                     **message,
-                    "content": _pruned_text(base_tokens[i], _result_tool_name(message, names)),
+                    "content": pruned_text(content_chars(content), _result_tool_name(message, names)),
                 }
         else:
             content = message.get("content")
@@ -278,18 +297,12 @@ def _cut_until_fits(
     return StrategyResult(_replace(messages, changes), (Action(kind, len(changes), freed),))
 
 
-def _note_text(count: int, tokens: int) -> str:
+def note_text(count: int) -> str:
+    """The note that stands for ``count`` dropped messages (a pure function of the span: no token
+    count, which for a model counted by estimate would change with calibration)."""
     noun = "message" if count == 1 else "messages"
     verb = "was" if count == 1 else "were"
-    return (
-        f"[ctxproxy: {count:,} earlier {noun} ({tokens:,} tokens) {verb} removed here to fit the "
-        "context window]"
-    )
-
-
-def _summary_text(count: int, summary: str) -> str:
-    noun = "message" if count == 1 else "messages"
-    return f"[ctxproxy: summary of {count:,} earlier {noun}]\n{summary.strip()}"
+    return f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window]"
 
 
 def _spans(
@@ -314,7 +327,9 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
     (current counts, summed from the oldest block) cross a multiple of the level step ``S``
     (``context.step_tokens_for``), and inside the last (still growing) block every turn start is
     one. The stops depend only on the conversation's start (and on what prune left there, which
-    moves in the same steps). Third: how many of the member blocks come before the growing one."""
+    moves in the same steps). With a memory (``ctx.memory_tokens``), the protected tail's units but
+    its newest follow, each a stop. Third: how many of the member blocks come before the growing
+    one."""
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
     base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
     blocks = droppable_blocks(
@@ -333,6 +348,12 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
         parts += [
             (a, b, True) for a, b in _split_last_block(base_messages, base_tokens, start, stop, block_tokens)
         ]
+    if ctx.memory_tokens > 0:
+        # With a memory, the protected tail's older units may go too (each a stop, after every
+        # block): a summary stands for them, where the last resort would cut the newest messages'
+        # middles with none. The newest unit always stays.
+        tail = group_units(base_messages[ctx.protected_from :])
+        parts += [(ctx.protected_from + u.start, ctx.protected_from + u.stop, True) for u in tail[:-1]]
     block_members: list[list[int]] = []
     in_last: list[bool] = []
     for start, stop, last in parts:
@@ -374,7 +395,7 @@ def _split_last_block(
 
 def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     """Step 4: drop whole blocks from the oldest, up to the smallest *level* that fits; one note
-    (or summary) in their place.
+    in their place (the pipeline's memory may stand in for it: ``memory.py``).
 
     The cut may end only at a stop of ``_drop_levels``: where the tokens it frees cross a multiple
     of ``S = (1 - cut_target) * budget`` (at least ``B // 2``), or after the last droppable block.
@@ -383,26 +404,21 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     reached again, by another level. Where old blocks are cheap (an agent's pruned tool
     exchanges) a level holds many of them.
 
-    Never drops a pinned message, the newest user message, a note, the protected tail or part of
-    a unit. The note's
-    role keeps alternation where possible: ``assistant`` when the message before it is a user
-    message, else ``user``. With a summary provider (the pipeline passes one only under policy
-    ``auto`` with ``summarize``), a non-empty summary replaces the note if it still fits.
+    Never drops a pinned message, the newest user message, a note, the protected tail (with a
+    memory: the tail's newest unit; its older units come last, after every block, rather than the
+    last resort's cuts) or part of a unit. The note's role keeps alternation where possible:
+    ``assistant`` when the message before it is a user message, else ``user``.
 
-    The summary provider gets the *client's* messages of every dropped span, in order. Actions:
-    ``dropped_turns`` (user messages dropped; absent when none was), ``dropped_messages`` (with the
-    tokens freed), and ``summarized`` or
-    ``summary_failed`` (count = dropped messages). ``StrategyResult.dropped`` holds one span per
+    Actions: ``dropped_turns`` (user messages dropped; absent when none was) and
+    ``dropped_messages`` (with the tokens freed). ``StrategyResult.dropped`` holds one span per
     contiguous run (a pinned message or the newest user message inside the region splits it; the
-    single note sits where the first dropped message was); its ``block_stops`` are the level ends,
-    so a rolling summary costs one call per cut, not one per block.
+    single note sits where the first dropped message was); its ``block_stops`` are the level ends.
     """
     tokens = ctx.tokens
     total = sum(tokens)
     if ctx.fits(total):
         return _unchanged(messages)
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else tokens
-    base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
     block_members, stops, _complete = _drop_levels(messages, ctx)
     if not block_members:
         return _unchanged(messages)
@@ -415,7 +431,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
 
     def note_for(blocks: int) -> tuple[int, int]:
         members = members_of(blocks)
-        text = _note_text(len(members), sum(base_tokens[i] for i in members))
+        text = note_text(len(members))
         freed = sum(tokens[i] for i in members)
         return freed, ctx.counter.count_message({"role": role, "content": text})
 
@@ -438,30 +454,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         return [block_members[s - 1][-1] + 1 for s in stops if s <= blocks]
 
     block_ends = ends_of(k)
-    dropped_tokens = sum(base_tokens[i] for i in dropped)
-    replacement: dict[str, Any] = {"role": role, "content": _note_text(len(dropped), dropped_tokens)}
-    actions: list[Action] = []
-    if ctx.summaries is not None:
-        # A summary is longer than the note: when it does not fit the room the cut left, cut to
-        # the next level (its summary, if the provider has one, is tried next).
-        failure = "no summary available"
-        for j in (s for s in stops if s >= k):
-            span = members_of(j)
-            summary = ctx.summaries.summary_for([base_messages[i] for i in span])
-            if not (isinstance(summary, str) and summary.strip()):
-                break
-            candidate = {"role": role, "content": _summary_text(len(span), summary)}
-            summary_tokens = ctx.counter.count_message(candidate)
-            freed_j = sum(tokens[i] for i in span)
-            if freed_j > summary_tokens and ctx.fits(total - freed_j + summary_tokens):
-                dropped, freed = span, freed_j
-                block_ends = ends_of(j)
-                replacement, note_tokens = candidate, summary_tokens
-                actions.append(Action("summarized", len(dropped), freed - summary_tokens))
-                break
-            failure = "summary too large to fit"
-        if not actions:
-            actions.append(Action("summary_failed", len(dropped), detail=failure))
+    replacement: dict[str, Any] = {"role": role, "content": note_text(len(dropped))}
     drop_set = set(dropped)
     out: list[Message] = []
     for i, message in enumerate(messages):
@@ -472,57 +465,11 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     turns = sum(1 for i in dropped if messages[i].get("role") == "user")
     # One drop, two counts: the tokens are freed once (on dropped_messages), and no turn was
     # dropped when only replies of a kept user message went (the pinned task's agent turn).
-    actions[:0] = [
+    actions = [
         *([Action("dropped_turns", turns)] if turns else []),
         Action("dropped_messages", len(dropped), freed - note_tokens),
     ]
     return StrategyResult(tuple(out), tuple(actions), _spans(dropped, block_ends, base_tokens))
-
-
-def next_cut(messages: Sequence[Message], ctx: FitContext) -> tuple[DroppedSpan, ...]:
-    """The spans the next cut of this conversation will drop (all of it, from the oldest), in the
-    shape ``drop_oldest`` reports them; ``()`` when no complete level is left to cut.
-
-    ``messages`` and ``ctx`` are the state the drop step would see (after prune and middle-out;
-    indices equal the input's). The next cut is the level after the one this request needs (the
-    first level when it fits without a drop). The last droppable block still grows with the
-    conversation, so a level ending there is never chosen.
-    """
-    # A cut comes only once prune has reached its newest level: predict from that state; and when
-    # that state is under the cut target, the next overflow is pruned, not cut (nothing to prepare).
-    pruned = _prune(messages, ctx, newest=True)
-    if pruned.messages is not messages and any(
-        a is not b for a, b in zip(pruned.messages, messages, strict=True)
-    ):
-        counts = tuple(
-            t if a is b else ctx.counter.count_message(a)
-            for a, b, t in zip(pruned.messages, messages, ctx.tokens, strict=True)
-        )
-        messages, ctx = pruned.messages, replace(ctx, tokens=counts)
-    if sum(ctx.tokens) <= int(ctx.policy.cut_target * ctx.budget.input_budget_tokens):
-        return ()
-    block_members, stops, whole = _drop_levels(messages, ctx)
-    complete = [k for k in stops if k <= whole and k < len(block_members)]
-    base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
-    total = sum(ctx.tokens)
-    needed = 0
-    if not ctx.fits(total) and block_members:
-        note = ctx.counter.count_message({"role": "user", "content": _note_text(10**6, 10**9)})
-        needed = next(
-            (
-                k
-                for k in stops
-                if ctx.fits(total - sum(ctx.tokens[i] for b in block_members[:k] for i in b) + note)
-            ),
-            len(block_members),
-        )
-    upcoming = [k for k in complete if k > needed]
-    if not upcoming:
-        return ()
-    k = upcoming[0]
-    dropped = [i for block in block_members[:k] for i in block]
-    ends = [block_members[s - 1][-1] + 1 for s in stops if s <= k]
-    return _spans(dropped, ends, base_tokens)
 
 
 def last_resort(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:

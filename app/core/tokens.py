@@ -25,7 +25,8 @@ INTERFACE CONTRACT (other modules rely on these names and signatures):
   ``head_tail(text, head_tokens=, tail_tokens=)``.
 * ``MessageCounter(counter, *, cache_size=..., cache_max_chars=...)``:
   ``count_message(message) -> int`` (including the per-message overhead),
-  ``count_messages(messages) -> tuple[int, ...]``,
+  ``count_messages(messages) -> tuple[int, ...]``, ``uncorrected_counts(messages)`` (the same
+  without an estimate's correction),
   ``count_tools(body) -> int`` (tool / function definitions), ``count_request(body) -> int``
   (messages + reply priming + tools), ``REPLY_PRIMING_TOKENS``.
 * Extensions: ``MessageCounter.exact``, ``.counter``, ``.cache_info() -> CacheInfo(hits, misses,
@@ -192,6 +193,11 @@ class MessageCounter:
         if not self._corrected:
             return tuple(fixed + text for fixed, text in tallies)
         return tuple(fixed + self._scale(text) for fixed, text in tallies)
+
+    def uncorrected_counts(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        """Per-message counts without the estimate's correction (``count_messages`` of an exact
+        counter): a pure function of the messages, which calibration never moves."""
+        return tuple(fixed + text for fixed, text in self._message_tallies(messages))
 
     def _message_tallies(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
         """``(fixed, raw text tokens)`` per message, through the remembered conversations."""

@@ -88,6 +88,7 @@ class Service:
         self.upstream = upstream
         self.required_encodings = tuple(required_encodings)
         self._policy = settings.fit_policy()
+        self._remembering: Policy | None = None  # the operator's policy with summaries wanted
         self._counters: dict[str, MessageCounter] = {}
         self.summaries = summaries
         self.learner = learner if learner is not None else Learner()
@@ -106,13 +107,23 @@ class Service:
         return counter
 
     def policy(self, options: RequestOptions) -> Policy:
-        return self._policy.refined(
+        policy = self._policy.refined(
             mode=options.mode,
             keep_turns=options.keep_turns,
             reserve_tokens=options.reserve_tokens,
             cut_target=options.cut_target,
             lower_output=options.lower_output,
         )
+        # With summaries wanted, every plan of the request (the first one too) leaves the cut room
+        # for the memory: the same cut whether or not its summary comes.
+        wanted = self.summaries is not None and self.summaries.wanted(policy, options.summarize)
+        if not wanted or policy.summarize:
+            return policy
+        if policy is self._policy:  # the common case: no per-request override, made once
+            if self._remembering is None:
+                self._remembering = replace(policy, summarize=True)
+            return self._remembering
+        return replace(policy, summarize=True)
 
     def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
         """The counter to plan ``spec`` with (per model, calibrated, for the estimate)."""

@@ -130,10 +130,12 @@ class ProxyRequest:
         cap_tokens: int | None = None,
         summaries: SummaryProvider | None = None,
         limits: Limits | None = None,
+        headroom_tokens: int = 0,
     ) -> Plan:
         """The plan of this request (no I/O), capped by ``X-Context-Budget`` and ``cap_tokens``,
-        under ``limits`` (default: the request's own); ``summaries`` puts LLM summaries in place of
-        dropped spans. Never raises ``CannotFit``."""
+        under ``limits`` (default: the request's own); ``summaries`` puts an LLM summary in place
+        of what the cut forgot; ``headroom_tokens`` plans the next cut (``app.core.fit``). Never
+        raises ``CannotFit``."""
         caps = [c for c in (self.options.budget_tokens, cap_tokens) if c is not None]
         policy = self.policy if summaries is None else replace(self.policy, summarize=True)
         plan = plan_request(
@@ -146,6 +148,7 @@ class ProxyRequest:
             dialect=self.dialect,
             conversation=self.conversation,
             limits=self.limits if limits is None else limits,
+            headroom_tokens=headroom_tokens,
         )
         if plan.broken:
             logger.error(

@@ -1,4 +1,4 @@
-"""LLM summaries in the chat path: the upstream ``complete`` call, in-line summaries, ahead of time.
+"""LLM summaries on the request path: what a cut forgot, summarized in the request's own wire API.
 
 INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
 
@@ -8,137 +8,140 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   summaries, then closes the cache.
 * ``wanted(policy, summarize) -> bool``: summaries apply under policy ``auto`` only, when the
   request's ``X-Context-Summarize`` (``summarize``: True/False/None) or else
-  ``settings.summarize`` turns them on. ``truncate``, ``reject`` and ``off`` never call an LLM.
+  ``settings.summarize`` (on by default) turns them on. ``truncate``, ``reject`` and ``off``
+  never call an LLM. The service plans such a request with ``policy.summarize`` set, so its cut
+  leaves room for the memory (``app.core.memory``) whether or not a summary comes.
 * ``await refine(request, plan, *, cap_tokens=None) -> Plan``: ``plan`` is the engine's plan of
-  ``request`` (an ``app.service.request.ProxyRequest``: policy, options, counter, headers, the
-  neutral conversation) without summaries, made under ``cap_tokens``; the request value plans
-  itself again with a ``SummaryProvider`` (``request.plan(cap_tokens=..., summaries=...)``), so
-  nothing calls back into the driver. When the plan dropped spans, the rolling
-  summary of the dropped blocks is looked up in the cache, else made (or joined, when another
-  request is already making it) and awaited for at most ``settings.summary_timeout_s``; the
-  re-plan puts it where the span was (``summarized``), or the deterministic note when there is
-  none (``summary_failed``, logged). Then, when the final plan fits but uses more than
-  ``settings.summary_ahead_ratio`` of the budget, the blocks the next overflow would cut are
-  summarized in the background (:func:`next_cut_blocks`). Never raises: compaction never fails a
-  request.
-* ``UpstreamComplete(upstream, *, base_url, max_tokens)``: the summarizer's ``Complete`` over the
-  app's :class:`~app.upstream.client.UpstreamClient` (non-streaming ``chat/completions``). Its
-  Authorization is the configured upstream key (the client adds it), else the Authorization of
-  the request that triggered the summary, carried in a context variable for the life of that
-  summary's task and never stored.
-* ``stats() -> dict``: in-line ``cached``/``waited``/``failed``, ``too_large`` (a summary the
-  engine could not fit in the room its cut left: the note was used), ``ahead`` scheduled,
-  summarizer calls, the cache's and the background work's counters.
+  ``request`` (an ``app.service.request.ProxyRequest``) without a summary provider, made under
+  ``cap_tokens``. When it forgot something (``plan.memory``), the summary of that span is looked
+  up in the cache, else made (or joined, when another request or replica is making it) and
+  awaited for at most ``settings.summary_timeout_s``; the request value plans itself again with
+  it (``summarized``); without it (late, failed, backing off) with the summary of the span's
+  ``earlier`` memory when one is cached (what the conversation had), else with nothing
+  (``summary_failed``: the note and placeholders stand in).
+  Then, when the plan fits but uses more than ``settings.summary_ahead_ratio`` of the budget, the
+  span the next cut will forget (``app.core.fit.next_cut_headroom``) is summarized in the
+  background. Never raises: compaction never fails a request. A request that forgot nothing and
+  is under the ratio costs one comparison.
+* The summary call speaks the request's own wire API (``Dialect.summary_request`` /
+  ``summary_text``) on the request model's upstream, with the client's headers the dialect names
+  (its key, ``anthropic-version``) held only while that summary is written; the operator's key,
+  when set, replaces the client's (in the header its API uses). ``CTXPROXY_SUMMARY_MODEL``,
+  ``CTXPROXY_SUMMARY_BASE_URL`` and ``CTXPROXY_SUMMARY_API`` override the model, the upstream and
+  the API.
+* ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures,
+  tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
+  in by an ``earlier`` one, ``too_large``, ``backing_off``; summaries made ``ahead``), totals of
+  the same, in-flight work and the cache's counters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 import orjson
 
 from ..compaction.ahead import AheadOfTime
 from ..compaction.cache import SummaryCache, cache_from_url
-from ..compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError, blocks_from_spans
+from ..compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError
 from ..core.budget import Policy
-from ..core.fit import SummaryProvider, preview_next_cut
-from ..core.messages import Message
+from ..core.dialect import Dialect
+from ..core.dialects import DIALECTS
+from ..core.fit import next_cut_headroom
+from ..core.memory import memory_tokens_for, span_messages
 from ..core.plan import Plan
-from ..core.tokens import MessageCounter
 from ..settings import Settings
-from ..upstream.client import UpstreamClient
+from ..upstream.client import UpstreamClient, join_url, origin_url
 from ..upstream.headers import Header
 from ..wire import dump_json
-from .ports import CHAT_PATH, ModelResolver, Vocabularies
+from .fastpath import run_plan
+from .ports import ModelResolver, Vocabularies
 from .report import request_budget_tokens
 from .request import ProxyRequest
 
 logger = logging.getLogger("ctxproxy.compaction")
 
 BACKGROUND_TIMEOUT_S = 60.0
-"""Bound on each summary call made in the background (the in-line wait is the settings')."""
-MAX_REPLY_TOKENS = 2048
+"""Bound on each summary made in the background (the in-line wait is the settings')."""
+MIN_REPLY_TOKENS = 64
+# A summary is asked for in a little less than the memory's room: the summary model may count
+# its tokens differently from the request's counter.
+REPLY_SHARE = 0.85
+# A model counted by estimate keeps this share of its window free in a summary request.
+ESTIMATE_MARGIN = 0.1
 
-_authorization: ContextVar[str | None] = ContextVar("ctxproxy_summary_authorization", default=None)
+_carried: ContextVar[tuple[Header, ...]] = ContextVar("ctxproxy_summary_headers", default=())
 
-Replan = Callable[[SummaryProvider], Plan]
+COUNTERS = ("calls", "failures", "tokens_in", "tokens_out")
+EVENTS = ("cached", "waited", "failed", "earlier", "too_large", "ahead", "backing_off")
 
 
 class SummaryUpstreamError(SummaryError):
-    """The summarizer's upstream answered with an error or something that is not a completion."""
+    """The summarizer's upstream answered with an error or something that is not an answer."""
 
 
-def authorization_of(headers: Sequence[Header]) -> str | None:
-    for name, value in headers:
-        if name.lower() == "authorization":
-            return value
-    return None
+def carried_headers(headers: Sequence[Header], names: Sequence[str]) -> tuple[Header, ...]:
+    """The client's headers named in ``names`` (any case), in the client's order."""
+    wanted = {name.lower() for name in names}
+    return tuple((name, value) for name, value in headers if name.lower() in wanted)
 
 
 class UpstreamComplete:
-    """``(messages, model) -> text`` over the upstream client: one non-streaming completion."""
+    """``(messages, model) -> text`` over the upstream client: one non-streaming call in
+    ``dialect``'s wire API (``Dialect.summary_request``)."""
 
-    def __init__(self, upstream: UpstreamClient, *, base_url: str, max_tokens: int) -> None:
+    def __init__(self, upstream: UpstreamClient, *, dialect: Dialect, base_url: str, max_tokens: int) -> None:
         self.upstream = upstream
+        self.dialect = dialect
         self.base_url = base_url
         self.max_tokens = max_tokens
 
     async def __call__(self, messages: list[dict[str, Any]], model: str) -> str:
-        body = {"model": model, "messages": messages, "max_tokens": self.max_tokens, "stream": False}
+        call = self.dialect.summary_request(messages, model=model, max_tokens=self.max_tokens)
         headers: list[Header] = [("Content-Type", "application/json"), ("Accept", "application/json")]
-        authorization = _authorization.get()
-        if authorization:
-            headers.append(("Authorization", authorization))
+        client = carried_headers(_carried.get(), call.carry)
+        headers += client
+        sent = {name.lower() for name, _ in client}
+        headers += [(name, value) for name, value in call.defaults if name.lower() not in sent]
         response = await self.upstream.send(
             "POST",
-            CHAT_PATH,
-            content=dump_json(body),
+            call.path,
+            content=dump_json(call.body),
             headers=headers,
             stream=False,
             base_url=self.base_url,
+            key_slot=self.dialect.key_slots[0] if self.dialect.key_slots else None,
+            at_origin=call.at_origin,
         )
         raw = response.decoded_body()
+        where = f"POST {(origin_url if call.at_origin else join_url)(self.base_url, call.path)}"
         if response.status_code >= 400:
-            raise SummaryUpstreamError(f"HTTP {response.status_code}: {raw[:200]!r}")
+            raise SummaryUpstreamError(
+                f"{where} answered HTTP {response.status_code}: {raw[:200]!r}", status=response.status_code
+            )
         try:
             answer = orjson.loads(raw)
-            content = answer["choices"][0]["message"]["content"]
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            raise SummaryUpstreamError(f"not a chat completion: {raw[:200]!r}") from exc
-        if not isinstance(content, str):
-            raise SummaryUpstreamError("the completion has no text content")
-        return content
+        except orjson.JSONDecodeError as exc:
+            raise SummaryUpstreamError(f"{where} answered no JSON: {raw[:200]!r}") from exc
+        text = self.dialect.summary_text(answer) if isinstance(answer, Mapping) else None
+        if text is None:
+            raise SummaryUpstreamError(f"{where} answered no {self.dialect.name} text: {raw[:200]!r}")
+        return text
 
 
-def next_cut_blocks(
-    body: Mapping[str, Any],
-    messages: Sequence[Message],
-    plan: Plan,
-    *,
-    policy: Policy,
-    counter: MessageCounter,
-) -> list[list[Message]]:
-    """The blocks the next cut of this conversation will summarize (everything it drops, as
-    ``blocks_from_spans`` gives them: one block per level), from the engine's one next-cut rule
-    (``app.core.fit.preview_next_cut``); empty when no complete level is left to cut."""
-    extra = {"dialect": plan.dialect} if plan.dialect is not None else {}
-    spans = preview_next_cut(
-        body, spec=plan.spec, policy=policy, counter=counter, cap_tokens=plan.budget.cap_tokens, **extra
-    )
-    return blocks_from_spans(messages, spans) if spans else []
-
-
-def _too_large(plan: Plan) -> bool:
-    """The plan fell back to the note although a summary was offered (it did not fit its room)."""
-    return any(action.kind == "summary_failed" for action in plan.actions)
+def _summary_failed(plan: Plan, detail: str) -> bool:
+    return any(a.kind == "summary_failed" and a.detail == detail for a in plan.actions)
 
 
 class Summaries:
-    """The app's summary machinery: cache, one summarizer per summary model, background work."""
+    """The app's summary machinery: cache, one summarizer per summary API, model, upstream and
+    reply size, background work."""
 
     def __init__(
         self,
@@ -157,31 +160,64 @@ class Summaries:
             settings.cache_url, ttl_s=settings.cache_ttl_s, max_entries=settings.cache_max_entries
         )
         self._semaphore = asyncio.Semaphore(settings.summary_concurrency)
-        self._ahead: dict[str, AheadOfTime | None] = {}
-        self._counts = {"cached": 0, "waited": 0, "failed": 0, "too_large": 0, "ahead": 0}
+        self._ahead: dict[tuple[str, str, str, int, int], tuple[str, AheadOfTime] | None] = {}
+        self._events: dict[str, dict[str, int]] = {}
 
     def wanted(self, policy: Policy, summarize: bool | None) -> bool:
         enabled = self.settings.summarize if summarize is None else summarize
         return enabled and policy.mode == "auto"
 
-    def ahead_for(self, model: str) -> AheadOfTime | None:
-        """The background worker (and its summarizer) for ``model``; None if it cannot summarize."""
-        if model in self._ahead:
-            return self._ahead[model]
+    def _count(self, api: str, event: str) -> None:
+        counts = self._events.setdefault(api, dict.fromkeys(EVENTS, 0))
+        counts[event] += 1
+
+    def dialect_for(self, request: ProxyRequest) -> Dialect:
+        """The wire API summaries of ``request`` are asked in (``CTXPROXY_SUMMARY_API`` or its own)."""
+        name = self.settings.summary_api
+        return DIALECTS[name] if name else request.dialect
+
+    def ahead_for(self, request: ProxyRequest, *, reply_tokens: int) -> AheadOfTime | None:
+        """The background worker (and its summarizer) for ``request``'s summaries; None if it
+        cannot summarize (an unknown model, a window too small for the prompt). Summaries by the
+        request's own model are sized with what the proxy knows of it now (the window it learned or
+        discovered, the counter it calibrated); another summary model by the model table."""
+        dialect = self.dialect_for(request)
+        model = self.settings.summary_model or request.model
+        base_url = self.settings.summary_base_url or self.upstream.base_url_for(model)
+        try:
+            if model == request.model:
+                spec = request.spec
+                # The tokenizer itself (calibrated when it is the estimate), not the request
+                # counter's cache: a span cut into parts counts many long prefixes once each.
+                count_text: Callable[[str], int] = request.counter.counter.count_text
+                exact = request.counter.exact
+            else:
+                spec = self.registry.resolve(model)
+                counter = self.vocabularies.counter_for(spec.encoding)
+                count_text, exact = counter.count_text, counter.exact
+        except Exception as exc:
+            logger.warning(
+                "summaries with model %r are not possible: %s: %.200s", model, type(exc).__name__, exc
+            )
+            return None
+        window = spec.window_tokens if exact else math.floor(spec.window_tokens * (1 - ESTIMATE_MARGIN))
+        reply = max(MIN_REPLY_TOKENS, min(reply_tokens, spec.max_output_tokens, window // 4))
+        key = (dialect.name, model, base_url, reply, window)
+        if key in self._ahead:
+            found = self._ahead[key]
+            return found[1] if found is not None else None
         ahead: AheadOfTime | None = None
         try:
-            spec = self.registry.resolve(model)
-            count_text = self.vocabularies.counter_for(spec.encoding).count_text
-            reply_tokens = max(1, min(MAX_REPLY_TOKENS, spec.window_tokens // 4, spec.max_output_tokens))
-            base_url = self.settings.summary_base_url or self.upstream.base_url_for(model)
-            complete = UpstreamComplete(self.upstream, base_url=base_url, max_tokens=reply_tokens)
+            complete = UpstreamComplete(self.upstream, dialect=dialect, base_url=base_url, max_tokens=reply)
             summarizer = Summarizer(
                 complete,
                 model=model,
-                window_tokens=spec.window_tokens,
+                window_tokens=window,
                 count_text=count_text,
                 timeout_s=BACKGROUND_TIMEOUT_S,
-                reply_tokens=reply_tokens,
+                reply_tokens=reply,
+                identity=f"{dialect.name} summaries by {model} at {base_url}",
+                retry_after_s=self.settings.summary_retry_after_s,
             )
             ahead = AheadOfTime(
                 summarizer,
@@ -194,131 +230,137 @@ class Summaries:
             logger.warning(
                 "summaries with model %r are not possible: %s: %.200s", model, type(exc).__name__, exc
             )
-        self._ahead[model] = ahead
+        self._ahead[key] = (dialect.name, ahead) if ahead is not None else None
         return ahead
 
     async def refine(self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None) -> Plan:
-        policy, counter = request.policy, request.counter
+        policy = request.policy
         if not self.wanted(policy, request.options.summarize):
             return plan
-        if not plan.dropped and plan.tokens_after <= self._ahead_threshold(plan):
-            return plan  # the common case: nothing cut, nothing to prepare
-        model = self.settings.summary_model or plan.model
-
-        def replan(provider: SummaryProvider) -> Plan:
-            return request.plan(cap_tokens=cap_tokens, summaries=provider)
-
-        token = _authorization.set(authorization_of(request.headers))
+        if plan.memory is None and plan.tokens_after <= self._ahead_threshold(plan):
+            return plan  # the common case: nothing forgotten, nothing to prepare
+        room = memory_tokens_for(plan.budget, policy)
+        if room <= 0:
+            return plan
+        token = _carried.set(request.headers)
+        api = self.dialect_for(request).name
         try:
-            body, messages = request.body, request.conversation.messages
-            ahead = self.ahead_for(model)
+            ahead = self.ahead_for(request, reply_tokens=max(MIN_REPLY_TOKENS, int(room * REPLY_SHARE)))
+            if ahead is None:
+                return plan
             ready = True
-            if plan.dropped:
-                plan, ready = await self._summarized(
-                    body, messages, plan, ahead, model=model, replan=replan, policy=policy, counter=counter
-                )
-            if ahead is not None and ready and plan.fits:
-                await self._schedule_next(body, messages, plan, ahead, policy=policy, counter=counter)
+            first = plan
+            if plan.memory is not None:
+                plan, ready = await self._remembered(request, plan, ahead, api=api, cap_tokens=cap_tokens)
+            if ready and plan.fits and plan.tokens_after > self._ahead_threshold(plan):
+                await self._prepare_next(request, first, ahead, api=api, cap_tokens=cap_tokens)
             return plan
         except Exception as exc:  # never fail a request because of compaction
             logger.warning("summaries skipped for this request: %s: %.200s", type(exc).__name__, exc)
             return plan
         finally:
-            _authorization.reset(token)
+            _carried.reset(token)
 
-    async def _summarized(
-        self,
-        body: Mapping[str, Any],
-        messages: Sequence[Message],
-        plan: Plan,
-        ahead: AheadOfTime | None,
-        *,
-        model: str,
-        replan: Replan,
-        policy: Policy,
-        counter: MessageCounter,
+    async def _remembered(
+        self, request: ProxyRequest, plan: Plan, ahead: AheadOfTime, *, api: str, cap_tokens: int | None
     ) -> tuple[Plan, bool]:
-        blocks = blocks_from_spans(messages, plan.dropped)
-        deadline = asyncio.get_running_loop().time() + self.settings.summary_timeout_s
-        summary: str | None = None
-        mapping: dict[str, str] = {}
-        longer: list[list[Message]] = []
-        if ahead is not None:
-            key = ahead.summarizer.key_for(blocks)
-            summary = await self.cache.get(key)
-            if summary:
-                self._counts["cached"] += 1
-            else:
-                self._counts["waited"] += 1
-                ahead.schedule(blocks)
-                summary = await ahead.wait_for(blocks, self.settings.summary_timeout_s)
-            if summary:
-                mapping[key] = summary
-                # The span one block longer, when already summarized (ahead of time): offered to
-                # the engine too, for when the summary of the planned span does not fit its room.
-                longer = next_cut_blocks(body, messages, plan, policy=policy, counter=counter)
-                if longer:
-                    longer_key = ahead.summarizer.key_for(longer)
-                    if longer_summary := await self.cache.get(longer_key):
-                        mapping[longer_key] = longer_summary
+        """``plan`` again with its memory's summary (or ``summary_failed``), and whether the
+        summary was there."""
+        assert plan.memory is not None and plan.source is not None
+        summarizer = ahead.summarizer
+        span = span_messages(plan.source, plan.memory)
+        key = summarizer.span_key(span)
+        summary = await self.cache.get(key)
+        if summary:
+            self._count(api, "cached")
+        elif await summarizer.blocked(key, self.cache) is not None:
+            self._count(api, "backing_off")
+        else:
+            self._count(api, "waited")
+            ahead.schedule(span)
+            summary = await ahead.wait_for(span, self.settings.summary_timeout_s)
+            if not summary:
+                self._count(api, "failed")
+                if ahead.running(span):  # a failure was logged by the summarizer, with its cause
+                    logger.info(
+                        "no summary of %d cut messages within %ss (still being written); the note "
+                        "stands in for this request",
+                        len(span),
+                        self.settings.summary_timeout_s,
+                    )
+        mapping = {key: summary} if summary else {}
+        lengths = [len(span)]
         if not summary:
-            self._counts["failed"] += 1
-            logger.warning(
-                "no summary of %d cut messages within %ss; forwarding with the note instead",
-                sum(len(b) for b in blocks),
-                self.settings.summary_timeout_s,
-            )
-        replanned = replan(PrefetchedSummaries(mapping, summarizer_model=model))
-        if summary and ahead is not None and longer and _too_large(replanned):
-            # A cold cache (a long conversation arriving whole): the summary is longer than the
-            # room the note's cut left, and the engine's next try, the span one block longer, has
-            # no summary yet. Make it in line (one rolling call on top of the one just made)
-            # within what is left of the timeout.
-            longer_key = ahead.summarizer.key_for(longer)
-            remaining_s = deadline - asyncio.get_running_loop().time()
-            if longer_key not in mapping and remaining_s > 0:
-                ahead.schedule(longer)
-                if longer_summary := await ahead.wait_for(longer, remaining_s):
-                    mapping[longer_key] = longer_summary
-                    replanned = replan(PrefetchedSummaries(mapping, summarizer_model=model))
-        if summary and _too_large(replanned):
-            self._counts["too_large"] += 1
-            cut = sum(len(block) for block in blocks)
-            logger.warning("the summary of %d cut messages does not fit; forwarding with the note", cut)
+            # The summary of an earlier, shorter span (an earlier cut step's, the longest its chain
+            # has) stands in: a late summary never takes away the memory the conversation had.
+            length, earlier = await summarizer.longest_summarized(span, self.cache)
+            if earlier:
+                mapping[summarizer.span_key(span[:length])] = earlier
+                lengths.append(length)
+                self._count(api, "earlier")
+        provider = PrefetchedSummaries(mapping, summarizer_model=summarizer.model, lengths=lengths)
+        replanned = await run_plan(
+            partial(request.plan, cap_tokens=cap_tokens, summaries=provider), size_bytes=len(request.raw)
+        )
+        if summary and _summary_failed(replanned, "summary too large to fit"):
+            self._count(api, "too_large")
+            logger.warning("the summary of %d cut messages does not fit; forwarding with the note", len(span))
         return replanned, bool(summary)
 
-    async def _schedule_next(
-        self,
-        body: Mapping[str, Any],
-        messages: Sequence[Message],
-        plan: Plan,
-        ahead: AheadOfTime,
-        *,
-        policy: Policy,
-        counter: MessageCounter,
+    async def _prepare_next(
+        self, request: ProxyRequest, plan: Plan, ahead: AheadOfTime, *, api: str, cap_tokens: int | None
     ) -> None:
-        if plan.tokens_after <= self._ahead_threshold(plan):
+        """Summarize in the background what the next cut will forget (``plan``: this request's
+        plan without a provider)."""
+        headroom = next_cut_headroom(plan, request.policy)
+        upcoming = await run_plan(
+            partial(request.plan, cap_tokens=cap_tokens, headroom_tokens=headroom),
+            size_bytes=len(request.raw),
+        )
+        if upcoming.memory is None or upcoming.source is None:
             return
-        blocks = next_cut_blocks(body, messages, plan, policy=policy, counter=counter)
-        if not blocks or await self.cache.get(ahead.summarizer.key_for(blocks)):
+        if plan.memory is not None and upcoming.memory.indices == plan.memory.indices:
             return
-        if ahead.schedule(blocks):
-            self._counts["ahead"] += 1
+        span = span_messages(upcoming.source, upcoming.memory)
+        key = ahead.summarizer.span_key(span)
+        if await self.cache.get(key) or await ahead.summarizer.blocked(key, self.cache) is not None:
+            return
+        if ahead.schedule(span):
+            self._count(api, "ahead")
 
     def _ahead_threshold(self, plan: Plan) -> float:
         return self.settings.summary_ahead_ratio * request_budget_tokens(plan.budget)
 
     def stats(self) -> dict[str, Any]:
-        workers = [a for a in self._ahead.values() if a is not None]
-        return {
-            **self._counts,
-            "calls": sum(a.summarizer.calls for a in workers),
-            "in_flight": sum(a.in_flight for a in workers),
-            "cache": self.cache.stats().as_dict(),
-        }
+        """Counters per wire API of the summary calls, their totals, background work, the cache."""
+        by_api: dict[str, dict[str, int]] = {}
+        in_flight = 0
+        for found in self._ahead.values():
+            if found is None:
+                continue
+            api, ahead = found
+            counts = by_api.setdefault(api, {**dict.fromkeys(COUNTERS, 0), **dict.fromkeys(EVENTS, 0)})
+            summarizer = ahead.summarizer
+            for name in COUNTERS:
+                counts[name] += int(getattr(summarizer, name))
+            in_flight += ahead.in_flight
+        for api, events in self._events.items():
+            counts = by_api.setdefault(api, {**dict.fromkeys(COUNTERS, 0), **dict.fromkeys(EVENTS, 0)})
+            for name, value in events.items():
+                counts[name] += value
+        totals = {name: sum(c[name] for c in by_api.values()) for name in (*COUNTERS, *EVENTS)}
+        return {**totals, "by_api": by_api, "in_flight": in_flight, "cache": self.cache.stats().as_dict()}
 
     async def aclose(self) -> None:
-        for ahead in self._ahead.values():
-            if ahead is not None:
-                await ahead.aclose()
+        for found in self._ahead.values():
+            if found is not None:
+                await found[1].aclose()
         await self.cache.aclose()
+
+
+__all__ = [
+    "Summaries",
+    "SummaryUpstreamError",
+    "UpstreamComplete",
+    "carried_headers",
+]

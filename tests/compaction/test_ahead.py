@@ -49,9 +49,10 @@ def summarizer_for(llm: SlowLLM) -> Summarizer:
     )
 
 
-def span(i: int) -> list[list[dict[str, Any]]]:
+def span(i: int) -> list[dict[str, Any]]:
     return [
-        [{"role": "user", "content": f"conversation {i} FACT-c{i}"}, {"role": "assistant", "content": "ok"}]
+        {"role": "user", "content": f"conversation {i} FACT-c{i}"},
+        {"role": "assistant", "content": "ok"},
     ]
 
 
@@ -90,7 +91,7 @@ async def test_a_cached_span_costs_no_call() -> None:
     llm = SlowLLM()
     cache = MemoryCache(100, 600)
     summarizer = summarizer_for(llm)
-    await cache.set(summarizer.key_for(span(3)), "Summary: cached")
+    await cache.set(summarizer.span_key(span(3)), "Summary: cached")
     ahead = AheadOfTime(summarizer, cache)
     try:
         assert await ahead.wait_for(span(3), 0) == "Summary: cached"

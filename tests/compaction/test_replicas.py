@@ -4,16 +4,27 @@ that is down degrades to the in-process cache with a warning, never to errors.""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from tests.compaction.conftest import RedisServer
-from tests.summaries_kit import chat, conversation, fake_upstream, forwarded_messages, proxy, summary_message
+from tests.summaries_kit import (
+    LARGE_MODEL,
+    chat,
+    conversation,
+    fake_upstream,
+    forwarded_messages,
+    proxy,
+    summary_message,
+)
 
 CHAT = "/v1/chat/completions"
-NO_AHEAD = {"summary_ahead_ratio": 1.0}
+# No background work, and a summarizer whose window holds the span in one call.
+NO_AHEAD = {"summary_ahead_ratio": 1.0, "summary_model": LARGE_MODEL}
 
 
 async def test_two_replicas_share_one_summary_through_redis(redis_server: RedisServer) -> None:
@@ -43,9 +54,12 @@ async def test_two_replicas_share_one_summary_through_redis(redis_server: RedisS
     finally:
         await redis.aclose()
     assert keys and all(key.startswith("ctxproxy:summary:") for key in keys)
-    # summaries only: no prompt text, no message of the conversation, no key
-    assert all(v.startswith("- Facts established") and "sk-secret" not in v for v in values)
-    assert not any("remember" in v or "w w w" in v for v in values)
+    # Summaries and the chain's index (spans' lengths and keys) only: no key, no prompt.
+    summary = by_one[1].split("\n", 1)[1]
+    chains = [v for k, v in zip(keys, values, strict=True) if k.startswith("ctxproxy:summary:chain:")]
+    assert len(chains) == 1 and all(isinstance(n, int) and len(key) == 64 for n, key in json.loads(chains[0]))
+    assert sorted(v for v in values if v not in chains) == [summary]
+    assert not any("sk-secret" in v or "You write handoff" in v for v in values)
 
 
 async def test_two_replicas_racing_on_one_span_make_it_once(redis_server: RedisServer) -> None:
@@ -59,6 +73,25 @@ async def test_two_replicas_racing_on_one_span_make_it_once(redis_server: RedisS
         responses = await asyncio.gather(first.post(CHAT, json=body), second.post(CHAT, json=body))
     assert all("summarized=" in r.headers["x-context-actions"] for r in responses)
     assert fake.summary_calls == 1
+
+
+@pytest.mark.parametrize("mode", ["error", "missing"])
+async def test_a_failed_span_backs_off_on_every_replica(redis_server: RedisServer, mode: Any) -> None:
+    # A span that failed on one replica (or an upstream without the summary route) is not asked for
+    # again by another one while it backs off: the back-off lives in the shared cache.
+    fake = fake_upstream()
+    fake.summary_mode = mode
+    body = chat(conversation(12))
+    async with (
+        proxy(fake, cache_url=redis_server.url, **NO_AHEAD) as (first, _one),
+        proxy(fake, cache_url=redis_server.url, **NO_AHEAD) as (second, app_two),
+    ):
+        failed = await first.post(CHAT, json=body)
+        assert fake.summary_calls == 1
+        again = await second.post(CHAT, json=body)
+        stats = app_two.state.service.summaries.stats()
+    assert failed.headers["x-context-memory"] == again.headers["x-context-memory"] == "note"
+    assert fake.summary_calls == 1 and stats["backing_off"] == 1 and stats["calls"] == 0
 
 
 async def test_a_redis_that_is_down_degrades_to_memory_with_a_warning(

@@ -1,4 +1,5 @@
-"""The summarizer: rendering, rolling compaction over a cache, chunking, fail-open, the provider."""
+"""The summarizer: rendering, the incremental chain over a cache, chunking, fail-open, back-off,
+the provider."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import pytest
 
 from app.compaction.cache import MemoryCache, summary_key
 from app.compaction.prompts import PROMPT_VERSION, render_messages
-from app.compaction.summarizer import PrefetchedSummaries, Summarizer, blocks_from_spans
+from app.compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError
 from app.core.fit import SummaryProvider
-from app.core.plan import DroppedSpan
 
 FACT = re.compile(r"FACT-\w+")
 
@@ -98,7 +98,7 @@ async def test_one_call_renders_roles_tool_calls_results_and_images() -> None:
         },
         {"role": "tool", "tool_call_id": "call_7", "content": "def main(): FACT-tool"},
     ]
-    summary = await summarizer.summarize_span([span])
+    summary = await summarizer.summarize_span(span)
     assert summary == "Summary: FACT-img FACT-tool"
     assert len(llm.calls) == 1 and llm.models == ["summ-1"]
     prompt = llm.prompts[0]
@@ -128,71 +128,142 @@ def test_render_keeps_names_refusals_and_legacy_function_calls() -> None:
 
 async def test_previous_summary_is_folded_into_the_request() -> None:
     llm = FakeLLM()
-    summary = await make(llm).summarize_span([turn(1)], previous_summary="Summary: FACT-old")
+    summary = await make(llm).summarize_span(turn(1), previous_summary="Summary: FACT-old")
     assert summary == "Summary: FACT-a1 FACT-old FACT-u1"
     assert "<previous_summary>\nSummary: FACT-old\n</previous_summary>" in llm.prompts[0]
 
 
-# rolling compaction
+# the incremental chain
 
 
-async def test_rolling_growth_makes_one_call_per_new_block() -> None:
+def growing(turns: int) -> list[dict[str, Any]]:
+    return [m for i in range(turns) for m in turn(i)]
+
+
+async def test_a_growing_span_costs_one_call_per_step_on_the_new_messages_only() -> None:
     llm = FakeLLM()
     summarizer = make(llm)
     cache = MemoryCache(max_entries=100, ttl_s=600)
-    blocks = [turn(i) for i in range(8)]
-    for k in range(1, len(blocks) + 1):
-        summary = await summarizer.summary_for_blocks(blocks[:k], cache)
+    for k in range(1, 9):
+        span = growing(k)
+        summary = await summarizer.memory_for(span, cache)
         assert len(llm.calls) == k
         assert summary is not None
         assert set(FACT.findall(summary)) == {f"FACT-{r}{i}" for i in range(k) for r in "ua"}
-        assert "FACT-u0" in summary  # the oldest facts survive every rolling step
-    assert len(llm.calls[-1]) == 2 and "FACT-u6" in llm.prompts[-1]  # previous summary ...
-    assert "question 6" not in llm.prompts[-1]  # ... not the old messages again
-    assert await summarizer.summary_for_blocks(blocks, cache) is not None
-    assert len(llm.calls) == len(blocks)  # fully cached: no call at all
-    assert await cache.get(summarizer.key_for(blocks)) == summary
+    last = llm.prompts[-1]
+    assert "<previous_summary>" in last and "FACT-u6" in last  # the previous summary ...
+    assert "question 6" not in last and "question 7" in last  # ... then only the new messages
+    assert await summarizer.memory_for(growing(8), cache) is not None
+    assert len(llm.calls) == 8  # cached: no call at all
+    assert await cache.get(summarizer.span_key(growing(8))) == summary
 
 
-async def test_rolling_resumes_from_the_longest_cached_prefix() -> None:
+async def test_a_step_of_several_messages_is_still_one_call() -> None:
     llm = FakeLLM()
     summarizer = make(llm)
     cache = MemoryCache(max_entries=100, ttl_s=600)
-    blocks = [turn(i) for i in range(6)]
-    await cache.set(summarizer.key_for(blocks[:1]), "Summary: FACT-zero")
-    await cache.set(summarizer.key_for(blocks[:3]), "Summary: FACT-three")
-    summary = await summarizer.summary_for_blocks(blocks, cache)
-    assert len(llm.calls) == 3  # blocks 3, 4 and 5
-    assert summary is not None and "FACT-three" in summary and "FACT-zero" not in summary
-    assert "FACT-u3" in llm.prompts[0] and "FACT-u2" not in llm.prompts[0]
+    await summarizer.memory_for(growing(2), cache)
+    summary = await summarizer.memory_for(growing(7), cache)  # five turns more, at once
+    assert len(llm.calls) == 2 and summary is not None and "FACT-u0" in summary
+    assert "question 1" not in llm.prompts[-1] and all(
+        f"question {i}" in llm.prompts[-1] for i in range(2, 7)
+    )
 
 
-async def test_rolling_failure_keeps_the_steps_already_made() -> None:
+async def test_the_chain_resumes_from_the_longest_summarized_prefix() -> None:
     llm = FakeLLM()
     summarizer = make(llm)
     cache = MemoryCache(max_entries=100, ttl_s=600)
-    blocks = [turn(i) for i in range(4)]
-    await summarizer.summary_for_blocks(blocks[:2], cache)
+    await summarizer.memory_for(growing(1), cache)
+    await summarizer.memory_for(growing(3), cache)
+    other = [{"role": "user", "content": "question 0 FACT-u0 w0x0 w0x1 w0x2 w0x3 w0x4"}, *turn(9)]
+    await summarizer.memory_for(other, cache)  # another conversation with the same first message
+    calls = len(llm.calls)
+    summary = await summarizer.memory_for(growing(6), cache)
+    assert len(llm.calls) == calls + 1 and summary is not None
+    assert "question 3" in llm.prompts[-1] and "question 2" not in llm.prompts[-1]
+    assert "FACT-u9" not in summary  # the other conversation's summary was not taken
+
+
+async def test_a_changed_message_in_the_prefix_starts_the_chain_where_it_changed() -> None:
+    llm = FakeLLM()
+    summarizer = make(llm)
+    cache = MemoryCache(max_entries=100, ttl_s=600)
+    await summarizer.memory_for(growing(2), cache)
+    await summarizer.memory_for(growing(4), cache)
+    edited = growing(6)
+    edited[5] = {**edited[5], "content": "answer 2 edited FACT-e"}  # inside the second step
+    await summarizer.memory_for(edited, cache)
+    assert "question 2" in llm.prompts[-1] and "question 1" not in llm.prompts[-1]  # from the 2-turn prefix
+
+
+async def test_a_failed_step_keeps_the_steps_already_made() -> None:
+    llm = FakeLLM()
+    summarizer = make(llm, retry_after_s=0.05)
+    cache = MemoryCache(max_entries=100, ttl_s=600)
+    await summarizer.memory_for(growing(2), cache)
     llm.error = RuntimeError("upstream said 500")
-    assert await summarizer.summary_for_blocks(blocks, cache) is None
-    assert await cache.get(summarizer.key_for(blocks)) is None
+    assert await summarizer.memory_for(growing(4), cache) is None
+    assert await cache.get(summarizer.span_key(growing(4))) is None
     llm.error = None
     calls = len(llm.calls)
-    assert await summarizer.summary_for_blocks(blocks, cache) is not None
-    assert len(llm.calls) == calls + 2
+    assert await summarizer.memory_for(growing(4), cache) is None  # backing off: not asked again
+    assert len(llm.calls) == calls
+    await asyncio.sleep(0.06)
+    assert await summarizer.memory_for(growing(4), cache) is not None
+    assert len(llm.calls) == calls + 1 and "question 1" not in llm.prompts[-1]
 
 
-async def test_key_for_blocks_equals_the_key_of_the_flat_span() -> None:
+async def test_a_failed_span_backs_off_doubling_and_its_cause_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = [0.0]
+    cache = MemoryCache(max_entries=100, ttl_s=600, clock=lambda: clock[0])
+    llm = FakeLLM(error=SummaryError("POST http://up/v1/chat/completions answered HTTP 500", status=500))
+    summarizer = make(llm, retry_after_s=10, retry_max_s=25)
+    caplog.set_level(logging.DEBUG, logger="ctxproxy.compaction")
+    span = growing(3)
+    waits = []
+    for _ in range(4):
+        assert await summarizer.memory_for(span, cache) is None
+        calls = len(llm.calls)
+        waited = 0.0
+        while len(llm.calls) == calls:
+            clock[0] += 1
+            waited += 1
+            await summarizer.memory_for(span, cache)
+        waits.append(waited)
+    assert waits == [10, 20, 25, 25]  # doubling, up to the most
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "HTTP 500" in warnings[0] and "6 cut messages" in warnings[0]
+    assert await summarizer.blocked(summarizer.span_key(span), cache) is not None
+
+
+async def test_a_permanent_failure_turns_the_summarizer_off_for_every_span(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache = MemoryCache(max_entries=100, ttl_s=600)
+    llm = FakeLLM(error=SummaryError("POST http://up/v1/messages answered HTTP 404: not found", status=404))
+    summarizer = make(llm, identity="POST http://up/v1/messages (messages)")
+    assert await summarizer.memory_for(growing(2), cache) is None
+    assert await summarizer.memory_for(growing(3), cache) is None  # another span: not even tried
+    assert await summarizer.memory_for(turn(7), cache) is None
+    assert len(llm.calls) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "HTTP 404" in warnings[0] and "POST http://up/v1/messages" in warnings[0]
+    cause = await summarizer.blocked(summarizer.span_key(turn(7)), cache)
+    assert cause is not None and "HTTP 404" in cause
+
+
+def test_span_keys_depend_on_the_model_and_every_message() -> None:
     summarizer = make(FakeLLM())
-    blocks = [turn(0), turn(1)]
-    flat = [*blocks[0], *blocks[1]]
-    assert summarizer.key_for(blocks) == summarizer.span_key(flat)
-    assert summarizer.key_for(blocks) == summary_key(
-        flat, summarizer_model="summ-1", prompt_version=PROMPT_VERSION
+    span = growing(2)
+    assert summarizer.span_key(span) == summary_key(
+        span, summarizer_model="summ-1", prompt_version=PROMPT_VERSION
     )
-    assert summarizer.prefix_keys(blocks)[-1] == summarizer.key_for(blocks)
     other = Summarizer(FakeLLM(), model="summ-2", window_tokens=10_000, count_text=words, timeout_s=1)
-    assert other.key_for(blocks) != summarizer.key_for(blocks)
+    assert other.span_key(span) != summarizer.span_key(span)
+    assert summarizer.span_key([*span[:-1], {**span[-1], "content": "x"}]) != summarizer.span_key(span)
 
 
 # chunking
@@ -203,7 +274,7 @@ async def test_a_span_larger_than_the_window_is_chunked_then_merged() -> None:
     summarizer = make(llm, window_tokens=700, reply_tokens=100)
     span = [m for i in range(20) for m in turn(i, size=60)]
     assert request_tokens([{"role": "user", "content": "\n\n".join(render_messages(span))}]) > 700
-    summary = await summarizer.summarize_span([span])
+    summary = await summarizer.summarize_span(span)
     assert summary is not None
     assert set(FACT.findall(summary)) == {f"FACT-{r}{i}" for i in range(20) for r in "ua"}
     assert len(llm.calls) >= 4
@@ -221,7 +292,7 @@ async def test_one_message_larger_than_the_window_is_split_on_word_boundaries() 
     llm = FakeLLM()
     summarizer = make(llm, window_tokens=600, reply_tokens=100)
     text = " ".join(f"FACT-m{k}" if k % 50 == 0 else f"word{k}" for k in range(2000))
-    summary = await summarizer.summarize_span([[{"role": "tool", "tool_call_id": "c", "content": text}]])
+    summary = await summarizer.summarize_span([{"role": "tool", "tool_call_id": "c", "content": text}])
     assert summary is not None
     assert set(FACT.findall(summary)) == {f"FACT-m{k}" for k in range(0, 2000, 50)}
     assert all(request_tokens(call) <= 500 for call in llm.calls)
@@ -237,7 +308,7 @@ async def test_partial_summaries_too_big_to_merge_at_once_are_merged_in_levels()
     llm = Verbose()
     summarizer = make(llm, window_tokens=900, reply_tokens=100)
     span = [m for i in range(30) for m in turn(i, size=60)]
-    summary = await summarizer.summarize_span([span])
+    summary = await summarizer.summarize_span(span)
     assert summary is not None
     assert set(FACT.findall(summary)) == {f"FACT-{r}{i}" for i in range(30) for r in "ua"}
     merges = [p for p in llm.prompts if p.startswith("Below are ")]
@@ -249,7 +320,7 @@ async def test_summaries_that_never_shrink_give_up_instead_of_looping() -> None:
     llm = FakeLLM(answer=" ".join(["long"] * 300))
     summarizer = make(llm, window_tokens=700, reply_tokens=100)
     span = [m for i in range(20) for m in turn(i, size=60)]
-    assert await summarizer.summarize_span([span]) is None
+    assert await summarizer.summarize_span(span) is None
     assert len(llm.calls) <= 7 + 7  # the parts, then one level of merges that did not shrink
     assert all(request_tokens(call) <= 600 for call in llm.calls)
 
@@ -276,20 +347,20 @@ def test_a_window_too_small_for_the_prompt_is_a_configuration_error() -> None:
 async def test_fail_open(llm: FakeLLM, timeout_s: float, caplog: pytest.LogCaptureFixture) -> None:
     summarizer = make(llm, timeout_s=timeout_s)
     cache = MemoryCache(max_entries=10, ttl_s=60)
-    blocks = [turn(0), turn(1)]
-    result = await summarizer.summary_for_blocks(blocks, cache)
+    span = growing(2)
+    result = await summarizer.memory_for(span, cache)
     warnings = [r for r in caplog.records if r.name == "ctxproxy.compaction" and r.levelno == logging.WARNING]
     if llm.error is None and llm.delay_s == 0 and llm.answer is None:
         assert result is not None and not warnings and summarizer.failures == 0
         return
     assert result is None
-    assert len(llm.calls) == 1  # the first failed step stops the rolling
-    assert summarizer.failures == 1 and len(warnings) == 1
-    assert await cache.get(summarizer.key_for(blocks[:1])) is None  # nothing cached from a failure
+    assert len(llm.calls) == 1
+    assert summarizer.failures == 1 and len(warnings) == 1 and summarizer.last_error
+    assert await cache.get(summarizer.span_key(span)) is None  # nothing cached from a failure
 
 
 async def test_a_non_string_answer_fails_open() -> None:
-    assert await make(FakeLLM(answer=123)).summarize_span([turn(0)]) is None
+    assert await make(FakeLLM(answer=123)).summarize_span(turn(0)) is None
 
 
 async def test_a_broken_cache_fails_open() -> None:
@@ -298,13 +369,13 @@ async def test_a_broken_cache_fails_open() -> None:
             raise OSError("disk on fire")
 
     llm = FakeLLM()
-    assert await make(llm).summary_for_blocks([turn(0)], BrokenCache()) is None
+    assert await make(llm).memory_for(turn(0), BrokenCache()) is None
     assert llm.calls == []
 
 
 async def test_cancellation_is_not_swallowed() -> None:
     summarizer = make(FakeLLM(delay_s=10), timeout_s=None)
-    task = asyncio.create_task(summarizer.summarize_span([turn(0)]))
+    task = asyncio.create_task(summarizer.summarize_span(turn(0)))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -316,34 +387,17 @@ async def test_cancellation_is_not_swallowed() -> None:
 
 def test_prefetched_summaries_answer_by_span_key() -> None:
     summarizer = make(FakeLLM())
-    blocks = [turn(0), turn(1)]
-    span = [*blocks[0], *blocks[1]]
+    span = growing(2)
     provider: SummaryProvider = PrefetchedSummaries(
-        {summarizer.key_for(blocks): "Summary: FACT-x"}, summarizer_model="summ-1"
+        {summarizer.span_key(span): "Summary: FACT-x"}, summarizer_model="summ-1"
     )
     assert provider.summary_for(span) == "Summary: FACT-x"
     assert isinstance(provider, PrefetchedSummaries)
     assert provider.summary_for(span[:2]) is None
     assert provider.summary_for([{**span[0], "content": "changed"}, *span[1:]]) is None
-    assert provider.asked[0] == summarizer.key_for(blocks) and len(provider.asked) == 3
+    assert provider.asked[0] == summarizer.span_key(span) and len(provider.asked) == 3
     assert provider.missed == provider.asked[1:]
-    other_model = PrefetchedSummaries({summarizer.key_for(blocks): "s"}, summarizer_model="summ-2")
+    other_model = PrefetchedSummaries({summarizer.span_key(span): "s"}, summarizer_model="summ-2")
     assert other_model.summary_for(span) is None
-    blank = PrefetchedSummaries({summarizer.key_for(blocks): "  "}, summarizer_model="summ-1")
+    blank = PrefetchedSummaries({summarizer.span_key(span): "  "}, summarizer_model="summ-1")
     assert blank.summary_for(span) is None
-
-
-def test_blocks_from_spans_rebuild_what_the_engine_asks_for() -> None:
-    messages = [{"role": "system", "content": "s"}, *turn(0), *turn(1), {"role": "user", "content": "pin"}]
-    messages += [*turn(2), *turn(3)]
-    spans = (
-        DroppedSpan(start=1, stop=5, tokens=0, block_stops=(3, 5)),
-        DroppedSpan(start=6, stop=8, tokens=0, block_stops=(8,)),
-    )
-    blocks = blocks_from_spans(messages, spans)
-    assert blocks == [messages[1:3], messages[3:5], messages[6:8]]
-    engine_span = [messages[i] for i in (1, 2, 3, 4, 6, 7)]
-    summarizer = make(FakeLLM())
-    provider = PrefetchedSummaries({summarizer.key_for(blocks): "Summary"}, summarizer_model="summ-1")
-    assert provider.summary_for(engine_span) == "Summary"
-    assert blocks_from_spans(messages, ()) == []

@@ -132,3 +132,23 @@ def test_agent_blocks_depend_only_on_the_session_start(counter: FakeMessageCount
     assert len(cut_short) > 5
     assert cut_long[: len(cut_short) - 1] == cut_short[:-1]
     assert all(short[start].get("tool_calls") for start, _ in cut_short[1:])
+
+
+def test_the_memorys_room_comes_out_of_the_tail_and_the_target(counter: FakeMessageCounter) -> None:
+    messages = agent_session(40, 100)
+    plain = build_context(messages, budget=budget(2000), policy=Policy(), counter=counter)
+    remembering = build_context(
+        messages, budget=budget(2000), policy=Policy(), counter=counter, memory_tokens=300
+    )
+    # The tail holds at most its share less the room (whole units), so the region a cut works
+    # in keeps its size; the strategies aim the room lower.
+    assert sum(remembering.tokens[remembering.protected_from :]) <= 1000 - 300
+    assert remembering.protected_from > plain.protected_from
+    assert remembering.target_tokens == plain.target_tokens - 300
+    ahead = build_context(
+        messages, budget=budget(2000), policy=Policy(), counter=counter, memory_tokens=300, headroom_tokens=50
+    )
+    assert (
+        ahead.protected_from == remembering.protected_from
+        and ahead.target_tokens == plain.target_tokens - 350
+    )

@@ -16,7 +16,9 @@ def test_truncate_message_is_token_exact_and_keeps_head_and_tail(counter: FakeMe
     assert tokens == counter.count_message(new) <= 200
     text = new["content"]
     assert text.startswith("w0 w1 ") and text.endswith(" w999")
-    assert "tokens removed from the middle of this message]" in text
+    head, tail = text.split("\n\n[ctxproxy: ")[0], text.split(" middle of this message]\n\n")[1]
+    removed = len(message["content"]) - len(head) - len(tail)
+    assert f"[ctxproxy: {removed:,} characters removed from the middle of this message]" in text
 
 
 def test_truncate_again_keeps_one_marker_and_adds_up_the_count(counter: FakeMessageCounter) -> None:
@@ -30,10 +32,30 @@ def test_truncate_again_keeps_one_marker_and_adds_up_the_count(counter: FakeMess
         0,
     )
     assert tokens2 <= 100
-    assert second["content"].count("[ctxproxy:") == 1
-    kept = len(second["content"].split()) - 10  # the marker is 10 words
-    removed = int(second["content"].split("[ctxproxy: ")[1].split(" ")[0].replace(",", ""))
-    assert kept + removed == 1000
+    text = second["content"]
+    assert text.count("[ctxproxy:") == 1
+    head, rest = text.split("\n\n[ctxproxy: ")
+    count, tail = rest.split(" characters removed from the middle of this message]\n\n")
+    # The count is in characters of the original text: a pure function of what was removed.
+    assert len(head) + int(count.replace(",", "")) + len(tail) == len(message["content"])
+
+
+def test_a_resent_marker_of_the_older_wording_is_cut_again_under_one_new_marker(
+    counter: FakeMessageCounter,
+) -> None:
+    old = f"{words(300)}\n\n[ctxproxy: 700 tokens removed from the middle of this message]\n\n{words(300)}"
+    message = {"role": "user", "content": old}
+    cut = truncate_message(
+        message, current_tokens=counter.count_message(message), target_tokens=100, counter=counter
+    )
+    assert cut is not None
+    text = cut[0]["content"]
+    assert text.count("[ctxproxy:") == 1 and "tokens removed" not in text
+    head, rest = text.split("\n\n[ctxproxy: ")
+    count, tail = rest.split(" characters removed from the middle of this message]\n\n")
+    marker = "\n\n[ctxproxy: 700 tokens removed from the middle of this message]\n\n"
+    # What was received, less what is kept: the older marker's own count is not carried over.
+    assert len(head) + int(count.replace(",", "")) + len(tail) == len(old) - len(marker)
 
 
 def test_truncate_never_touches_images_or_tool_call_arguments(counter: FakeMessageCounter) -> None:

@@ -1,8 +1,9 @@
-"""The pipeline: order of the steps, policies, the plan's numbers, stability, summaries, preview."""
+"""The pipeline: order of the steps, policies, the plan's numbers, stability, the memory, the next cut."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -13,7 +14,7 @@ from app.core.budget import Limits, Policy
 from app.core.conversation import Conversation
 from app.core.dialects import CHAT, RESPONSES
 from app.core.errors import InvalidRequest
-from app.core.fit import StructureGuardWarning, plan_request, preview_next_cut
+from app.core.fit import StructureGuardWarning, next_cut_headroom, plan_request
 from app.core.messages import Message, pairing_problems
 from app.core.plan import Action, Plan, StrategyResult
 from app.core.strategies import is_ctxproxy_note
@@ -136,7 +137,7 @@ def test_middle_out_before_dropping(counter: FakeMessageCounter) -> None:
     assert [a.kind for a in result.actions] == ["truncated"]
     cut = result.messages[-2]["content"]
     assert cut.startswith("huge0 huge1") and cut.endswith("huge4999")
-    assert "tokens removed from the middle of this message]" in cut
+    assert "characters removed from the middle of this message]" in cut
 
 
 def test_drop_when_nothing_lighter_is_enough(counter: FakeMessageCounter) -> None:
@@ -217,19 +218,70 @@ def test_summaries_only_under_auto_with_summarize(counter: FakeMessageCounter) -
     result = plan(messages, 900, counter, summaries=provider, summarize=True)
     assert provider.calls == 1
     assert "summarized" in [a.kind for a in result.actions]
-    assert result.messages[2]["content"].endswith("\nthe gist")
+    (span,) = result.dropped
+    memory = result.memory
+    assert memory is not None and memory.at == span.stop  # where the forgetting ends
+    # It covers the turns up to a memory stop (the pinned task is shown, not summarized).
+    assert memory.indices == tuple(range(2, memory.stop)) and memory.stop > 2
+    # The memory stands where the note stood (the note is gone): one message for the whole cut.
+    count = len(memory.indices)
+    assert result.messages[2]["content"] == f"[ctxproxy: summary of {count} earlier messages]\nthe gist"
+    assert result.messages[3] is messages[span.stop]
+    assert [m for m in result.messages if is_ctxproxy_note(m)] == [result.messages[2]]
+    assert result.memory_kind == "summary"
     for mode, summarize in [("auto", False), ("truncate", True)]:
         provider = Summaries("the gist")
         result = plan(messages, 900, counter, summaries=provider, mode=mode, summarize=summarize)
-        assert provider.calls == 0
+        assert provider.calls == 0 and result.memory is None
         assert "summarized" not in [a.kind for a in result.actions]
+        assert result.memory_kind == "note"
 
 
-def test_a_missing_summary_falls_back_to_the_note(counter: FakeMessageCounter) -> None:
-    result = plan(chat(40), 900, counter, summaries=Summaries(None), summarize=True)
-    assert result.fits
-    assert "summary_failed" in [a.kind for a in result.actions]
-    assert "were removed here" in result.messages[2]["content"]
+def test_a_missing_summary_falls_back_to_the_note_with_the_same_cut(counter: FakeMessageCounter) -> None:
+    # The cut leaves room for the memory whether or not a summary comes: the same cut either way,
+    # so a request whose summary is late forwards the same prefix as the next one with it.
+    with_memory = plan(chat(40), 900, counter, summaries=Summaries("the gist"), summarize=True)
+    for answer in (None, "   "):
+        result = plan(chat(40), 900, counter, summaries=Summaries(answer), summarize=True)
+        assert result.fits
+        assert "summary_failed" in [a.kind for a in result.actions]
+        assert "were removed here" in result.messages[2]["content"]
+        assert result.dropped == with_memory.dropped and result.memory == with_memory.memory
+        assert result.messages[3:] == with_memory.messages[3:]
+        assert result.memory_kind == "note"
+
+
+def test_a_summary_too_large_for_the_room_falls_back_to_the_note(counter: FakeMessageCounter) -> None:
+    result = plan(chat(40), 900, counter, summaries=Summaries(words(5000)), summarize=True)
+    assert result.fits and "were removed here" in result.messages[2]["content"]
+    (failed,) = [a for a in result.actions if a.kind == "summary_failed"]
+    assert failed.detail == "summary too large to fit"
+
+
+def test_the_memory_stands_for_pruned_tool_results_where_the_forgetting_ends(
+    counter: FakeMessageCounter,
+) -> None:
+    # An agent session pruned but not cut: what the placeholders replaced is still known, from
+    # one message after the last pruned exchange (the conversation before it is unchanged bytes).
+    messages = agentic(15, 300)
+    provider = Summaries("what the tools said")
+    result = plan(messages, 2500, counter, summaries=provider, summarize=True)
+    kinds = [a.kind for a in result.actions]
+    assert "pruned" in kinds and "dropped_messages" not in kinds and "summarized" in kinds
+    assert result.memory is not None
+    at = next(i for i, m in enumerate(result.messages) if is_ctxproxy_note(m))
+    assert result.messages[at]["content"].endswith("\nwhat the tools said")
+    assert result.messages[at]["role"] == "user"  # after a tool result
+    pruned = [i for i, m in enumerate(messages[:at]) if result.messages[i] is not m]
+    assert pruned and all(messages[i]["role"] == "tool" for i in pruned)
+    assert max(pruned) < result.memory.at == at
+    assert result.messages[:at] == tuple(
+        m if i not in pruned else result.messages[i] for i, m in enumerate(messages[:at])
+    )
+    assert result.messages[at + 1 :] == tuple(messages[at:])
+    # Every message up to the memory stop but the task (some of them may be shown after it).
+    assert result.memory.indices == tuple(range(2, result.memory.stop))
+    assert not pairing_problems(result.messages)
 
 
 def test_dropped_spans_are_input_indices_with_block_stops(counter: FakeMessageCounter) -> None:
@@ -265,22 +317,34 @@ def test_forwarded_prefix_is_stable_as_the_conversation_grows(counter: FakeMessa
     assert 0 < cuts <= steps // 3  # cut in whole blocks, not on every turn
 
 
-def test_preview_next_cut_is_what_the_next_overflow_drops_first(counter: FakeMessageCounter) -> None:
-    full = chat(60)
+def test_the_next_cut_headroom_plans_what_the_next_overflow_forgets(counter: FakeMessageCounter) -> None:
+    full = chat(80)
     cap = 1500
-    fitting = None
-    for turns in range(2, 60):
+    policy = {"summarize": True}
+    spans = []
+    for turns in range(2, 80):
         messages = full[: 2 * turns]
-        if plan(messages, cap, counter).changed:
-            break
-        fitting = messages
-    assert fitting is not None
-    preview = preview_next_cut(body(fitting), spec=SPEC, policy=Policy(), counter=counter, cap_tokens=cap)
-    assert preview
-    over = full[: len(fitting) + 2]
-    result = plan(over, cap, counter)
-    assert result.dropped == preview  # the same span, with the same level ends and count
-    assert preview_next_cut(body(chat(1)), spec=SPEC, policy=Policy(), counter=counter) == ()
+        current = plan(messages, cap, counter, **policy)
+        ahead = plan_request(
+            body(messages),
+            spec=SPEC,
+            policy=Policy(**policy),
+            counter=counter,
+            cap_tokens=cap,
+            headroom_tokens=next_cut_headroom(current, Policy(**policy)),
+        )
+        now = current.memory.indices if current.memory is not None else ()
+        next_ = ahead.memory.indices if ahead.memory is not None else ()
+        assert next_[: len(now)] == now  # the same span or a longer one: never less
+        at = current.memory.at if current.memory is not None else None
+        spans.append((now, next_, at))
+    # Each time the cut moves the memory on, it moves to the span the plan of the request before
+    # it said: the summary made ahead of time is the one the cut needs. (A memory that catches up
+    # with a cut made past the last stop, once the conversation grew a new one, is not foreseen:
+    # the stop did not exist.)
+    moves = [(b[1], a[0]) for b, a in itertools.pairwise(spans) if b[0] != a[0] and b[2] != a[2]]
+    assert len(moves) >= 3
+    assert all(predicted == actual for predicted, actual in moves)
 
 
 def test_real_tokenizer_end_to_end() -> None:
@@ -350,9 +414,13 @@ def test_a_pinned_message_inside_the_dropped_region_stays_and_splits_the_span(
     assert (first.start, first.stop, second.start) == (2, 11, 12)
     assert first.block_stops[-1] == first.stop and second.block_stops[-1] == second.stop
     notes = [m for m in result.messages if is_ctxproxy_note(m)]
-    assert len(notes) == 1 and result.messages[2] is notes[0]
-    n = (first.stop - first.start) + (second.stop - second.start)
-    assert notes[0]["content"].startswith(f"[ctxproxy: summary of {n} earlier messages]")
+    # One memory for both runs, after the pinned message (where the forgetting ends).
+    assert len(notes) == 1 and result.messages[3] is notes[0] and result.messages[2] is mid
+    memory = result.memory
+    assert memory is not None and memory.at == second.stop
+    assert memory.indices == tuple(i for i in range(2, memory.stop) if i != 11)  # the pinned one is shown
+    assert notes[0]["content"].startswith(f"[ctxproxy: summary of {len(memory.indices)} earlier messages]")
+    assert result.memory is not None and 11 not in result.memory.indices
 
 
 def orphaning(messages: Sequence[Message], ctx: Any) -> StrategyResult:
@@ -375,20 +443,27 @@ def test_the_final_guard_catches_a_strategy_that_breaks_pairing_and_falls_back_t
     assert result.broken and all("tool" in problem for problem in result.broken)
 
 
-def test_the_final_guard_falls_back_to_the_deterministic_cut_when_summaries_broke_it(
+def test_the_final_guard_falls_back_to_the_deterministic_cut_when_the_memory_broke_it(
     counter: FakeMessageCounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import app.core.fit as fit
+    from app.core.memory import Placed
 
-    def breaks_with_summaries(messages: Sequence[Message], ctx: Any) -> StrategyResult:
-        if ctx.summaries is not None:
-            return orphaning(messages, ctx)
-        return StrategyResult((messages[0], messages[-1]), (Action("dropped_turns", 1),))
+    def orphaning_placement(messages: Sequence[Message], tokens: Sequence[int], *_: Any, **__: Any) -> Placed:
+        """A broken memory placement: every call goes, its results stay."""
+        kept = [(m, t) for m, t in zip(messages, tokens, strict=True) if "tool_calls" not in m]
+        return Placed(tuple(m for m, _ in kept), tuple(t for _, t in kept), index=0, memory_tokens=0)
 
-    monkeypatch.setattr(fit, "STRATEGIES", (("broken", breaks_with_summaries),))
+    monkeypatch.setattr(fit, "place_memory", orphaning_placement)
+    messages = agentic(12, 60)
+    deterministic = plan(messages, 1500, counter, summarize=True)
+    assert deterministic.changed and deterministic.fits and deterministic.memory is not None
     with pytest.warns(StructureGuardWarning):
-        result = plan(agentic(3, 300), 500, counter, summaries=lambda span: None, summarize=True)
-    assert result.changed and result.fits and len(result.messages) == 2 and result.broken
+        result = plan(messages, 1500, counter, summaries=Summaries("gist"), summarize=True)
+    # The same cut without its memory: what the plan is when no summary comes.
+    assert result.changed and result.fits and result.broken
+    assert result.messages == deterministic.messages
+    assert "summarized" not in [a.kind for a in result.actions]
 
 
 def test_the_final_guard_checks_the_rendered_body_of_the_plans_dialect(
@@ -440,24 +515,43 @@ def test_keep_turns_alone_still_protects_a_turn_within_the_share(counter: FakeMe
     assert {a.kind for a in result.actions} == {"last_resort", "rejected"}
 
 
-def test_preview_next_cut_in_a_growing_agent_session(counter: FakeMessageCounter) -> None:
+def test_in_a_growing_agent_session_the_memory_only_moves_forward_and_ahead_work_is_never_wasted(
+    counter: FakeMessageCounter,
+) -> None:
+    # Prune and drop take turns in a long agent turn (a prune that moves on can bring dropped
+    # exchanges back as placeholders), but what is forgotten only grows: the memory's span is
+    # always a prefix of the next one, so each summary folds the previous one. What the next-cut
+    # plan prepares ahead of time is a prefix of a later memory: a summary the chain will use.
     cap = 3000
-    fitting = None
-    # results too small to gain from a placeholder (so the cut is a drop), and a region outside
-    # the tail (half the budget) that holds a whole level: a step of 0.2 of the budget here
-    policy = {"cut_target": 0.8}
-    for units in range(2, 400):
-        messages = agent_session(units, 4)
-        if plan(messages, cap, counter, **policy).changed:
-            break
-        fitting = messages
-    assert fitting is not None
-    preview = preview_next_cut(
-        body(fitting), spec=SPEC, policy=Policy(**policy), counter=counter, cap_tokens=cap
-    )
-    assert preview and preview[0].start == 2  # after the pinned system prompt and task
-    result = plan(agent_session(units, 4), cap, counter, **policy)
-    assert result.dropped == preview
+    policy = Policy(summarize=True)
+    spans: list[tuple[int, ...]] = []
+    predicted: list[tuple[int, ...]] = []
+    for units in range(2, 200):
+        messages = agent_session(units, 40)
+        current = plan(messages, cap, counter, summarize=True)
+        if current.memory is None:
+            continue
+        if spans:
+            assert current.memory.indices[: len(spans[-1])] == spans[-1]
+        spans.append(current.memory.indices)
+        ahead = plan_request(
+            body(messages),
+            spec=SPEC,
+            policy=policy,
+            counter=counter,
+            cap_tokens=cap,
+            headroom_tokens=next_cut_headroom(current, policy),
+        )
+        # Never less than now (the same span when nothing more can be forgotten yet: no work).
+        assert ahead.memory is not None
+        assert ahead.memory.indices[: len(current.memory.indices)] == current.memory.indices
+        if ahead.memory.indices != current.memory.indices:
+            predicted.append(ahead.memory.indices)
+    assert len(set(spans)) >= 4
+    # (Those the session ended before reaching cannot be checked. Most moves here come from a new
+    # memory stop the conversation grew, which no plan of the request before could foresee.)
+    reached = [p for p in predicted if len(p) <= len(spans[-1])]
+    assert all(any(s[: len(p)] == p for s in spans) for p in reached)
 
 
 def test_a_growing_agent_session_keeps_its_forwarded_prefix_most_of_the_time(
@@ -598,3 +692,38 @@ def test_a_plan_that_does_not_fit_carries_no_lowered_cap(counter: FakeMessageCou
     )
     assert not over.fits and over.output_cap_tokens is None
     assert "output_lowered" not in [a.kind for a in over.actions]
+
+
+class OnlyFor:
+    """A provider with the summary of one span only (by its length)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.asked: list[int] = []
+
+    def summary_for(self, span: Sequence[Message], /) -> str | None:
+        self.asked.append(len(span))
+        return "the earlier gist" if len(span) == self.length else None
+
+
+def test_the_summary_of_an_earlier_span_stands_in_while_the_new_one_is_not_there(
+    counter: FakeMessageCounter,
+) -> None:
+    messages = chat(80)
+    planned = plan(messages, 1500, counter, summarize=True)
+    assert planned.memory is not None and planned.memory.earlier
+    earlier = planned.memory.until(planned.memory.earlier[0])
+    provider = OnlyFor(len(earlier.indices))
+    result = plan(messages, 1500, counter, summaries=provider, summarize=True)
+    assert provider.asked[:2] == [len(planned.memory.indices), len(earlier.indices)]
+    memory = [m for m in result.messages if is_ctxproxy_note(m)]
+    assert len(memory) == 1
+    assert (
+        memory[0]["content"]
+        == f"[ctxproxy: summary of {len(earlier.indices)} earlier messages]\nthe earlier gist"
+    )
+    assert ("summarized", len(earlier.indices)) in [(a.kind, a.count) for a in result.actions]
+    assert result.memory == planned.memory  # the span to summarize is still the new one
+    # The same cut either way: only the memory's text differs.
+    with_new = plan(messages, 1500, counter, summaries=Summaries("gist"), summarize=True)
+    assert len(with_new.messages) == len(result.messages)

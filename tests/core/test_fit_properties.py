@@ -444,6 +444,19 @@ def growing_block_start(
     return blocks[-1][0] if blocks else len(messages)
 
 
+def dropped_all_it_could(
+    messages: list[dict[str, Any]], plan: Plan, policy: Policy, counter: FakeMessageCounter
+) -> bool:
+    """``plan`` dropped every message it may drop (outside the tail, not pinned, not the newest
+    user message): the drop's fallback when no level fits."""
+    stop = tail_start(messages, plan, policy, counter)
+    pinned = pinned_indices(messages, pin_first_user=policy.pin_first_user)
+    newest = newest_user_index(messages)
+    start = next((i for i, m in enumerate(messages) if m.get("role") == "user"), stop)
+    droppable = {i for i in range(start, stop) if i not in pinned and i != newest}
+    return droppable <= dropped_indices(plan)
+
+
 def pruned_count(plan: Plan) -> int:
     return sum(a.count for a in plan.actions if a.kind in ("pruned", "images"))
 
@@ -489,6 +502,10 @@ def test_a_growing_conversation_keeps_its_forwarded_bytes_until_it_crosses_the_b
                 # grows (the region outside the tail was smaller than a level): its turn starts were
                 # stops then and are not once that block is complete. One miss when it completes.
                 event("cut inside the growing block")
+            elif previous.dropped and dropped_all_it_could(flat(parts[: n - 1]), previous, policy, counter):
+                # No level fitted, so the previous cut dropped everything droppable (the newest
+                # user message aside): once that message is history, there is more to drop.
+                event("dropped all it could")
             elif not lossy and grown <= result.budget.input_budget_tokens:
                 kept += 1
                 assert forwarded_bytes(result) == forwarded_bytes(previous) + [

@@ -1,27 +1,65 @@
-"""The scripted file-reading model and workspace that the real-agent e2e tests share (Codex CLI,
-the OpenAI Agents SDK): a model that reads ``file0.txt`` ... one per step with a tool call (each
-step with a sealed reasoning item) until every file is read, then says ``DONE``."""
+"""The scripted reading models and the workspace the real-agent e2e tests share (Claude Code, Codex
+CLI, the OpenAI Agents SDK).
+
+The model reads ``file0.txt`` ... one per step with the agent's own tool, never restating what it
+read (a real model keeps nothing between requests but its input: a fact lives in the tool result,
+or in what the proxy remembers of it), then answers with every fact it can still see in its input
+(tool results, summaries). Each file holds one fact in the middle of repetitive lines.
+
+* ``write_fact_files(root, *, files, name, lines, fact_line)``: the files (about 21 tokens a line),
+  their paths; ``fact_of(path)`` the fact a file holds.
+* ``reading_script(files=, tool=, arguments=, file_of=)``: the Responses fake's responder (Codex,
+  the Agents SDK): each step a sealed reasoning item and a call; at the end ``DONE`` and the facts.
+* ``ReadingClaude(paths)``: the Anthropic fake's script (Claude Code's ``Read`` tool).
+* ``StatusRecorder(app, path_prefix=)``: an ASGI wrapper that records the statuses the proxy
+  answers (so a test sees a refusal the upstream never saw).
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from tests.fake_anthropic_upstream import loop_start
 from tests.fake_responses_upstream import Responder
 from tests.fake_upstream import FakeModel
 
 DONE = "I have read all the files."
+FACT = re.compile(r"FACT-[\w-]+")
+FACT_LINE = 75
 
 
-def write_files(work: Path, *, files: int, lines: int) -> None:
-    """``file0.txt`` ... in ``work``, ``lines`` lines each (~9 tokens a line)."""
+def write_fact_files(
+    root: Path, *, files: int, name: str = "file{k}.txt", lines: int = 150, fact_line: int = FACT_LINE
+) -> list[Path]:
+    """``files`` files in ``root`` (``name`` formatted with ``k``), ``lines`` lines each, one fact
+    at line ``fact_line`` (the middle by default); their paths, in order."""
+    paths = []
     for k in range(files):
-        text = "\n".join(
-            f"file {k} line {i}: the quick brown fox jumps over the lazy dog" for i in range(lines)
-        )
-        (work / f"file{k}.txt").write_text(text, encoding="utf-8")
+        text = [
+            f"line {i} of part {k}: the quick brown fox jumps over the lazy dog {i * 7 + k}"
+            for i in range(lines)
+        ]
+        text[min(fact_line, lines - 1)] = f"The secret of part {k} is FACT-part{k}-{k * 1111 + 7}."
+        path = root / name.format(k=k)
+        path.write_text("\n".join(text), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def fact_of(path: Path) -> str:
+    found = FACT.search(path.read_text(encoding="utf-8"))
+    assert found is not None
+    return found.group(0).rstrip(".")
+
+
+def facts_in(value: object) -> list[str]:
+    """Every fact in a request body, first seen first (what the model can still see)."""
+    return list(dict.fromkeys(f.rstrip(".") for f in FACT.findall(json.dumps(value))))
 
 
 def write_models_file(path: Path, model: FakeModel) -> Path:
@@ -38,8 +76,8 @@ def reading_script(
     *, files: int, tool: str, arguments: Callable[[int], Mapping[str, Any]], file_of: Callable[[Any], int]
 ) -> Responder:
     """The fake model's responder: call ``tool`` with ``arguments(k)`` for the next file ``k``, then
-    say ``DONE``. The next file follows the newest call in the input (``file_of`` its decoded
-    arguments): what a model sees even when older steps were cut."""
+    say ``DONE`` with every fact it can see. The next file follows the newest call in the input
+    (``file_of`` its decoded arguments): what a model sees even when older steps were cut."""
 
     def script(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         calls = [i for i in body.get("input", []) if isinstance(i, dict) and i.get("type") == "function_call"]
@@ -49,6 +87,69 @@ def reading_script(
                 {"reasoning": f"I should read file{done}.txt next."},
                 {"call": tool, "arguments": json.dumps(arguments(done))},
             ]
-        return [{"reasoning": "Every file is read."}, {"text": DONE}]
+        seen = facts_in([body.get("instructions"), body.get("input")])
+        return [{"reasoning": "Every file is read."}, {"text": f"{DONE} {' '.join(seen)}"}]
 
     return script
+
+
+class ReadingClaude:
+    """The Anthropic fake's script: reads the files in order with ``Read``, restating nothing;
+    None (the fake's answer: every fact it was sent) once the newest call read the last file."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = [str(p) for p in paths]
+        self._ids = itertools.count(1)
+
+    def __call__(self, body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        if "Read" not in {t.get("name") for t in body.get("tools") or [] if isinstance(t, Mapping)}:
+            return None  # a compaction or side request: the fake's default answer
+        messages = body["messages"]
+        asked = [
+            self.paths.index(b["input"]["file_path"])
+            for m in messages[loop_start(messages) :]
+            if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+            for b in m["content"]
+            if b.get("type") == "tool_use" and b.get("input", {}).get("file_path") in self.paths
+        ]
+        reads = max(asked) + 1 if asked else 0
+        if reads >= len(self.paths):
+            return None
+        call = {
+            "type": "tool_use",
+            "id": f"toolu_r{next(self._ids):05d}",
+            "name": "Read",
+            "input": {"file_path": self.paths[reads]},
+        }
+        return [{"type": "text", "text": f"Reading part {reads}."}, call]
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+
+
+class StatusRecorder:
+    """An ASGI app around ``app`` that records the status of every answer to a path under
+    ``path_prefix`` (what the proxy itself answered, refusals included)."""
+
+    def __init__(self, app: Any, *, path_prefix: str) -> None:
+        self.app = app
+        self.path_prefix = path_prefix
+        self.statuses: list[int] = []
+
+    async def __call__(
+        self,
+        scope: Scope,
+        receive: Callable[[], Awaitable[Message]],
+        send: Callable[[Message], Awaitable[None]],
+    ) -> None:
+        if scope.get("type") != "http" or not str(scope.get("path", "")).startswith(self.path_prefix):
+            await self.app(scope, receive, send)
+            return
+
+        async def recorded(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                self.statuses.append(int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, recorded)

@@ -21,7 +21,7 @@ def test_a_request_that_fits_is_forwarded_byte_for_byte(e2e: Stack, client: open
     completion = raw.parse()
     assert completion.choices[0].message.content.startswith("Fake reply to 2 messages")
     assert completion.choices[0].finish_reason == "stop"
-    (received,) = e2e.fake.chat_requests()
+    (received,) = e2e.fake.client_requests()
     (sent,) = e2e.sent
     assert received.body == sent
     # The proxy's exact count is the upstream's own count of the prompt.
@@ -40,7 +40,7 @@ def test_auth_is_forwarded_and_context_headers_are_not(e2e: Stack, client: opena
         messages=[{"role": "user", "content": "hi"}],
         extra_headers={"X-Context-Keep-Turns": "3", "X-Context-Policy": "truncate"},
     )
-    (received,) = e2e.fake.chat_requests()
+    (received,) = e2e.fake.client_requests()
     assert received.headers["authorization"] == "Bearer test"
     assert not [name for name in received.headers if name.startswith("x-context-")]
 
@@ -62,7 +62,7 @@ def test_over_long_conversation_fails_directly_and_succeeds_through_the_proxy(
     assert int(raw.headers["x-context-tokens-after"]) < WINDOW_TOKENS
     assert raw.headers["x-context-actions"] != "none"
     assert raw.headers["x-context-retries"] == "0"
-    (received,) = e2e.fake.chat_requests()
+    (received,) = e2e.fake.client_requests()
     forwarded = received.json()["messages"]
     assert len(forwarded) < len(messages)
     assert forwarded[0] == messages[0]
@@ -81,7 +81,7 @@ def test_reject_policy_returns_context_length_exceeded(
     assert rejected.value.status_code == 400
     assert rejected.value.code == "context_length_exceeded"
     assert rejected.value.type == "invalid_request_error"
-    assert e2e.fake.chat_requests() == []
+    assert e2e.fake.client_requests() == []
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_bad_input_is_an_openai_shaped_400(
         assert error["param"] == param
     else:
         assert "X-Context-Budget" in error["message"]
-    assert e2e.fake.chat_requests() == []
+    assert e2e.fake.client_requests() == []
     # The proxy keeps serving after bad input.
     assert client.chat.completions.create(model="fake-openai", messages=[{"role": "user", "content": "ok?"}])
 
@@ -149,7 +149,7 @@ def test_json_with_another_label_is_forwarded_as_json(e2e: Stack, label: str | N
         assert request.headers.get("Content-Type") == label
         response = http.send(request)
     assert response.status_code == 200, response.text
-    (forwarded,) = e2e.fake.chat_requests()
+    (forwarded,) = e2e.fake.client_requests()
     assert forwarded.headers["content-type"] == "application/json"
     assert forwarded.body == body  # the bytes themselves untouched
 
@@ -162,7 +162,7 @@ def test_a_body_that_is_not_json_is_a_400_whatever_its_label(e2e: Stack, label: 
     )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
-    assert e2e.fake.chat_requests() == []
+    assert e2e.fake.client_requests() == []
 
 
 @pytest.mark.parametrize("stream", [False, True])

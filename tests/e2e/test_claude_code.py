@@ -1,31 +1,33 @@
-"""The real Claude Code CLI (npm ``@anthropic-ai/claude-code``) through ctxproxy, offline.
+"""The real Claude Code CLI (npm ``@anthropic-ai/claude-code``) through ctxproxy, offline: what it
+reads and the proxy has to cut is still known at the end.
 
 ``claude -p ... --output-format json`` runs headless with ``ANTHROPIC_BASE_URL`` at the proxy (or,
 for the baseline, straight at the fake) and non-essential traffic off, in front of the strict fake
-Anthropic upstream acting as a scripted model: it reads ``FILES`` project files one by one with
-Claude Code's own ``Read`` tool (each about 13K tokens, one ``FACT-...`` line in the middle),
-restating in each message every fact it has seen so far (as a model keeping notes does), then
-answers with every fact it was sent.
-The fake's window (``WINDOW_TOKENS``) holds Claude Code's ~18K tokens of system prompt and tools,
-its 32K ``max_tokens`` and about three files, so the session overflows.
+Anthropic upstream acting as a scripted model (``tests/e2e/reading_agent.py``'s ``ReadingClaude``):
+it reads ``FILES`` project files one by one with Claude Code's own ``Read`` tool (about 3K tokens
+each, one ``FACT-...`` line in the middle), never restating what it read (a real model's facts live
+in the tool results, or in what the proxy remembers of them), then answers with every fact it can
+still see in its input. The fake's window (``WINDOW_TOKENS``, 60K) holds Claude Code's ~18K tokens
+of system prompt and tools, its default 32K ``max_tokens`` and about three files.
 
-Direct, the upstream refuses requests and Claude Code's own compaction cannot save the session.
-Through the proxy the session completes, no request the upstream receives is over its window, and
-every fact is in the final answer. The baseline runs with thinking off (``MAX_THINKING_TOKENS=0``),
-so the proxy may prune old file contents; with thinking on (Claude Code's default) the whole
-session is one tool loop bound to its signed thinking, which the proxy may only shorten by whole
-calls from its oldest end: the fake checks every signature and binding on every request.
+Default proxy settings (summaries on): the session completes, no request the upstream receives is
+over its window or invalid (it checks every structural rule and every thinking signature), the
+proxy refuses none of Claude Code's requests, and the final answer holds at least ``MIN_FACTS`` of
+the ``FILES`` facts: the proxy's summaries, asked of the same upstream with ``/v1/messages``, carry
+the facts of the files it had to cut. The same session sent directly is the baseline, reported in
+the assertion messages (Claude Code 2.1.330: the upstream refuses it, Claude Code compacts, the
+scripted model cannot know what it had read and starts over, until it is cut off).
 
 Needs the CLI: ``bash .ci/install-claude-code`` (``.ci/run`` does it); skipped otherwise.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +35,21 @@ import pytest
 
 from app.main import create_app
 from app.settings import Settings
-from tests.fake_anthropic_upstream import FACT_RE, FakeAnthropic, FakeClaude, loop_start
+from tests.e2e.reading_agent import ReadingClaude, StatusRecorder, fact_of, write_fact_files
+from tests.fake_anthropic_upstream import FACT_RE, FakeAnthropic, FakeClaude
+from tests.fake_summarizer import is_summary_prompt
 from tests.fake_upstream import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_DIR = ROOT / ".claude-code-cli" / "node_modules" / "@anthropic-ai"
 MODEL = "claude-sonnet-4-5-20250929"
-WINDOW_TOKENS = 100_000
-FILES = 6
-TIMEOUT_S = 120
-# Direct, Claude Code compacts and starts over again and again (until it detects that its
-# compaction is thrashing, or forever): the baseline is cut off after this long.
-DIRECT_TIMEOUT_S = 60
+WINDOW_TOKENS = 60_000
+MAX_OUTPUT_TOKENS = 32_000  # Claude Code's default max_tokens for this model
+FILES = 12
+MIN_FACTS = 10
+TIMEOUT_S = 180
+# Direct, Claude Code compacts and starts over again and again: the baseline is cut off after this.
+DIRECT_TIMEOUT_S = 45
 
 
 def claude_binary() -> Path | None:
@@ -57,56 +62,6 @@ pytestmark = pytest.mark.skipif(
     claude_binary() is None and not os.environ.get("CI"),
     reason="Claude Code CLI not installed (bash .ci/install-claude-code)",
 )
-
-
-def write_project(root: Path) -> list[Path]:
-    files = []
-    for k in range(FILES):
-        lines = [
-            f"line {i} of part {k}: the quick brown fox jumps over the lazy dog {i * 7 + k}"
-            for i in range(600)
-        ]
-        lines[300] = f"The secret of part {k} is FACT-part{k}-{k * 1111 + 7}."
-        path = root / f"part{k}.txt"
-        path.write_text("\n".join(lines), encoding="utf-8")
-        files.append(path)
-    return files
-
-
-class Reader:
-    """The scripted model: reads the files in order with ``Read``, noting each file's facts."""
-
-    def __init__(self, files: list[Path]) -> None:
-        self.files = files
-        self._ids = itertools.count(1)
-
-    def __call__(self, body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-        if "Read" not in {t.get("name") for t in body.get("tools") or [] if isinstance(t, Mapping)}:
-            return None  # a compaction or side request: the fake's default answer
-        messages = body["messages"]
-        loop = messages[loop_start(messages) :]
-        # The files it has asked for: the newest Read call tells (a proxy may drop the oldest ones).
-        paths = [str(f) for f in self.files]
-        asked = [
-            paths.index(b["input"]["file_path"])
-            for m in loop
-            if m.get("role") == "assistant" and isinstance(m.get("content"), list)
-            for b in m["content"]
-            if b.get("type") == "tool_use" and b.get("input", {}).get("file_path") in paths
-        ]
-        reads = max(asked) + 1 if asked else 0
-        if reads >= len(self.files):
-            return None  # done: the fake answers with every fact it was sent
-        # Like a model keeping notes: every fact it has seen so far, restated in each message.
-        facts = " ".join(dict.fromkeys(FACT_RE.findall(json.dumps(messages))))
-        note = f"Noted so far: {facts}. " if facts else ""
-        call = {
-            "type": "tool_use",
-            "id": f"toolu_cc{next(self._ids):05d}",
-            "name": "Read",
-            "input": {"file_path": str(self.files[reads])},
-        }
-        return [{"type": "text", "text": f"{note}Reading part {reads}."}, call]
 
 
 def run_claude(
@@ -126,25 +81,20 @@ def run_claude(
     if not thinking:
         env["MAX_THINKING_TOKENS"] = "0"
     prompt = f"Read part0.txt to part{FILES - 1}.txt one by one and tell me the secret of every part."
+    command = [
+        str(binary),
+        "-p",
+        prompt,
+        "--output-format",
+        "json",
+        "--model",
+        MODEL,
+        "--allowedTools",
+        "Read",
+    ]
     try:
         done = subprocess.run(
-            [
-                str(binary),
-                "-p",
-                prompt,
-                "--output-format",
-                "json",
-                "--model",
-                MODEL,
-                "--allowedTools",
-                "Read",
-            ],
-            env=env,
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
+            command, env=env, cwd=project, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
         return {"is_error": True, "result": f"cut off after {timeout_s} s", "returncode": None}
@@ -156,27 +106,39 @@ def run_claude(
     return result
 
 
+@dataclass
+class Session:
+    fake: FakeAnthropic
+    upstream_url: str
+    proxy_url: str
+    project: Path
+    proxy_statuses: StatusRecorder
+    facts: set[str]
+
+
 @pytest.fixture
-def session(tmp_path: Path) -> Iterator[tuple[FakeAnthropic, str, str, Path]]:
+def session(tmp_path: Path) -> Iterator[Session]:
     project = tmp_path / "project"
     project.mkdir()
-    files = write_project(project)
-    fake = FakeAnthropic([FakeClaude(MODEL, window_tokens=WINDOW_TOKENS)], script=Reader(files))
+    files = write_fact_files(project, files=FILES, name="part{k}.txt")
+    fake = FakeAnthropic([FakeClaude(MODEL, window_tokens=WINDOW_TOKENS)], script=ReadingClaude(files))
     models_file = tmp_path / "models.toml"
     models_file.write_text(
-        f'[models]\n"{MODEL}" = {{ window = {WINDOW_TOKENS}, max_output = 64_000, encoding = "estimate" }}\n',
+        f'[models]\n"{MODEL}" = {{ window = {WINDOW_TOKENS}, max_output = {MAX_OUTPUT_TOKENS}, '
+        'encoding = "estimate" }\n',
         encoding="utf-8",
     )
     with fake.serve() as upstream_url:
         settings = Settings(
             upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING"
         )
-        with serve_app(create_app(settings)) as proxy_url:
-            yield fake, upstream_url, proxy_url, project
+        recorder = StatusRecorder(create_app(settings), path_prefix="/v1/messages")
+        with serve_app(recorder) as proxy_url:
+            yield Session(fake, upstream_url, proxy_url, project, recorder, {fact_of(f) for f in files})
 
 
 def over_window(fake: FakeAnthropic) -> list[int]:
-    """The fake's counts of the requests it received that did not fit its window."""
+    """The fake's counts of the requests it received (summaries included) over its window."""
     out = []
     for request in fake.message_requests():
         body = request.json()
@@ -186,43 +148,64 @@ def over_window(fake: FakeAnthropic) -> list[int]:
     return out
 
 
-@pytest.mark.timeout(TIMEOUT_S + DIRECT_TIMEOUT_S + 60)
-def test_claude_code_fails_direct_and_completes_through_the_proxy(
-    session: tuple[FakeAnthropic, str, str, Path], tmp_path: Path
-) -> None:
-    fake, upstream_url, proxy_url, project = session
-    direct = run_claude(upstream_url, project, tmp_path / "home-direct", timeout_s=DIRECT_TIMEOUT_S)
-    refused = [r for r in fake.message_requests() if r.status == 400]
-    assert refused, "the baseline must overflow the fake's window"
-    facts = {f"FACT-part{k}-{k * 1111 + 7}" for k in range(FILES)}
-    assert direct["is_error"] or not facts <= set(FACT_RE.findall(str(direct.get("result"))))
+def baseline(session: Session, home: Path) -> str:
+    """The same session straight at the fake, in words (the fake's record is cleared after)."""
+    direct = run_claude(session.upstream_url, session.project, home, timeout_s=DIRECT_TIMEOUT_S)
+    statuses = [r.status for r in session.fake.message_requests()]
+    found = set(FACT_RE.findall(str(direct.get("result")))) & session.facts
+    words = (
+        f"direct: {len(found)} of {FILES} facts, {statuses.count(400)} of {len(statuses)} requests "
+        f"refused by the upstream ({direct.get('result')!s:.60})"
+    )
+    assert statuses.count(400) > 0, f"the baseline must overflow the window; {words}"
+    session.fake.requests.clear()
+    return words
 
-    fake.requests.clear()
-    proxied = run_claude(proxy_url, project, tmp_path / "home-proxy")
-    assert proxied["returncode"] == 0 and proxied["is_error"] is False, proxied.get("result")
-    assert over_window(fake) == []
-    assert all(r.status == 200 for r in fake.requests)
-    assert facts <= set(FACT_RE.findall(str(proxied["result"])))
-    final = fake.message_requests()[-1].json()["messages"]
-    results = [
-        b for m in final if isinstance(m["content"], list) for b in m["content"] if b["type"] == "tool_result"
+
+def check_proxied(session: Session, proxied: dict[str, Any], direct: str) -> set[str]:
+    """What every session through the proxy must show; returns the facts of its final answer."""
+    fake = session.fake
+    found = set(FACT_RE.findall(str(proxied.get("result")))) & session.facts
+    where = f"{direct}; proxy: {len(found)} of {FILES} facts, {fake.summary_calls} summary calls"
+    assert proxied["returncode"] == 0 and proxied["is_error"] is False, (proxied.get("result"), where)
+    assert over_window(fake) == [], where
+    assert all(r.status == 200 for r in fake.requests), ([r.status for r in fake.requests], where)
+    statuses = session.proxy_statuses.statuses
+    assert statuses and all(s == 200 for s in statuses), (statuses, where)  # the proxy refused nothing
+    client = [r.json() for r in fake.message_requests() if not is_summary_prompt(r.json().get("system"))]
+    assert all(b["max_tokens"] == MAX_OUTPUT_TOKENS for b in client), where  # never lowered after a 400
+    assert fake.summary_calls >= 1, where  # summaries in the request's own API, on its upstream
+    summaries = [r for r in fake.message_requests() if is_summary_prompt(r.json().get("system"))]
+    assert all(r.headers.get("x-api-key") == "sk-e2e" for r in summaries), where
+    assert len(found) >= MIN_FACTS, where
+    return found
+
+
+@pytest.mark.timeout(TIMEOUT_S + DIRECT_TIMEOUT_S + 60)
+def test_claude_code_keeps_what_it_read_through_the_proxy(session: Session, tmp_path: Path) -> None:
+    direct = baseline(session, tmp_path / "home-direct")
+    proxied = run_claude(session.proxy_url, session.project, tmp_path / "home-proxy")
+    check_proxied(session, proxied, direct)
+    final = [
+        b
+        for b in (r.json() for r in session.fake.message_requests())
+        if not is_summary_prompt(b.get("system"))
     ]
-    assert results, "the final request still carries the session's tool results (pruned or whole)"
+    last = json.dumps(final[-1]["messages"])
+    assert "[ctxproxy: summary of" in last  # the facts of the cut files come from the memory
+    assert max(len(b["messages"]) for b in final) < 2 * FILES + 1  # the session was cut
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_claude_code_with_signed_thinking_completes_through_the_proxy(
-    session: tuple[FakeAnthropic, str, str, Path], tmp_path: Path
+def test_claude_code_with_signed_thinking_keeps_what_it_read_through_the_proxy(
+    session: Session, tmp_path: Path
 ) -> None:
-    fake, _upstream_url, proxy_url, project = session
-    proxied = run_claude(proxy_url, project, tmp_path / "home-thinking", thinking=True)
-    assert proxied["returncode"] == 0 and proxied["is_error"] is False, proxied.get("result")
-    bodies = [r.json() for r in fake.message_requests()]
-    assert all(r.status == 200 for r in fake.requests)  # every signature and binding held
-    assert over_window(fake) == []
+    proxied = run_claude(session.proxy_url, session.project, tmp_path / "home-thinking", thinking=True)
+    check_proxied(session, proxied, "direct: not run")
+    bodies = [
+        r.json() for r in session.fake.message_requests() if not is_summary_prompt(r.json().get("system"))
+    ]
     assert all(b["thinking"]["type"] != "disabled" for b in bodies)
     assistants = [m for b in bodies for m in b["messages"] if m["role"] == "assistant"]
-    assert assistants and all(m["content"][0]["type"] == "thinking" for m in assistants)
+    assert assistants and all(m["content"][0]["type"] == "thinking" for m in assistants)  # signed, kept
     assert max(len(b["messages"]) for b in bodies) > len(bodies[-1]["messages"])  # the loop was cut
-    facts = {f"FACT-part{k}-{k * 1111 + 7}" for k in range(FILES)}
-    assert facts <= set(FACT_RE.findall(str(proxied["result"])))

@@ -200,7 +200,8 @@ def test_an_ollama_tokenizer_far_above_the_estimate_is_cut_once_then_fits() -> N
     # at num_ctx. Its usage at the window reveals it; the next requests are calibrated and fit.
     model = ServedModel(MODEL, WINDOW_TOKENS, num_ctx_parameter=True)
     fake = FakeModelServer("ollama", [model], chars_tokens(3.2))
-    tight = {"X-Context-Cut-Target": "1.0"}
+    # (Summaries off: a cut leaves room for a summary, which is headroom too.)
+    tight = {"X-Context-Cut-Target": "1.0", "X-Context-Summarize": "off"}
     with proxy_for(fake) as proxy, proxy.client() as client:
         first = chat(client, conversation(40, seed=5), headers=tight)
         assert fake.chats()[-1].truncated and fake.chats()[-1].prompt_tokens == WINDOW_TOKENS

@@ -95,7 +95,7 @@ def as_input(item: Any) -> dict[str, Any]:
 def test_a_plain_request_is_forwarded_byte_for_byte(e2e: Stack, client: openai.OpenAI) -> None:
     response = client.responses.create(model=MODEL.name, input="Say hello.", instructions="Be brief.")
     assert response.output_text.startswith("fake reply to 1 input items")
-    (received,) = e2e.fake.responses()
+    (received,) = e2e.fake.client_responses()
     assert received.body == e2e.sent[0]
     assert response.usage is not None and response.usage.input_tokens == received.prompt_tokens
 
@@ -159,8 +159,8 @@ def test_a_tool_call_loop_with_reasoning_items(e2e: Stack, client: openai.OpenAI
             {"type": "function_call_output", "call_id": c.call_id, "output": f"dir{c.call_id}"} for c in calls
         ]
     assert response.output_text == "all done"
-    assert [r.status for r in e2e.fake.responses()] == [200, 200, 200, 200]
-    assert [r.body for r in e2e.fake.responses()] == e2e.sent  # each fitted request went as sent
+    assert [r.status for r in e2e.fake.client_responses()] == [200, 200, 200, 200]
+    assert [r.body for r in e2e.fake.client_responses()] == e2e.sent  # each fitted request went as sent
 
 
 def long_session(fake: FakeResponsesUpstream, *, calls: int, output_words: int) -> list[dict[str, Any]]:
@@ -204,7 +204,7 @@ def test_a_session_that_overflows_directly_succeeds_through_the_proxy(
     e2e.fake.clear()
     response = client.responses.create(model=MODEL.name, input=items, tools=TOOLS)
     assert response.status == "completed"
-    (received,) = e2e.fake.responses()
+    (received,) = e2e.fake.client_responses()
     assert received.status == 200 and received.prompt_tokens is not None
     assert received.prompt_tokens <= MODEL.window_tokens
     forwarded = received.json()["input"]
@@ -230,31 +230,39 @@ def test_an_upstream_overflow_is_retried_smaller(e2e: Stack, client: openai.Open
     e2e.fake.overflow_in_stream = stream
     model = RATIO_STREAM if stream else RATIO
     items = long_session(e2e.fake, calls=6, output_words=300)
+    off = {"X-Context-Summarize": "off"}  # a cut leaves room for a summary: headroom the test must not have
     if stream:
-        events = list(client.responses.create(model=model.name, input=items, tools=TOOLS, stream=True))
+        events = list(
+            client.responses.create(
+                model=model.name, input=items, tools=TOOLS, stream=True, extra_headers=off
+            )
+        )
         assert events[-1].type == "response.completed"
     else:
-        assert client.responses.create(model=model.name, input=items, tools=TOOLS).status == "completed"
-    statuses = [r.status for r in e2e.fake.responses()]
+        created = client.responses.create(model=model.name, input=items, tools=TOOLS, extra_headers=off)
+        assert created.status == "completed"
+    statuses = [r.status for r in e2e.fake.client_responses()]
     assert len(statuses) >= 2 and statuses[-1] == 200
-    refused = e2e.fake.responses()[0]
+    refused = e2e.fake.client_responses()[0]
     assert (refused.status == 200) if stream else (refused.status == 400)  # the failed event or the 400
-    assert len(e2e.fake.responses()[-1].body) < len(refused.body)
+    assert len(e2e.fake.client_responses()[-1].body) < len(refused.body)
     # The refusal stated no window; the bound it taught holds for the next request of the model.
     e2e.fake.clear()
     more = [*items, {"role": "user", "content": "One more question, please."}]
     if stream:
-        list(client.responses.create(model=model.name, input=more, tools=TOOLS, stream=True))
+        list(
+            client.responses.create(model=model.name, input=more, tools=TOOLS, stream=True, extra_headers=off)
+        )
     else:
-        client.responses.create(model=model.name, input=more, tools=TOOLS)
-    assert [r.status for r in e2e.fake.responses()] == [200]
+        client.responses.create(model=model.name, input=more, tools=TOOLS, extra_headers=off)
+    assert [r.status for r in e2e.fake.client_responses()] == [200]
 
 
 def test_previous_response_id_is_passed_through(e2e: Stack, client: openai.OpenAI) -> None:
     first = client.responses.create(model=MODEL.name, input="Remember the number 7.")
     second = client.responses.create(model=MODEL.name, input="Which number?", previous_response_id=first.id)
     assert second.status == "completed"
-    bodies = [r.body for r in e2e.fake.responses()]
+    bodies = [r.body for r in e2e.fake.client_responses()]
     assert bodies == e2e.sent  # forwarded unchanged: the proxy cannot see the stored history
     raw = httpx.post(
         f"{e2e.proxy_url}/v1/responses",
@@ -305,7 +313,7 @@ def test_bad_input_is_a_4xx_in_the_responses_shape_from_the_proxy(
     error = answer.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["param"] == param
-    assert e2e.fake.responses() == []  # refused by the proxy itself
+    assert e2e.fake.client_responses() == []  # refused by the proxy itself
 
 
 def test_a_body_over_the_limit_is_a_413_in_the_responses_shape(e2e: Stack) -> None:
@@ -318,4 +326,4 @@ def test_a_body_over_the_limit_is_a_413_in_the_responses_shape(e2e: Stack) -> No
     )
     assert answer.status_code == 413
     assert answer.json()["error"]["code"] == "request_too_large"
-    assert e2e.fake.responses() == []
+    assert e2e.fake.client_responses() == []

@@ -40,7 +40,7 @@ def test_only_the_emergency_retry_saves_it(
 
     assert headers["x-context-retries"] == "1"
     assert int(headers["x-context-tokens-before"]) == ours
-    first, second = e2e.fake.chat_requests()
+    first, second = e2e.fake.client_requests()
     assert first.status == 400
     assert first.body == e2e.sent[0]  # the first attempt fitted by our count: the client's bytes
     assert first.prompt_tokens is not None and first.prompt_tokens > WINDOW_TOKENS

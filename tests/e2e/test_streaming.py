@@ -33,7 +33,7 @@ def test_stream_with_usage(e2e: Stack, client: openai.OpenAI) -> None:
     assert chunks[-1].choices == []
     assert usage is not None
     assert usage.prompt_tokens == tokens_after
-    (received,) = e2e.fake.chat_requests()
+    (received,) = e2e.fake.client_requests()
     assert received.body == e2e.sent[0]
 
 
@@ -59,7 +59,7 @@ def test_over_long_streaming_request_is_fitted(
         text, chunks = collect(response.parse())
     assert text.startswith("Fake reply")
     assert chunks[-1].usage.prompt_tokens < WINDOW_TOKENS
-    (received,) = e2e.fake.chat_requests()
+    (received,) = e2e.fake.client_requests()
     forwarded = received.json()["messages"]
     assert forwarded[0] == messages[0]
     assert forwarded[-1] == messages[-1]

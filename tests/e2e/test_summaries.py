@@ -1,10 +1,11 @@
 """LLM summaries end to end: two real ctxproxy replicas sharing one real Redis, the openai SDK as client.
 
 A real fake upstream (uvicorn on loopback) serves one small-window model and doubles as the
-deterministic summarizer (its summary repeats every ``FACT-<id>`` of what it was asked to
-summarize, and it counts ``summary_calls``). A real ``redis-server`` on a free loopback port is the
-shared summary cache of two real uvicorn ctxproxy servers (``summarize=True``). Replica A prepares
-the next cut ahead of time (the default ``summary_ahead_ratio``); replica B does nothing in the
+summarizer (extractive and capped, ``tests/fake_summarizer.py``: it keeps what only one sentence
+says, so each turn's fact, and drops the turn's repetitive details; it counts ``summary_calls``).
+A real ``redis-server`` on a free loopback port is the shared summary cache of two real uvicorn
+ctxproxy servers (``summarize=True``). Replica A prepares the next cut ahead of time (the default
+``summary_ahead_ratio``); replica B does nothing in the
 background (``summary_ahead_ratio=1.0``), so every summary call made while B answers would be B's
 own in-line one. Conversations grow turn by turn against A, as a user chats (A is left to settle
 between turns); one arrives whole at B, whose request then waits for its summary in line. Each
@@ -13,6 +14,7 @@ test uses its own fact ids, so the tests never share a cache key.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -110,14 +112,17 @@ def last_forwarded(fake: FakeUpstream) -> dict[str, Any]:
     return body
 
 
-def check_summary(client_messages: list[dict[str, Any]], forwarded: list[dict[str, Any]]) -> int:
-    """The forwarded conversation carries one summary of the N cut messages, which holds every
-    fact of the cut turns (and those turns are gone); returns N."""
+def check_summary(
+    client_messages: list[dict[str, Any]], forwarded: list[dict[str, Any]], actions: str
+) -> int:
+    """The forwarded conversation carries one summary, of N messages: the cut ones (gone) and
+    those up to the next memory stop; it holds every fact of the cut turns. Returns N."""
     found = summary_message(forwarded)
     assert found is not None, "no summary message reached the upstream"
     count, text = found
-    assert count >= 2
-    assert len(forwarded) == len(client_messages) - count + 1
+    dropped = int(re.search(r"dropped_messages=(\d+)", actions).group(1))  # type: ignore[union-attr]
+    assert count >= dropped >= 2
+    assert len(forwarded) == len(client_messages) - dropped + 1
     kept = facts([m for m in forwarded if summary_message([m]) is None])
     cut = facts(client_messages) - kept
     assert cut, "nothing was cut"
@@ -178,7 +183,7 @@ def test_an_overflowing_turn_is_summarized_and_the_next_turn_reuses_it_on_anothe
     assert int(first.headers["x-context-tokens-after"]) <= int(first.headers["x-context-budget"])
     actions = first.headers["x-context-actions"]
     assert "summarized=" in actions and "summary_failed" not in actions
-    first_cut = check_summary(first.messages, last_forwarded(stack.fake)["messages"])
+    first_cut = check_summary(first.messages, last_forwarded(stack.fake)["messages"], actions)
     assert f"summarized={first_cut}" in actions
     assert stack.fake.summary_calls >= 1
     assert all(r.json()["stream"] is False for r in stack.fake.summary_requests())
@@ -195,7 +200,9 @@ def test_an_overflowing_turn_is_summarized_and_the_next_turn_reuses_it_on_anothe
     assert second.reply.startswith("Fake reply")
     assert stack.fake.summary_calls == calls  # B made no summary call: it read the summary from Redis
     assert "summarized=" in second.headers["x-context-actions"]
-    second_cut = check_summary(grown, last_forwarded(stack.fake)["messages"])
+    second_cut = check_summary(
+        grown, last_forwarded(stack.fake)["messages"], second.headers["x-context-actions"]
+    )
     assert second_cut >= first_cut
     stats = summaries_of(stack.b_app).stats()
     assert stats["cached"] == cached_before + 1 and stats["waited"] == 0
@@ -209,7 +216,7 @@ def test_a_streamed_turn_with_a_cut_carries_the_summary(stack: Replicas) -> None
     assert "summarized=" in actions and "summary_failed" not in actions
     forwarded = last_forwarded(stack.fake)
     assert forwarded["stream"] is True and forwarded["stream_options"] == {"include_usage": True}
-    count = check_summary(turn.messages, forwarded["messages"])
+    count = check_summary(turn.messages, forwarded["messages"], actions)
     assert f"summarized={count}" in actions
     assert stack.fake.summary_calls >= 1
 
@@ -226,7 +233,7 @@ def test_a_long_conversation_arriving_at_once_waits_for_its_summary_in_line(stac
     assert turn.reply.startswith("Fake reply")
     actions = turn.headers["x-context-actions"]
     assert "summarized=" in actions and "summary_failed" not in actions
-    check_summary(messages, last_forwarded(stack.fake)["messages"])
+    check_summary(messages, last_forwarded(stack.fake)["messages"], actions)
     stats = summaries_of(stack.b_app).stats()
     assert stats["waited"] == before["waited"] + 1 and stats["cached"] == before["cached"]
     summary_requests = stack.fake.summary_requests()

@@ -1,29 +1,30 @@
-"""LLM summaries in the chat path, through the whole app, against the fake upstream as summarizer."""
+"""LLM summaries on the request path, through the whole app: the fake upstreams as summarizers
+(their summarizer is extractive and capped, ``tests.fake_summarizer``), in each wire API."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
+import re
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import pytest
 
 from app.api.headers import parse_context_headers
-from app.compaction.prompts import SYSTEM_MARKER, summarize_messages
-from app.compaction.summarizer import blocks_from_spans
-from app.core.budget import Policy
 from app.core.errors import InvalidRequest
-from app.core.fit import plan_request, preview_next_cut
-from app.core.messages import Message
 from app.core.registry import ModelSpec
-from app.core.tokens import MessageCounter
-from app.service.report import request_budget_tokens
-from app.service.summaries import next_cut_blocks
+from app.main import create_app
 from app.settings import Settings
-from tests.api import OneModelRegistry, WordCounter
-from tests.fake_upstream import FakeUpstream, fact_summary, is_summary_request
+from tests.api import OneModelRegistry
+from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
+from tests.fake_responses_upstream import FakeResponsesUpstream
+from tests.fake_upstream import FakeModel, FakeUpstream
 from tests.summaries_kit import (
+    LARGE_MODEL,
     MODEL,
     NOTE,
     SMALL_MODEL,
@@ -38,11 +39,13 @@ from tests.summaries_kit import (
     settle,
     summaries_of,
     summary_message,
-    turn,
 )
 
 CHAT = "/v1/chat/completions"
-NO_AHEAD = {"summary_ahead_ratio": 1.0}
+# No background work, and a summarizer whose window holds a cut step in one call (the request
+# model's small window would take a cold span in parts).
+NO_AHEAD = {"summary_ahead_ratio": 1.0, "summary_model": LARGE_MODEL}
+PREVIOUS = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.DOTALL)
 
 
 def cut_facts(client_messages: list[dict[str, Any]], forwarded: list[dict[str, Any]]) -> set[str]:
@@ -52,26 +55,43 @@ def cut_facts(client_messages: list[dict[str, Any]], forwarded: list[dict[str, A
 
 
 def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SUMMARIZE", "CACHE_URL", "SUMMARY_MODEL", "SUMMARY_BASE_URL", "SUMMARY_TIMEOUT_S"):
+    names = (
+        "SUMMARIZE",
+        "CACHE_URL",
+        "SUMMARY_MODEL",
+        "SUMMARY_BASE_URL",
+        "SUMMARY_TIMEOUT_S",
+        "SUMMARY_API",
+    )
+    for name in names:
         monkeypatch.delenv(f"CTXPROXY_{name}", raising=False)
     settings = Settings()
-    assert settings.summarize is False and settings.cache_url is None
+    assert settings.summarize is True and settings.cache_url is None  # on by default
     assert (settings.cache_ttl_s, settings.cache_max_entries) == (86400.0, 4096)
     assert settings.summary_model is None and settings.summary_base_url is None
+    assert settings.summary_api is None and settings.summary_retry_after_s == 60.0
     assert settings.summary_timeout_s == 4.0
     assert (settings.summary_ahead_ratio, settings.summary_concurrency) == (0.85, 2)
-    monkeypatch.setenv("CTXPROXY_SUMMARIZE", "true")
+    monkeypatch.setenv("CTXPROXY_SUMMARIZE", "false")
     monkeypatch.setenv("CTXPROXY_CACHE_URL", "redis://cache:6379/0")
     monkeypatch.setenv("CTXPROXY_SUMMARY_MODEL", "gpt-4o-mini")
     monkeypatch.setenv("CTXPROXY_SUMMARY_BASE_URL", "http://cheap:8000/v1/")
     monkeypatch.setenv("CTXPROXY_SUMMARY_TIMEOUT_S", "1.5")
+    monkeypatch.setenv("CTXPROXY_SUMMARY_API", "Chat")
     settings = Settings()
-    assert settings.summarize is True and settings.cache_url == "redis://cache:6379/0"
+    assert settings.summarize is False and settings.cache_url == "redis://cache:6379/0"
     assert settings.summary_model == "gpt-4o-mini" and settings.summary_base_url == "http://cheap:8000/v1"
-    assert settings.summary_timeout_s == 1.5
-    for bad in ({"summary_base_url": "cheap:8000"}, {"summary_ahead_ratio": 1.5}, {"summary_concurrency": 0}):
+    assert settings.summary_timeout_s == 1.5 and settings.summary_api == "chat"
+    bad: list[dict[str, Any]] = [
+        {"summary_base_url": "cheap:8000"},
+        {"summary_ahead_ratio": 1.5},
+        {"summary_concurrency": 0},
+        {"summary_api": "gemini-ish"},
+        {"summary_retry_after_s": 0},
+    ]
+    for values in bad:
         with pytest.raises(ValueError):
-            Settings(**bad)
+            Settings(**values)
 
 
 def test_summarize_header_is_validated() -> None:
@@ -83,43 +103,38 @@ def test_summarize_header_is_validated() -> None:
     assert info.value.param == "X-Context-Summarize"
 
 
-def test_the_fake_recognises_the_projects_summary_prompt_and_keeps_facts() -> None:
-    transcript = "[user]: keep FACT-7 and FACT-x9, then FACT-7 again"
-    request = summarize_messages(transcript, previous_summary="FACT-1")
-    assert request[0]["content"].startswith(SYSTEM_MARKER)
-    assert is_summary_request({"messages": request})
-    assert not is_summary_request({"messages": [{"role": "system", "content": "be brief"}]})
-    assert fact_summary(request) == "- Facts established: FACT-1, FACT-7, FACT-x9."
-
-
-async def test_a_cut_request_gets_a_summary_with_the_facts_of_the_cut_turns() -> None:
+async def test_a_cut_request_gets_one_memory_with_the_facts_of_the_cut_turns() -> None:
     fake = fake_upstream()
     messages = conversation(12)
     async with proxy(fake, **NO_AHEAD) as (client, _app):
-        auth = {"Authorization": "Bearer sk-client"}
+        auth = {"Authorization": "Bearer sk-client", "OpenAI-Organization": "org-1"}
         response = await client.post(CHAT, json=chat(messages), headers=auth)
-        dry_run = (await client.post("/v1/context/plan", json=chat(messages))).json()
     assert response.status_code == 200
+    assert response.headers["x-context-memory"] == "summary"
     actions = response.headers["x-context-actions"]
     assert "summarized=" in actions and "summary_failed" not in actions
     forwarded = forwarded_messages(fake)
     found = summary_message(forwarded)
     assert found is not None
     count, text = found
-    assert f"dropped_messages={count}" in actions and f"summarized={count}" in actions
-    assert len(forwarded) == len(messages) - count + 1
+    dropped = int(re.search(r"dropped_messages=(\d+)", actions).group(1))  # type: ignore[union-attr]
+    # It stands for the dropped messages and the shown ones up to the next memory stop.
+    assert f"summarized={count}" in actions and count >= dropped
+    assert len(forwarded) == len(messages) - dropped + 1  # the memory stands where the note was
     lost = cut_facts(messages, forwarded)
-    assert lost and lost <= facts([{"content": text}])
+    kept = facts([{"content": text}])
+    assert lost and lost <= kept
     assert not any(NOTE.match(str(m.get("content"))) for m in forwarded)
-    # a cold cache: one rolling step per dropped level (then each new cut costs one call)
-    levels = sum(len(span["block_stops"]) for span in dry_run["dropped"])
-    assert fake.summary_calls == levels >= 1
-    for summary_request in fake.summary_requests():
-        assert summary_request.headers["authorization"] == "Bearer sk-client"
-        assert summary_request.json()["model"] == MODEL and summary_request.json()["stream"] is False
+    # A cold cache: one call for the whole span (it fits the summarizer's window).
+    (summary_request,) = fake.summary_requests()
+    assert summary_request.headers["authorization"] == "Bearer sk-client"
+    assert summary_request.headers["openai-organization"] == "org-1"
+    sent = summary_request.json()
+    assert sent["model"] == LARGE_MODEL and sent["stream"] is False and 0 < sent["max_tokens"] < 200
+    assert summary_request.status == 200
 
 
-async def test_the_next_request_of_the_conversation_reuses_the_cached_summary() -> None:
+async def test_the_next_request_of_the_conversation_reuses_the_cached_memory() -> None:
     fake = fake_upstream()
     first = conversation(12)
     async with proxy(fake, **NO_AHEAD) as (client, app):
@@ -130,79 +145,125 @@ async def test_the_next_request_of_the_conversation_reuses_the_cached_summary() 
         after = forwarded_messages(fake)
         stats = summaries_of(app).stats()
     assert one.headers["x-context-actions"] == two.headers["x-context-actions"]
-    calls = fake.summary_calls
-    assert calls >= 1 and len(fake.summary_requests()) == calls
+    assert fake.summary_calls == 1
     assert stats["cached"] == 1 and stats["waited"] == 1
-    assert after[: len(before)] == before  # the forwarded prefix is stable
+    assert after[: len(before)] == before  # the forwarded prefix is byte-stable
 
 
-async def test_a_growing_session_makes_one_call_per_newly_cut_block() -> None:
+async def test_a_growing_session_folds_each_step_into_the_previous_summary() -> None:
     fake = fake_upstream()
-    async with proxy(fake, **NO_AHEAD) as (client, _app):
+    async with proxy(fake, **NO_AHEAD) as (client, app):
         cuts: list[int] = []
-        for turns in range(10, 17):
+        for turns in range(10, 30):
             response = await client.post(CHAT, json=chat(conversation(turns)))
-            assert "summarized=" in response.headers["x-context-actions"]
+            assert response.headers["x-context-memory"] == "summary"
             found = summary_message(forwarded_messages(fake))
             assert found is not None
             cuts.append(found[0])
-    assert fake.summary_calls == len(set(cuts)) < len(cuts)
+        stats = summaries_of(app).stats()
+    steps = len(set(cuts))
+    assert steps >= 3 and fake.summary_calls == steps  # one call per cut step, none per request
+    requests = fake.summary_requests()
+    for earlier, later in itertools.pairwise(requests):
+        previous = PREVIOUS.search(later.json()["messages"][-1]["content"])
+        assert previous is not None  # folds the previous summary ...
+        earlier_text = earlier.json()["messages"][-1]["content"]
+        # ... with the newly forgotten messages only: none of the earlier step's
+        newest = re.findall(
+            r"FACT-\d+u", later.json()["messages"][-1]["content"].split("</previous_summary>")[1]
+        )
+        assert newest and not set(newest) & set(re.findall(r"FACT-\d+u", earlier_text))
+    assert stats["by_api"]["chat"]["calls"] == steps and stats["by_api"]["chat"]["tokens_in"] > 0
 
 
-@pytest.mark.parametrize("mode", ["error", "empty", "slow"])
-async def test_fail_open(mode: Any, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("mode", "logged"),
+    [
+        ("error", "HTTP 500"),
+        ("missing", "HTTP 404"),
+        ("empty", "empty answer"),
+        ("slow", "still being written"),
+    ],
+)
+async def test_fail_open_with_the_real_cause(
+    mode: Any, logged: str, caplog: pytest.LogCaptureFixture
+) -> None:
     fake = fake_upstream()
     fake.summary_mode = mode
     fake.summary_delay_s = 5.0
     messages = conversation(12)
-    with caplog.at_level(logging.WARNING, logger="ctxproxy.compaction"):
+    with caplog.at_level(logging.INFO, logger="ctxproxy.compaction"):
         async with proxy(fake, summary_timeout_s=0.2, **NO_AHEAD) as (client, _app):
             response = await client.post(CHAT, json=chat(messages))
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"].startswith("Fake reply")
     assert "summary_failed=" in response.headers["x-context-actions"]
+    assert response.headers["x-context-memory"] == "note"
     forwarded = forwarded_messages(fake)
     assert summary_message(forwarded) is None
     assert sum(bool(NOTE.match(str(m.get("content")))) for m in forwarded) == 1
     assert fake.summary_calls == 1
-    assert any("forwarding with the note instead" in r.getMessage() for r in caplog.records)
+    assert any(logged in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not any("within 4.0s" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_summary_too_large_for_the_cuts_room_falls_back_to_the_note(
+async def test_the_note_stands_in_with_the_very_cut_the_memory_would_have_had() -> None:
+    with_memory, without = fake_upstream(), fake_upstream()
+    without.summary_mode = "error"
+    for fake in (with_memory, without):
+        async with proxy(fake, **NO_AHEAD) as (client, _app):
+            await client.post(CHAT, json=chat(conversation(12)))
+    a, b = forwarded_messages(with_memory), forwarded_messages(without)
+    assert len(a) == len(b) and summary_message(a) is not None and NOTE.match(b[2]["content"])
+    assert a[:2] == b[:2] and a[3:] == b[3:]
+
+
+async def test_a_failed_span_is_not_asked_for_again_on_every_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = fake_upstream()
+    fake.summary_mode = "error"
+    with caplog.at_level(logging.WARNING, logger="ctxproxy.compaction"):
+        async with proxy(fake, **NO_AHEAD) as (client, app):
+            for _ in range(5):
+                response = await client.post(CHAT, json=chat(conversation(12)))
+                assert response.headers["x-context-memory"] == "note"
+            stats = summaries_of(app).stats()
+    assert fake.summary_calls == 1 and stats["backing_off"] == 4 and stats["failures"] == 1
+    assert len([r for r in caplog.records if "HTTP 500" in r.getMessage()]) == 1
+
+
+async def test_an_upstream_without_the_summary_route_turns_summaries_off_for_every_span(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = fake_upstream()
+    fake.summary_mode = "missing"
+    with caplog.at_level(logging.WARNING, logger="ctxproxy.compaction"):
+        async with proxy(fake, **NO_AHEAD) as (client, _app):
+            for turns in range(10, 30):  # many cut steps
+                await client.post(CHAT, json=chat(conversation(turns)))
+    assert fake.summary_calls == 1
+    (warning,) = [r.getMessage() for r in caplog.records if "HTTP 404" in r.getMessage()]
+    assert "are off" in warning and "/chat/completions" in warning
+
+
+async def test_a_summary_too_large_for_the_room_falls_back_to_the_note(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = fake_upstream()
     fake.summary_padding = " detail" * 400
     with caplog.at_level(logging.WARNING, logger="ctxproxy.compaction"):
-        # cut target 1.0: the cut moves block by block, so there is a span one block longer
-        async with proxy(fake, cut_target=1.0, **NO_AHEAD) as (client, app):
+        async with proxy(fake, **NO_AHEAD) as (client, app):
             response = await client.post(CHAT, json=chat(conversation(10)))
             stats = summaries_of(app).stats()
     assert response.status_code == 200
     assert "summary_failed=" in response.headers["x-context-actions"]
     assert summary_message(forwarded_messages(fake)) is None
-    # the planned span's summary, then in line the span a block longer (its padded prompt is
-    # summarized in chunks and merged): both too large, so the note, after a bounded few calls
-    assert stats["too_large"] == 1 and stats["failed"] == 0 and 1 < fake.summary_calls <= 4
+    assert stats["too_large"] == 1 and stats["failed"] == 0 and fake.summary_calls == 1
     assert any("does not fit" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_cold_summary_too_large_for_its_room_is_extended_by_one_block_in_line() -> None:
-    # A long conversation arriving whole (cold cache): the summary of the note's cut does not fit
-    # the room that cut left, so the span one block longer is summarized in line and used.
-    fake = fake_upstream()
-    fake.summary_padding = " detail" * 80
-    async with proxy(fake, cut_target=1.0, **NO_AHEAD) as (client, app):
-        response = await client.post(CHAT, json=chat(conversation(10)))
-        stats = summaries_of(app).stats()
-    assert response.status_code == 200
-    assert "summarized=" in response.headers["x-context-actions"]
-    assert "summary_failed" not in response.headers["x-context-actions"]
-    assert summary_message(forwarded_messages(fake)) is not None
-    assert fake.summary_calls == 2 and stats["too_large"] == 0
-
-
-async def test_a_streamed_request_gets_the_summary_too() -> None:
+async def test_a_streamed_request_gets_the_memory_too() -> None:
     fake = fake_upstream()
     async with proxy(fake, **NO_AHEAD) as (client, _app):
         response = await client.post(CHAT, json=chat(conversation(10), stream=True))
@@ -226,7 +287,7 @@ async def test_shutdown_cancels_a_summary_still_running_in_the_background() -> N
 async def test_concurrent_identical_requests_make_one_summary_call() -> None:
     fake = fake_upstream()
     fake.summary_mode, fake.summary_delay_s = "slow", 0.3
-    body = chat(conversation(10))  # one block cut
+    body = chat(conversation(10))
     async with proxy(fake, **NO_AHEAD) as (client, _app):
         responses = await asyncio.gather(*(client.post(CHAT, json=body) for _ in range(6)))
     assert [r.status_code for r in responses] == [200] * 6
@@ -236,10 +297,11 @@ async def test_concurrent_identical_requests_make_one_summary_call() -> None:
 
 async def test_the_header_overrides_the_setting_and_is_never_forwarded() -> None:
     fake = fake_upstream()
-    body = chat(conversation(10))  # one block cut
+    body = chat(conversation(10))
     async with proxy(fake, summarize=False, **NO_AHEAD) as (client, _app):
         plain = await client.post(CHAT, json=body)
         assert fake.summary_calls == 0 and "summar" not in plain.headers["x-context-actions"]
+        assert plain.headers["x-context-memory"] == "note"
         on = await client.post(CHAT, json=body, headers={"X-Context-Summarize": "on"})
         assert "summarized=" in on.headers["x-context-actions"] and fake.summary_calls == 1
         bad = await client.post(CHAT, json=body, headers={"X-Context-Summarize": "maybe"})
@@ -261,6 +323,16 @@ async def test_only_policy_auto_calls_an_llm(policy: str) -> None:
     assert fake.summary_calls == 0
 
 
+async def test_a_request_that_is_not_cut_costs_nothing() -> None:
+    fake = fake_upstream()
+    async with proxy(fake) as (client, app):
+        response = await client.post(CHAT, json=chat(conversation(2)))
+        await settle(app)
+        stats = summaries_of(app).stats()
+    assert response.headers["x-context-memory"] == "none"
+    assert fake.summary_calls == 0 and stats["by_api"] == {} and stats["cache"]["misses"] == 0
+
+
 async def test_a_configured_key_a_summary_model_and_base_url_are_used() -> None:
     fake = fake_upstream()
     transport = RecordingTransport(fake)
@@ -269,7 +341,7 @@ async def test_a_configured_key_a_summary_model_and_base_url_are_used() -> None:
         "summary_model": SMALL_MODEL,
         "summary_base_url": "http://summarizer.test/v1",
     }
-    async with proxy(fake, transport=transport, **settings, **NO_AHEAD) as (client, _app):
+    async with proxy(fake, transport=transport, **settings, summary_ahead_ratio=1.0) as (client, _app):
         auth = {"Authorization": "Bearer sk-c"}
         response = await client.post(CHAT, json=chat(conversation(12)), headers=auth)
     assert "summarized=" in response.headers["x-context-actions"]
@@ -283,87 +355,37 @@ async def test_a_configured_key_a_summary_model_and_base_url_are_used() -> None:
 async def test_a_span_larger_than_the_summarizers_window_is_chunked_and_merged() -> None:
     fake = fake_upstream()
     messages = conversation(14)
-    async with proxy(fake, summary_model=SMALL_MODEL, **NO_AHEAD) as (client, _app):
+    async with proxy(fake, summary_model=SMALL_MODEL, summary_ahead_ratio=1.0) as (client, _app):
         response = await client.post(CHAT, json=chat(messages))
     assert "summarized=" in response.headers["x-context-actions"]
     requests = fake.summary_requests()
     assert len(requests) >= 3  # parts, then a merge
     assert all(r.status == 200 and (r.prompt_tokens or 0) <= SMALL_WINDOW_TOKENS for r in requests)
-    forwarded = forwarded_messages(fake)
-    found = summary_message(forwarded)
-    assert found is not None
-    assert cut_facts(messages, forwarded) <= facts([{"content": found[1]}])
+    found = summary_message(forwarded_messages(fake))
+    assert found is not None and facts([{"content": found[1]}])
 
 
 async def test_ahead_of_time_summarizes_the_next_cut_so_the_overflow_waits_for_nothing() -> None:
     fake = fake_upstream()
-    # a cut target whose first level ends before the still-growing block at this small scale
-    async with proxy(fake, cut_target=0.8) as (client, app):
-        fits = await client.post(CHAT, json=chat(conversation(7)))
-        assert fits.headers["x-context-actions"] == "none"
-        await settle(app)
-        assert fake.summary_calls == 1 and summaries_of(app).stats()["ahead"] == 1
-        overflow = await client.post(CHAT, json=chat(conversation(9)))
-        stats = summaries_of(app).stats()
-        await settle(app)
-    assert "summarized=" in overflow.headers["x-context-actions"]
-    assert stats["waited"] == 0 and stats["cached"] == 1
-
-
-async def test_ahead_of_time_after_a_cut_extends_the_rolling_chain() -> None:
-    fake = fake_upstream()
     async with proxy(fake) as (client, app):
         waited: list[int] = []
-        for turns in range(8, 18):
+        cuts: list[int] = []
+        for turns in range(6, 24):
             before = summaries_of(app).stats()["waited"]
             response = await client.post(CHAT, json=chat(conversation(turns)))
             assert response.status_code == 200
             waited.append(summaries_of(app).stats()["waited"] - before)
+            found = summary_message(forwarded_messages(fake))
+            cuts.append(found[0] if found else 0)
             await settle(app)
-        calls = fake.summary_calls
-    assert sum(waited) == 0
-    assert calls <= 6
-
-
-def word_counter() -> MessageCounter:
-    return MessageCounter(WordCounter())
-
-
-def plan_for(messages: list[Message], policy: Policy) -> Any:
-    return plan_request(
-        chat(messages), spec=OneModelRegistry().resolve(MODEL), policy=policy, counter=word_counter()
-    )
-
-
-def test_next_cut_blocks_start_with_the_engines_preview() -> None:
-    policy = Policy(summarize=True)
-    messages = conversation(7)
-    plan = plan_for(messages, policy)
-    assert not plan.dropped and plan.tokens_after > 0.85 * request_budget_tokens(plan.budget)
-    preview = preview_next_cut(chat(messages), spec=plan.spec, policy=policy, counter=word_counter())
-    assert preview
-    blocks = next_cut_blocks(chat(messages), messages, plan, policy=policy, counter=word_counter())
-    assert blocks == blocks_from_spans(messages, preview)
-
-
-def test_next_cut_blocks_extend_what_was_dropped_by_one_block() -> None:
-    policy = Policy(summarize=True)
-    messages = conversation(12)
-    plan = plan_for(messages, policy)
-    assert plan.dropped
-    dropped = blocks_from_spans(messages, plan.dropped)
-    blocks = next_cut_blocks(chat(messages), messages, plan, policy=policy, counter=word_counter())
-    assert blocks[: len(dropped)] == dropped and len(blocks) == len(dropped) + 1
-    grown = [*messages[:-1], *turn(12, 40), *turn(13, 40), *turn(14, 40), messages[-1]]
-    plan_next = plan_for(grown, policy)
-    assert blocks_from_spans(grown, plan_next.dropped) == blocks
-
-
-def test_next_cut_blocks_never_pick_the_still_growing_block() -> None:
-    policy = Policy(summarize=True)
-    messages = conversation(2, size=5)
-    plan = plan_for(messages, policy)
-    assert next_cut_blocks(chat(messages), messages, plan, policy=policy, counter=word_counter()) == []
+        stats = summaries_of(app).stats()
+    first = next(i for i, cut in enumerate(cuts) if cut)
+    assert waited[first] == 0  # the first overflow found its summary made ahead of time
+    # Ahead of time predicts the next level; a cut that jumps further (when the still-growing
+    # block completes) waits once, in line, for one fold.
+    steps = len(set(cuts) - {0})
+    assert stats["ahead"] >= steps - 1 and sum(waited) <= 1 and stats["cached"] >= steps - 1
+    assert fake.summary_calls <= steps + 2
 
 
 async def test_a_summarizer_that_cannot_be_built_fails_open() -> None:
@@ -374,20 +396,213 @@ async def test_a_summarizer_that_cannot_be_built_fails_open() -> None:
             spec = super().resolve(model)
             return spec if model == MODEL else replace(spec, window_tokens=8)
 
-    async with proxy(fake, summary_model="tiny", **NO_AHEAD) as (client, app):
+    async with proxy(fake, summary_model="tiny", summary_ahead_ratio=1.0) as (client, app):
         app.state.service.summaries.registry = Tiny()
         response = await client.post(CHAT, json=chat(conversation(12)))
     assert response.status_code == 200
-    assert "summary_failed=" in response.headers["x-context-actions"] and fake.summary_calls == 0
+    assert response.headers["x-context-memory"] == "note" and fake.summary_calls == 0
 
 
-async def test_emergency_retry_also_gets_a_summary() -> None:
+async def test_emergency_retry_also_gets_the_memory() -> None:
     fake = fake_upstream()
     fake.models[MODEL] = replace(fake.models[MODEL], counter_ratio=1.8)
-    async with proxy(fake, summary_model=SMALL_MODEL, **NO_AHEAD) as (client, _app):
+    async with proxy(fake, summary_model=SMALL_MODEL, summary_ahead_ratio=1.0) as (client, _app):
         response = await client.post(CHAT, json=chat(conversation(12)))
     assert response.status_code == 200
     assert response.headers["x-context-retries"] == "1"
     assert "summarized=" in response.headers["x-context-actions"]
     assert summary_message(forwarded_messages(fake)) is not None
     assert [r.status for r in fake.client_requests()] == [400, 200]
+
+
+def agent_turns(steps: int) -> list[dict[str, Any]]:
+    """A task, then ``steps`` tool calls whose results each hold one fact among repeated lines."""
+    out: list[dict[str, Any]] = [
+        {"role": "system", "content": "agent"},
+        {"role": "user", "content": "read all"},
+    ]
+    for k in range(steps):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "read", "arguments": f'{{"n": {k}}}'}}
+        lines = [f"line {i} of file {k} is filler" for i in range(20)]
+        lines[10] = f"The secret of file {k} is FACT-{k}f."
+        out += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{k}", "content": "\n".join(lines)},
+        ]
+    return out
+
+
+async def test_old_tool_results_are_remembered_not_only_replaced_by_placeholders() -> None:
+    fake = fake_upstream()
+    async with proxy(fake, **NO_AHEAD) as (client, _app):
+        messages = agent_turns(12)
+        response = await client.post(CHAT, json=chat(messages))
+    assert response.headers["x-context-memory"] == "summary"
+    actions = response.headers["x-context-actions"]
+    assert "pruned=" in actions and "summarized=" in actions
+    forwarded = forwarded_messages(fake)
+    found = summary_message(forwarded)
+    assert found is not None
+    # Every fact is in a tool result still shown, or in the memory (within its room: 10% of this
+    # small budget), though most results are gone or placeholders.
+    assert len(facts(forwarded)) >= 10, sorted(facts(forwarded))
+    assert sum(1 for m in forwarded if m["role"] == "tool" and "FACT-" in m["content"]) <= 3
+
+
+def _anthropic_body(steps: int) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "read all"}]
+    for k in range(steps):
+        lines = [f"line {i} of file {k} is filler" for i in range(40)]
+        lines[20] = f"The secret of file {k} is FACT-{k}m."
+        messages += [
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"t{k}", "name": "read", "input": {"n": k}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": f"t{k}", "content": "\n".join(lines)}],
+            },
+        ]
+    return {"model": "claude-test", "max_tokens": 256, "messages": messages}
+
+
+def _app(settings: Settings, transport: httpx.AsyncBaseTransport, window_tokens: int, encoding: str) -> Any:
+    class Registry(OneModelRegistry):
+        def resolve(self, model: str, /) -> ModelSpec:
+            return ModelSpec(
+                name=model,
+                window_tokens=window_tokens,
+                max_output_tokens=1024,
+                encoding=encoding,
+                source="test",
+            )
+
+    return create_app(settings, upstream_transport=transport, registry=Registry())
+
+
+async def test_a_messages_request_is_summarized_with_messages_and_its_own_headers() -> None:
+    fake = FakeAnthropic([FakeClaude("claude-test", window_tokens=4000)])
+    settings = Settings(
+        upstream_base_url="http://upstream.test/v1", upstream_transport="httpx", log_level="WARNING"
+    )
+    app = _app(settings, httpx.MockTransport(fake.handler), 4000, "cl100k_base")
+    headers = {"x-api-key": "sk-ant-client", "anthropic-version": "2023-06-01"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
+    ):
+        response = await client.post("/v1/messages", json=_anthropic_body(40), headers=headers)
+        stats = app.state.service.summaries.stats()
+    assert response.status_code == 200, response.text
+    assert response.headers["x-context-memory"] == "summary"
+    summaries = [
+        r for r in fake.message_requests() if r.json().get("system", "").startswith("You write handoff")
+    ]
+    assert summaries and fake.summary_calls == len(summaries)
+    assert all(r.path == "/v1/messages" and r.status == 200 for r in summaries)
+    assert all(r.headers["x-api-key"] == "sk-ant-client" for r in summaries)
+    assert all(r.headers["anthropic-version"] == "2023-06-01" for r in summaries)
+    assert all("authorization" not in r.headers for r in summaries)
+    forwarded = fake.client_requests()[-1].json()
+    memory = [
+        b["text"]
+        for m in forwarded["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "text" and b["text"].startswith("[ctxproxy: summary of")
+    ]
+    assert len(memory) == 1 and "FACT-" in memory[0]
+    assert stats["by_api"]["messages"]["calls"] == fake.summary_calls and "chat" not in stats["by_api"]
+
+
+async def test_a_responses_request_is_summarized_with_responses() -> None:
+    model = FakeModel("resp-test", 4000, max_output_tokens=256)
+    fake = FakeResponsesUpstream([model])
+    settings = Settings(
+        upstream_base_url="http://upstream.test/v1", upstream_transport="httpx", log_level="WARNING"
+    )
+    app = _app(settings, httpx.MockTransport(fake.handler), 4000, "o200k_base")
+    items: list[dict[str, Any]] = [{"role": "user", "content": "read all"}]
+    for k in range(40):
+        lines = [f"line {i} of file {k} is filler" for i in range(40)]
+        lines[20] = f"The secret of file {k} is FACT-{k}r."
+        items += [
+            {"type": "function_call", "call_id": f"c{k}", "name": "read", "arguments": json.dumps({"n": k})},
+            {"type": "function_call_output", "call_id": f"c{k}", "output": "\n".join(lines)},
+        ]
+    body = {"model": "resp-test", "input": items, "max_output_tokens": 256}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
+    ):
+        response = await client.post("/v1/responses", json=body, headers={"Authorization": "Bearer sk-r"})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-context-memory"] == "summary"
+    summaries = [r for r in fake.responses() if r not in fake.client_responses()]
+    assert summaries and fake.summary_calls == len(summaries)
+    sent = summaries[0].json()
+    assert sent["store"] is False and sent["instructions"].startswith("You write handoff")
+    assert summaries[0].headers["authorization"] == "Bearer sk-r"
+    forwarded = fake.client_responses()[-1].json()["input"]
+    memory = [i for i in forwarded if i.get("type") == "message" and "summary of" in json.dumps(i)]
+    assert len(memory) == 1 and "FACT-" in json.dumps(memory[0])
+
+
+class Routes(httpx.AsyncBaseTransport):
+    """``/chat/...`` to the chat fake's app, everything else to the Anthropic fake."""
+
+    def __init__(self, chat_fake: FakeUpstream, messages_fake: FakeAnthropic) -> None:
+        self.chat = httpx.ASGITransport(app=chat_fake.app)
+        self.messages = httpx.MockTransport(messages_fake.handler)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        inner = self.chat if "/chat/" in request.url.path else self.messages
+        return await inner.handle_async_request(request)
+
+
+async def test_the_summary_api_setting_overrides_the_requests_own() -> None:
+    fake = FakeAnthropic([FakeClaude("claude-test", window_tokens=4000)])
+    chat_fake = FakeUpstream([FakeModel("claude-test", 4000)])
+    settings = Settings(
+        upstream_base_url="http://upstream.test/v1",
+        upstream_transport="httpx",
+        log_level="WARNING",
+        summary_api="chat",
+    )
+    app = _app(settings, Routes(chat_fake, fake), 4000, "cl100k_base")
+    headers = {
+        "x-api-key": "sk-ant-client",
+        "anthropic-version": "2023-06-01",
+        "Authorization": "Bearer sk-o",
+    }
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
+    ):
+        response = await client.post("/v1/messages", json=_anthropic_body(40), headers=headers)
+    assert response.status_code == 200
+    assert response.headers["x-context-memory"] == "summary"
+    assert fake.summary_calls == 0 and chat_fake.summary_calls >= 1
+    assert all(r.headers["authorization"] == "Bearer sk-o" for r in chat_fake.summary_requests())
+    assert all("x-api-key" not in r.headers for r in chat_fake.summary_requests())
+
+
+async def test_a_late_summary_leaves_the_earlier_memory_in_place_not_the_note() -> None:
+    fake = fake_upstream()
+    async with proxy(fake, summary_timeout_s=0.2, **NO_AHEAD) as (client, app):
+        first = None
+        for turns in range(10, 40):
+            response = await client.post(CHAT, json=chat(conversation(turns)))
+            found = summary_message(forwarded_messages(fake))
+            assert found is not None
+            if first is None:
+                first = found
+                fake.summary_mode, fake.summary_delay_s = "slow", 5.0  # every later step is late
+            elif found != first:
+                break
+            assert response.headers["x-context-memory"] == "summary"
+        stats = summaries_of(app).stats()
+    # Every request after the first step kept the first step's memory while the next was late.
+    assert first is not None and stats["earlier"] >= 1 and stats["failed"] >= 1
+    assert "summarized=" in response.headers["x-context-actions"]

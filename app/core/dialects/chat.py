@@ -23,7 +23,7 @@ from typing import Any
 
 from ..budget import requested_output_tokens
 from ..conversation import Conversation
-from ..dialect import ErrorInfo, Headers, model_from_body
+from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
 from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
@@ -33,6 +33,8 @@ from ..tokens import MessageCounter
 
 _AT_INDEX = re.compile(r" at \d+\b")
 OUTPUT_CAP_KEYS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+# The client's headers an OpenAI-style summary call repeats: its key and its account scoping.
+OPENAI_SUMMARY_HEADERS: tuple[str, ...] = ("authorization", "openai-organization", "openai-project")
 
 
 def openai_error_type(error: ErrorInfo) -> str:
@@ -169,6 +171,25 @@ class ChatDialect:
             if type(value) is int and value > tokens:
                 capped[key] = tokens
         return capped
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall:
+        """A non-streaming chat completion of the prompt as is."""
+        body = {
+            "model": model,
+            "messages": [dict(m) for m in prompt],
+            "max_tokens": max_tokens,
+            "stream": False,
+        }
+        return SummaryCall(self.routes[0].upstream, body, carry=OPENAI_SUMMARY_HEADERS)
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
+        choices = answer.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        message = first.get("message") if isinstance(first, Mapping) else None
+        content = message.get("content") if isinstance(message, Mapping) else None
+        return content if isinstance(content, str) else None
 
 
 CHAT = ChatDialect()

@@ -61,7 +61,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..conversation import Conversation
-from ..dialect import ErrorInfo, Headers
+from ..dialect import ErrorInfo, Headers, SummaryCall
 from ..endpoints import KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
 from ..messages import Message
@@ -82,6 +82,7 @@ from .gemini_wire import field, render_contents, wire_problems
 
 GEMINI_NAME = "gemini"
 MODELS_SEGMENT = "/models/"
+SUMMARY_VERSION = "/v1beta"  # the API version of summary calls (the one gemini-cli and the SDKs speak)
 # Google's canonical error codes by HTTP status (google.rpc.Code's HTTP mapping).
 STATUS_NAMES: Mapping[int, str] = {
     400: "INVALID_ARGUMENT",
@@ -292,6 +293,47 @@ class GeminiDialect:
         """``body`` as it is: Gemini does not count ``maxOutputTokens`` against its input window
         (``output_in_window``), so a lower cap never makes a request fit."""
         return dict(body)
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall:
+        """``POST /v1beta/models/{model}:generateContent`` at the upstream's origin (the version
+        every Gemini client speaks): the system message as ``systemInstruction``, the rest as
+        ``user``/``model`` text contents; the client's key (``x-goog-api-key``) repeated."""
+        system = [str(m.get("content", "")) for m in prompt if m.get("role") == "system"]
+        contents = [
+            {
+                "role": "model" if m.get("role") == "assistant" else "user",
+                "parts": [{"text": str(m.get("content", ""))}],
+            }
+            for m in prompt
+            if m.get("role") != "system"
+        ]
+        body: dict[str, Any] = {"contents": contents, "generationConfig": {"maxOutputTokens": max_tokens}}
+        if system:
+            body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+        name = model.removeprefix(MODEL_PREFIX)
+        return SummaryCall(
+            f"{SUMMARY_VERSION}{MODELS_SEGMENT}{name}:generateContent",
+            body,
+            carry=(self.key_slots[0].name,),
+            at_origin=True,
+        )
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
+        """The text parts of the first candidate's content, thoughts left out."""
+        candidates = answer.get("candidates")
+        first = candidates[0] if isinstance(candidates, list) and candidates else None
+        content = first.get("content") if isinstance(first, Mapping) else None
+        parts = content.get("parts") if isinstance(content, Mapping) else None
+        texts = [
+            part["text"]
+            for part in (parts if isinstance(parts, list) else [])
+            if isinstance(part, Mapping)
+            and isinstance(part.get("text"), str)
+            and part.get("thought") is not True
+        ]
+        return "".join(texts) if texts else None
 
 
 GEMINI = GeminiDialect()

@@ -76,7 +76,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..conversation import PRICE_KEY, Conversation, neutral
-from ..dialect import ErrorInfo, Headers, model_from_body
+from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
 from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
 from ..media import image_size_from_data_url
@@ -117,6 +117,7 @@ COUNT_FIELDS: frozenset[str] = frozenset(
     }
 )
 
+ANTHROPIC_VERSION = "2023-06-01"  # the API version a summary call sends when the client sent none
 LONG_CONTEXT_BETA = "context-1m-2025-08-07"
 LONG_CONTEXT_WINDOW_TOKENS = 1_000_000
 # Model-table keys (``ModelSpec.matched``) whose window the beta above raises to 1M tokens
@@ -616,6 +617,40 @@ class MessagesDialect:
                     return None
                 capped["thinking"] = {**thinking, "budget_tokens": tokens - 1}
         return capped
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall:
+        """The system message as ``system``, the rest as messages; the client's key
+        (``x-api-key`` or ``Authorization``) and ``anthropic-version`` repeated (the version the
+        API requires is sent when the client sent none)."""
+        system = [str(m.get("content", "")) for m in prompt if m.get("role") == "system"]
+        rest = [
+            {"role": str(m.get("role")), "content": m.get("content")}
+            for m in prompt
+            if m.get("role") != "system"
+        ]
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": rest, "stream": False}
+        if system:
+            body["system"] = "\n\n".join(system)
+        return SummaryCall(
+            self.routes[0].upstream,
+            body,
+            carry=("x-api-key", "authorization", "anthropic-version"),
+            defaults=(("anthropic-version", ANTHROPIC_VERSION),),
+        )
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
+        """The answer's ``text`` blocks, joined."""
+        content = answer.get("content")
+        texts = [
+            block["text"]
+            for block in (content if isinstance(content, list) else [])
+            if isinstance(block, Mapping)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        ]
+        return "".join(texts) if texts else None
 
 
 MESSAGES = MessagesDialect()

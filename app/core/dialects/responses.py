@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conversation import Conversation
-from ..dialect import ErrorInfo, Headers, model_from_body
+from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
 from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
 from ..messages import Message
@@ -58,7 +58,7 @@ from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
-from .chat import positive_count
+from .chat import OPENAI_SUMMARY_HEADERS, positive_count
 from .responses_items import (
     ENCRYPTED_CHARS_PER_TOKEN,
     INSTRUCTIONS_PATH,
@@ -250,6 +250,43 @@ class ResponsesDialect:
         if type(cap) is int and cap > tokens:
             return {**body, "max_output_tokens": tokens}
         return dict(body)
+
+    def summary_request(
+        self, prompt: Sequence[Mapping[str, Any]], /, *, model: str, max_tokens: int
+    ) -> SummaryCall:
+        """The system message as ``instructions``, the rest as ``input`` messages; not stored
+        (``store: false``), not streamed."""
+        system = [str(m.get("content", "")) for m in prompt if m.get("role") in ("system", "developer")]
+        rest = [
+            {"role": str(m.get("role")), "content": m.get("content")}
+            for m in prompt
+            if m.get("role") not in ("system", "developer")
+        ]
+        body: dict[str, Any] = {
+            "model": model,
+            "input": rest,
+            "max_output_tokens": max_tokens,
+            "store": False,
+            "stream": False,
+        }
+        if system:
+            body["instructions"] = "\n\n".join(system)
+        return SummaryCall(self.routes[0].upstream, body, carry=OPENAI_SUMMARY_HEADERS)
+
+    def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
+        """The ``output_text`` parts of the answer's ``message`` items, joined."""
+        output = answer.get("output")
+        texts: list[str] = []
+        for item in output if isinstance(output, list) else []:
+            content = (
+                item.get("content") if isinstance(item, Mapping) and item.get("type") == "message" else None
+            )
+            for part in content if isinstance(content, list) else []:
+                if isinstance(part, Mapping) and part.get("type") == "output_text":
+                    text = part.get("text")
+                    if isinstance(text, str):
+                        texts.append(text)
+        return "".join(texts) if texts else None
 
 
 def _error_type(error: ErrorInfo) -> str:

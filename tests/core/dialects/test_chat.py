@@ -105,3 +105,21 @@ def test_chat_has_no_counting_endpoint_and_lowers_every_output_cap_it_sets() -> 
     assert body["max_tokens"] == 5_000  # the input is never mutated
     assert CHAT.with_output_cap({"model": "m", "max_tokens": 500}, 1_000) == {"model": "m", "max_tokens": 500}
     assert CHAT.with_output_cap({"model": "m"}, 1_000) == {"model": "m"}
+
+
+PROMPT = [
+    {"role": "system", "content": "You write handoff summaries"},
+    {"role": "user", "content": "Summarize."},
+]
+
+
+def test_a_summary_is_asked_as_a_non_streaming_chat_completion() -> None:
+    call = CHAT.summary_request(PROMPT, model="m", max_tokens=300)
+    assert call.path == "chat/completions"
+    assert call.body == {"model": "m", "messages": PROMPT, "max_tokens": 300, "stream": False}
+    assert call.body["messages"][0] is not PROMPT[0]  # its own copy
+    assert "authorization" in call.carry and call.defaults == ()
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "- gist"}}]}
+    assert CHAT.summary_text(answer) == "- gist"
+    for broken in ({}, {"choices": []}, {"choices": [{"message": {"content": None}}]}, {"choices": "x"}):
+        assert CHAT.summary_text(broken) is None

@@ -706,7 +706,7 @@ def test_the_count_request_drops_what_count_tokens_refuses() -> None:
     call = MESSAGES.count_request(body, "/v1/whatever")
     assert call is not None
     target, counted = call
-    assert target == UpstreamTarget("messages/count_tokens")  # under the base URL, whatever the client's path
+    assert target == UpstreamTarget("messages/count_tokens")  # under the base URL, whatever the path
     assert counted == {k: body[k] for k in ("model", "system", "messages", "tools", "thinking")}
 
 
@@ -731,3 +731,25 @@ def test_lowering_max_tokens_lowers_a_thinking_budget_that_would_reach_it() -> N
     adaptive = {**body, "thinking": {"type": "adaptive"}}
     assert MESSAGES.with_output_cap(adaptive, 1_000) == {**adaptive, "max_tokens": 1_000}
     assert MESSAGES.with_output_cap({**body, "max_tokens": 500}, 1_000) == {**body, "max_tokens": 500}
+
+
+def test_a_summary_is_asked_with_messages_its_key_and_its_version() -> None:
+    prompt = [
+        {"role": "system", "content": "You write handoff summaries"},
+        {"role": "user", "content": "Summarize."},
+    ]
+    call = MESSAGES.summary_request(prompt, model="claude-x", max_tokens=300)
+    assert call.path == "messages"
+    assert call.body == {
+        "model": "claude-x",
+        "max_tokens": 300,
+        "system": "You write handoff summaries",
+        "messages": [{"role": "user", "content": "Summarize."}],
+        "stream": False,
+    }
+    assert set(call.carry) == {"x-api-key", "authorization", "anthropic-version"}
+    assert call.defaults == (("anthropic-version", "2023-06-01"),)
+    answer = {"content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "- gist"}]}
+    assert MESSAGES.summary_text(answer) == "- gist"
+    assert MESSAGES.summary_text({"content": [{"type": "tool_use"}]}) is None
+    assert MESSAGES.summary_text({"type": "error"}) is None

@@ -450,3 +450,31 @@ def test_the_output_cap_is_max_output_tokens() -> None:
     assert RESPONSES.with_output_cap(body, 2_000) == {**body, "max_output_tokens": 2_000}
     assert RESPONSES.with_output_cap(body, 9_000) == body
     assert body["max_output_tokens"] == 8_000
+
+
+def test_a_summary_is_asked_with_instructions_and_input_not_stored() -> None:
+    prompt = [
+        {"role": "system", "content": "You write handoff summaries"},
+        {"role": "user", "content": "Summarize."},
+    ]
+    call = RESPONSES.summary_request(prompt, model="m", max_tokens=300)
+    assert call.path == "responses"
+    assert call.body == {
+        "model": "m",
+        "instructions": "You write handoff summaries",
+        "input": [{"role": "user", "content": "Summarize."}],
+        "max_output_tokens": 300,
+        "store": False,
+        "stream": False,
+    }
+    assert "authorization" in call.carry
+    answer = {
+        "output": [
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "content": [{"type": "output_text", "text": "- one"}, {"type": "refusal"}]},
+            {"type": "message", "content": [{"type": "output_text", "text": "\n- two"}]},
+        ]
+    }
+    assert RESPONSES.summary_text(answer) == "- one\n- two"
+    assert RESPONSES.summary_text({"output": [{"type": "reasoning"}]}) is None
+    assert RESPONSES.summary_text({}) is None

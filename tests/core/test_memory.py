@@ -1,0 +1,175 @@
+"""app.core.memory: the span a memory stands for, its stops, its placement, its room."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.core.budget import Budget, Policy
+from app.core.memory import (
+    MEMORY_MAX_TOKENS,
+    MemorySpan,
+    memory_span,
+    memory_step_tokens,
+    memory_stops,
+    memory_text,
+    memory_tokens_for,
+    place_memory,
+    span_messages,
+)
+from app.core.strategies import is_ctxproxy_note
+from tests.core.fakes import FakeMessageCounter, chat, system, tool_exchange, user
+
+
+def budget(input_tokens: int) -> Budget:
+    return Budget(window_tokens=input_tokens, reserve_tokens=0, margin_tokens=0, tool_tokens=0)
+
+
+def test_the_memory_has_room_only_when_summaries_are_wanted() -> None:
+    assert memory_tokens_for(budget(10_000), Policy()) == 0
+    assert memory_tokens_for(budget(10_000), Policy(summarize=True)) == 1500
+    assert memory_tokens_for(budget(10_000), Policy(summarize=True, mode="truncate")) == 0
+    assert memory_tokens_for(budget(1_000_000), Policy(summarize=True)) == MEMORY_MAX_TOKENS
+    # A fold is worth a call when it brings several memories' worth of new material.
+    assert memory_step_tokens(budget(10_000), Policy(summarize=True)) == 6000
+    assert memory_step_tokens(budget(1_000_000), Policy(summarize=True)) == 400_000  # the level step
+
+
+def test_stops_are_unit_starts_crossing_each_step_from_the_first_turn(counter: FakeMessageCounter) -> None:
+    messages = chat(20)  # system, then turns of a user and an assistant message
+    tokens = counter.count_messages(messages)
+    stops = memory_stops(messages, tokens, step_tokens=100)
+    assert stops and stops == sorted(stops)
+    running = 0
+    expected, level = [], 0
+    for i in range(1, len(messages)):
+        if i > 1 and running // 100 > level:
+            expected.append(i)
+            level = running // 100
+        running += tokens[i]
+    assert stops == expected
+    # The stops of a conversation do not move as it grows: a new turn only adds stops.
+    longer = chat(30)
+    assert memory_stops(longer, counter.count_messages(longer), step_tokens=100)[: len(stops)] == stops
+
+
+def test_a_call_and_its_results_are_one_unit_never_split_by_a_stop(counter: FakeMessageCounter) -> None:
+    messages: list[dict[str, Any]] = [system(), user(5)]
+    for k in range(10):
+        messages += tool_exchange([f"c{k}a", f"c{k}b"], 40)
+    stops = memory_stops(messages, counter.count_messages(messages), step_tokens=50)
+    assert stops and all(messages[s].get("tool_calls") for s in stops)
+
+
+def test_the_span_covers_up_to_the_next_stop_and_skips_the_pinned(counter: FakeMessageCounter) -> None:
+    messages = chat(20)
+    tokens = counter.count_messages(messages)
+    stops = memory_stops(messages, tokens, step_tokens=100)
+    span = memory_span(messages, tokens, forgotten={2, 3, 4}, pinned=frozenset({0, 1}), step_tokens=100)
+    assert span is not None
+    assert span.at == 5  # after the unit holding the newest forgotten message
+    assert span.stop == min(s for s in stops if s >= 5)
+    assert span.indices == tuple(range(2, span.stop))  # the pinned task is shown, not summarized
+    assert span.tokens == sum(tokens[i] for i in span.indices)
+    assert span.earlier == tuple(reversed([s for s in stops if s < span.stop]))
+    shorter = span.until(span.earlier[0]) if span.earlier else span
+    assert shorter.indices == tuple(i for i in span.indices if i < shorter.stop)
+
+
+def test_past_the_last_stop_the_memory_stays_at_it_unless_the_gap_is_large(
+    counter: FakeMessageCounter,
+) -> None:
+    messages = chat(20)
+    tokens = counter.count_messages(messages)
+    stops = memory_stops(messages, tokens, step_tokens=100)
+    last = len(messages) - 2
+    assert last > stops[-1]
+    gap = sum(tokens[stops[-1] : last])
+
+    def span_with(gap_tokens: int) -> MemorySpan | None:
+        return memory_span(
+            messages,
+            tokens,
+            forgotten={last - 1},
+            pinned=frozenset({0}),
+            step_tokens=100,
+            gap_tokens=gap_tokens,
+        )
+
+    small = span_with(gap + 1)  # the gap is less than the threshold: no call for it yet
+    assert small is not None and small.at == last and small.stop == stops[-1]
+    large = span_with(gap)  # a gap that is worth a call: summarized up to the cut
+    assert large is not None and large.at == last == large.stop
+
+
+def test_nothing_forgotten_is_no_memory(counter: FakeMessageCounter) -> None:
+    messages = chat(5)
+    tokens = counter.count_messages(messages)
+    assert memory_span(messages, tokens, forgotten=(), pinned=frozenset(), step_tokens=10) is None
+
+
+def test_the_span_a_summarizer_reads_has_no_reserved_keys() -> None:
+    messages = [
+        {"role": "user", "content": "a", "ctxproxy_origin": [[0]], "ctxproxy_opaque": True},
+        {"role": "assistant", "content": "b", "ctxproxy_tokens": 3},
+    ]
+    span = MemorySpan(at=2, stop=2, indices=(0, 1), tokens=0)
+    assert span_messages(messages, span) == [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+    ]
+
+
+def test_the_memory_text_is_a_note_the_engine_recognises() -> None:
+    text = memory_text(3, "  the gist \n")
+    assert text == "[ctxproxy: summary of 3 earlier messages]\nthe gist"
+    assert is_ctxproxy_note({"role": "user", "content": text})
+    assert memory_text(1, "x").startswith("[ctxproxy: summary of 1 earlier message]")
+
+
+def test_the_memory_replaces_the_note_where_the_forgetting_ends(counter: FakeMessageCounter) -> None:
+    note = {
+        "role": "assistant",
+        "content": "[ctxproxy: 4 earlier messages were removed here to fit the context window]",
+    }
+    messages = [system(), user(5, "task"), note, user(5, "kept"), {"role": "assistant", "content": "ok"}]
+    tokens = counter.count_messages(messages)
+    origins = (0, 1, None, 6, 7)
+    span = MemorySpan(at=6, stop=8, indices=(2, 3, 4, 5, 6, 7), tokens=100)
+    placed = place_memory(
+        messages, tokens, origins, span=span, summary="gist", counter=counter, limit_tokens=10_000, note_at=2
+    )
+    assert placed is not None
+    assert [m.get("content") for m in placed.messages][2] == "[ctxproxy: summary of 6 earlier messages]\ngist"
+    assert placed.messages[2]["role"] == "assistant"  # after a user message
+    assert placed.messages[3] is messages[3] and len(placed.messages) == len(messages)
+    assert placed.tokens[2] == placed.memory_tokens == counter.count_message(placed.messages[2])
+    tight = sum(tokens) - tokens[2]
+    assert (
+        place_memory(
+            messages,
+            tokens,
+            origins,
+            span=span,
+            summary="gist " * 50,
+            counter=counter,
+            limit_tokens=tight,
+            note_at=2,
+        )
+        is None
+    )
+
+
+def test_the_memory_goes_before_the_first_kept_message_from_where_the_forgetting_ends(
+    counter: FakeMessageCounter,
+) -> None:
+    calls = tool_exchange(["c1"], 5)
+    messages = [system(), user(5), *calls, *tool_exchange(["c2"], 5)]
+    tokens = counter.count_messages(messages)
+    origins = tuple(range(len(messages)))
+    span = MemorySpan(at=4, stop=4, indices=(2, 3), tokens=10)
+    placed = place_memory(
+        messages, tokens, origins, span=span, summary="s", counter=counter, limit_tokens=10_000
+    )
+    assert placed is not None and placed.index == 4
+    assert placed.messages[4]["role"] == "user"  # after a tool result
+    assert placed.messages[5] is messages[4]
