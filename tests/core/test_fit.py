@@ -16,7 +16,7 @@ from app.core.dialects import CHAT, RESPONSES
 from app.core.errors import InvalidRequest
 from app.core.fit import StructureGuardWarning, next_cut_headroom, plan_request
 from app.core.messages import Message, pairing_problems
-from app.core.plan import Action, Plan, StrategyResult
+from app.core.plan import Plan, StrategyResult
 from app.core.strategies import is_ctxproxy_note
 from app.core.tokens import MessageCounter
 from tests.core.fakes import (
