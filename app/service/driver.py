@@ -227,12 +227,16 @@ class Service:
 
     # -- the request path ---------------------------------------------------------------------
 
-    async def summarized(self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None) -> Plan:
+    async def summarized(
+        self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None, writes: bool = True
+    ) -> Plan:
         """``plan`` with LLM summaries in place of its dropped spans when they are on
-        (``app.service.summaries``)."""
+        (``app.service.summaries``); without ``writes`` (an emergency retry: the upstream just
+        refused what it was sent, so the window a summary call must fit is a guess), only summaries
+        already made."""
         if self.summaries is None:
             return plan
-        return await self.summaries.refine(request, plan, cap_tokens=cap_tokens)
+        return await self.summaries.refine(request, plan, cap_tokens=cap_tokens, writes=writes)
 
     @staticmethod
     def surely_fits(request: ProxyRequest) -> bool:
@@ -324,7 +328,7 @@ class Service:
                 retry = await run_plan(
                     partial(request.plan, cap_tokens=command.cap_tokens), size_bytes=len(request.raw)
                 )
-                retry = await self.summarized(request, retry, cap_tokens=command.cap_tokens)
+                retry = await self.summarized(request, retry, cap_tokens=command.cap_tokens, writes=False)
             except BaseException:  # cancelled (client gone, shutdown) or failed: nobody else closes it
                 await response.aclose()
                 raise

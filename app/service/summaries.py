@@ -11,12 +11,15 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   ``settings.summarize`` (on by default) turns them on. ``truncate``, ``reject`` and ``off``
   never call an LLM. The service plans such a request with ``policy.summarize`` set, so its cut
   leaves room for the memory (``app.core.memory``) whether or not a summary comes.
-* ``await refine(request, plan, *, cap_tokens=None) -> Plan``: ``plan`` is the engine's plan of
-  ``request`` (an ``app.service.request.ProxyRequest``) without a summary provider, made under
-  ``cap_tokens``. When it forgot something (``plan.memory``), the summary of that span is looked
-  up in the cache, else made (or joined, when another request or replica is making it) and
-  awaited for at most ``settings.summary_timeout_s``; the request value plans itself again with
-  it (``summarized``); without it (late, failed, backing off) with the summary of the span's
+* ``await refine(request, plan, *, cap_tokens=None, writes=True) -> Plan``: ``plan`` is the
+  engine's plan of ``request`` (an ``app.service.request.ProxyRequest``) without a summary
+  provider, made under ``cap_tokens`` (an emergency retry's, which also bounds the summary call;
+  ``writes=False`` there: when the request's own model writes the summaries, only summaries
+  already cached, nothing asked of an upstream whose window was just found smaller than
+  thought). When it forgot something (``plan.memory``), the summary of that span is looked up
+  in the cache, else made (or joined, when another request or replica is making it) and awaited
+  for at most ``settings.summary_timeout_s``; the request value plans itself again with it
+  (``summarized``); without it (late, failed, backing off) with the summary of the span's
   ``earlier`` memory when one is cached (what the conversation had), else with nothing
   (``summary_failed``: the note and placeholders stand in).
   Then, when the plan fits but uses more than ``settings.summary_ahead_ratio`` of the budget, the
@@ -176,11 +179,23 @@ class Summaries:
         name = self.settings.summary_api
         return DIALECTS[name] if name else request.dialect
 
-    def ahead_for(self, request: ProxyRequest, *, reply_tokens: int) -> AheadOfTime | None:
+    def ahead_for(
+        self,
+        request: ProxyRequest,
+        *,
+        reply_tokens: int,
+        cap_tokens: int | None = None,
+        room_tokens: int | None = None,
+    ) -> AheadOfTime | None:
         """The background worker (and its summarizer) for ``request``'s summaries; None if it
         cannot summarize (an unknown model, a window too small for the prompt). Summaries by the
         request's own model are sized with what the proxy knows of it now (the window it learned or
-        discovered, the counter it calibrated); another summary model by the model table."""
+        discovered, the window this very request learned from a refusal, ``request.limits``, and
+        in an emergency retry the cap the upstream's refusal set, ``cap_tokens``, and the input
+        room of the request's own budget, ``room_tokens``: a summary call, prompt and reply, is no
+        bigger than the input the proxy forwards for the model, which its upstream takes even where
+        the window is only a learned bound; the counter it calibrated); another summary model by
+        the model table."""
         dialect = self.dialect_for(request)
         model = self.settings.summary_model or request.model
         base_url = self.settings.summary_base_url or self.upstream.base_url_for(model)
@@ -200,7 +215,11 @@ class Summaries:
                 "summaries with model %r are not possible: %s: %.200s", model, type(exc).__name__, exc
             )
             return None
-        window = spec.window_tokens if exact else math.floor(spec.window_tokens * (1 - ESTIMATE_MARGIN))
+        window = spec.window_tokens
+        if model == request.model:
+            learned = request.limits.window_tokens if request.limits is not None else None
+            window = min(w for w in (window, learned, cap_tokens, room_tokens) if w is not None)
+        window = window if exact else math.floor(window * (1 - ESTIMATE_MARGIN))
         reply = max(MIN_REPLY_TOKENS, min(reply_tokens, spec.max_output_tokens, window // 4))
         key = (dialect.name, model, base_url, reply, window)
         if key in self._ahead:
@@ -233,7 +252,9 @@ class Summaries:
         self._ahead[key] = (dialect.name, ahead) if ahead is not None else None
         return ahead
 
-    async def refine(self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None) -> Plan:
+    async def refine(
+        self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None, writes: bool = True
+    ) -> Plan:
         policy = request.policy
         if not self.wanted(policy, request.options.summarize):
             return plan
@@ -242,17 +263,27 @@ class Summaries:
         room = memory_tokens_for(plan.budget, policy)
         if room <= 0:
             return plan
+        if not writes and (self.settings.summary_model or request.model) != request.model:
+            writes = True  # another model writes the summaries: the refusal says nothing of its window
         token = _carried.set(request.headers)
         api = self.dialect_for(request).name
         try:
-            ahead = self.ahead_for(request, reply_tokens=max(MIN_REPLY_TOKENS, int(room * REPLY_SHARE)))
+            budget = plan.budget
+            ahead = self.ahead_for(
+                request,
+                reply_tokens=max(MIN_REPLY_TOKENS, int(room * REPLY_SHARE)),
+                cap_tokens=cap_tokens,
+                room_tokens=budget.window_tokens - budget.reserve_tokens - budget.margin_tokens,
+            )
             if ahead is None:
                 return plan
             ready = True
             first = plan
             if plan.memory is not None:
-                plan, ready = await self._remembered(request, plan, ahead, api=api, cap_tokens=cap_tokens)
-            if ready and plan.fits and plan.tokens_after > self._ahead_threshold(plan):
+                plan, ready = await self._remembered(
+                    request, plan, ahead, api=api, cap_tokens=cap_tokens, writes=writes
+                )
+            if writes and ready and plan.fits and plan.tokens_after > self._ahead_threshold(plan):
                 await self._prepare_next(request, first, ahead, api=api, cap_tokens=cap_tokens)
             return plan
         except Exception as exc:  # never fail a request because of compaction
@@ -262,10 +293,17 @@ class Summaries:
             _carried.reset(token)
 
     async def _remembered(
-        self, request: ProxyRequest, plan: Plan, ahead: AheadOfTime, *, api: str, cap_tokens: int | None
+        self,
+        request: ProxyRequest,
+        plan: Plan,
+        ahead: AheadOfTime,
+        *,
+        api: str,
+        cap_tokens: int | None,
+        writes: bool = True,
     ) -> tuple[Plan, bool]:
         """``plan`` again with its memory's summary (or ``summary_failed``), and whether the
-        summary was there."""
+        summary was there; without ``writes``, only what the cache already holds."""
         assert plan.memory is not None and plan.source is not None
         summarizer = ahead.summarizer
         span = span_messages(plan.source, plan.memory)
@@ -275,6 +313,8 @@ class Summaries:
             self._count(api, "cached")
         elif await summarizer.blocked(key, self.cache) is not None:
             self._count(api, "backing_off")
+        elif not writes:
+            self._count(api, "failed")
         else:
             self._count(api, "waited")
             ahead.schedule(span)

@@ -128,16 +128,23 @@ class ToyDialect:
         turns: list[dict[str, Any]] = []
         wire = body["turns"]
         originals = {id(m) for m in source or ()}
+        made = False  # the last turn is the engine's (a note, a summary)
         for message in messages:
             origin = origin_of(message)
             if id(message) in originals and len(origin) == 1:
-                turns.append(wire[origin[0][0]])  # kept: the client's own turn, untouched
+                kept = wire[origin[0][0]]  # the client's own turn, untouched...
+                if made and turns[-1]["who"] == kept["who"]:
+                    # ...unless a note of its side stands right before it: they join.
+                    kept = {**kept, "text": turns.pop()["text"] + "\n" + kept["text"]}
+                turns.append(kept)
+                made = False
                 continue
             turn = {"who": WHO.get(str(message.get("role")), "user"), "text": _text(message)}
             if turns and turns[-1]["who"] == turn["who"]:  # a note next to a turn of its side joins it
                 turns[-1] = {**turns[-1], "text": turns[-1]["text"] + "\n" + turn["text"]}
             else:
                 turns.append(turn)
+                made = True
         return {**body, "turns": turns}
 
     def problems(self, body: Mapping[str, Any], /) -> list[str]:
