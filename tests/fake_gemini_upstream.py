@@ -16,6 +16,10 @@ promises to keep. Its checks are its own code, not the dialect's:
 * every function call of a model content is answered by the next content's function responses,
   as many as there are calls, by ``id`` when both carry one, else by name in order; a function
   response needs the call right before it;
+* unless ``FakeGeminiModel.parts_after_responses``: no other part (text, media) after the function
+  responses of a user content: "Requests ending with a model turn are not supported." (Gemini 3 on
+  Vertex and Gemini 3 Flash refuse it: google/oss-rebuild PR #1559, MoonshotAI/kimi-code #3274,
+  router-for-me/CLIProxyAPI #5607; a text *before* them is accepted by every model);
 * **signatures**: every part it emits that the model "thought" about is signed with an HMAC under a
   secret only it knows, over the model's name and the part's own content (a call's name and
   args, a text and its thought flag); every ``thoughtSignature`` it receives must verify (an
@@ -32,12 +36,22 @@ model reads (texts, call names and args, function responses as JSON, the system 
 tool declarations as JSON), 4 per content, ``IMAGE_TOKENS`` per image, signatures at a quarter of
 their length, all times ``FakeGeminiModel.ratio``.
 
-Answers: :attr:`FakeGemini.script` (``body -> parts`` or None) when set, else a text answer naming
-every ``FACT-...`` token it was sent. :class:`Reader` is a scripted model that reads files one per
-step with gemini-cli's ``read_file`` tool and then answers with the facts it can still see in its
-input: it never restates what it read in its own messages. Every answer carries
-``usageMetadata`` with ``promptTokenCount`` = its count (on every stream chunk). Every request is
-recorded in :attr:`FakeGemini.requests`.
+Answers: a summary request (its ``systemInstruction`` is the project's summary prompt,
+``app.compaction.prompts.SYSTEM_MARKER``) is answered by the extractive, capped summarizer of
+``tests.fake_summarizer`` (no kinder than a real model: it knows nothing of what a test plants),
+capped by its ``generationConfig.maxOutputTokens`` counted with the fake's own tokenizer, in
+Gemini's answer shape, after the same checks as any request (a key, the structure, the window);
+it is counted in :attr:`FakeGemini.summary_calls` (its prompt in
+:attr:`FakeGemini.summary_prompt_tokens`), and :attr:`FakeGemini.summary_mode` ``"missing"``
+answers it 404 as a gateway without the route would. Any other request: :attr:`FakeGemini.script`
+(``body -> parts`` or None) when set, else a text answer naming every ``FACT-...`` token of its
+input (the system instruction and the contents: tool results and the proxy's summaries included,
+nothing it was not sent). :class:`Reader` is a scripted model that reads files one per step with
+gemini-cli's ``read_file`` tool and then answers with the facts it can still see in its input: it
+never restates what it read in its own messages. Every answer carries ``usageMetadata`` with
+``promptTokenCount`` = its count (on every stream chunk). Every request is recorded in
+:attr:`FakeGemini.requests`; :meth:`FakeGemini.client_requests` are the generate requests that are
+not summary requests (what the client's calls were forwarded as), :meth:`summary_requests` the rest.
 """
 
 from __future__ import annotations
@@ -65,6 +79,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.demo import serve_in_thread
+from tests.fake_summarizer import is_summary_prompt, prompt_text, summary_answer
 
 FACT_RE = re.compile(r"FACT-[\w-]+")
 IMAGE_TOKENS = 1120
@@ -80,6 +95,7 @@ CALL_AFTER = (
     "response turn."
 )
 RESPONSE_AFTER = "Please ensure that function response turn comes immediately after a function call turn."
+MODEL_TURN = "Requests ending with a model turn are not supported."
 SAME_COUNT = (
     "Please ensure that the number of function response parts is equal to the number of function call "
     "parts of the function call turn."
@@ -97,6 +113,7 @@ class FakeGeminiModel:
     ratio: float = 1.0
     requires_signatures: bool = True
     thinking: bool = True  # signs what it emits (Gemini 2.5/3 with thinking)
+    parts_after_responses: bool = False  # True: a part after a content's function responses passes
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +276,9 @@ def check_structure(body: Mapping[str, Any], model: FakeGeminiModel, signer: Sig
         responses = _responses(parts) if roles[i] == "user" else []
         if responses and (i == 0 or roles[i - 1] != "model" or not _calls(_parts(contents[i - 1]))):
             raise Refused(RESPONSE_AFTER)
+        after = parts[responses[0][0] :] if responses and not model.parts_after_responses else []
+        if any(isinstance(p, Mapping) and _get(p, "functionResponse") is None for p in after):
+            raise Refused(MODEL_TURN)
         for k, part in enumerate(parts):
             if not isinstance(part, Mapping):
                 raise Refused(f"* GenerateContentRequest.contents[{i}].parts[{k}]: part is not an object\n")
@@ -332,7 +352,7 @@ class Reader:
             if isinstance(d, Mapping)
         }
         if self.tool not in tools:
-            return None  # a side request (a summary, a check): the default answer
+            return None  # a side request (a check): the default answer
         contents = body.get("contents") or []
         # The files it asked for: the newest call tells (a proxy may drop the oldest ones).
         asked = [
@@ -361,6 +381,9 @@ class FakeGemini:
     script: Script | None = None
     api_key: str | None = None  # when set, any other key is refused
     requests: list[Recorded] = field(default_factory=list)
+    summary_calls: int = 0
+    summary_prompt_tokens: int = 0
+    summary_mode: str = "ok"  # "missing": summary requests answered 404
 
     def __post_init__(self) -> None:
         self._by_name = {m.name: m for m in self.models}
@@ -445,9 +468,10 @@ class FakeGemini:
                     f"The input token count ({tokens}) exceeds the maximum number of tokens allowed "
                     f"({model.input_token_limit})."
                 )
+            summary = self._summary(model, body, tokens)
         except Refused as refused:
             return refused.status, error_body(refused)
-        chunks = self._answer(model, body, tokens)
+        chunks = self._answer(model, body, tokens, summary)
         if verb == "streamGenerateContent":
             return 200, chunks
         merged = [p for chunk in chunks for p in chunk["candidates"][0]["content"]["parts"]]
@@ -455,11 +479,42 @@ class FakeGemini:
         answer["candidates"][0]["content"]["parts"] = merged
         return 200, answer
 
-    def _answer(self, model: FakeGeminiModel, body: Mapping[str, Any], tokens: int) -> list[dict[str, Any]]:
-        """The answer as stream chunks (each with the usage; the last with the finish reason)."""
-        scripted = self.script(body) if self.script is not None else None
+    def _summary(
+        self, model: FakeGeminiModel, body: Mapping[str, Any], tokens: int
+    ) -> list[dict[str, Any]] | None:
+        """The answer's parts for a summary request (see the module docstring), else None."""
+        if not is_summary(body):
+            return None
+        with self._lock:
+            self.summary_calls += 1
+            self.summary_prompt_tokens += tokens
+        if self.summary_mode == "missing":
+            raise Refused("Not found", status=404, reason="NOT_FOUND")
+        config = _get(body, "generationConfig") or {}
+        cap = _get(config, "maxOutputTokens") if isinstance(config, Mapping) else None
+        contents = [c for c in body.get("contents") or [] if isinstance(c, Mapping)]
+        text = summary_answer(
+            _parts(_get(body, "systemInstruction")),
+            "\n\n".join(prompt_text(_parts(c)) for c in contents),
+            cap_tokens=cap,
+            count_text=lambda s: math.ceil(len(s) / CHARS_PER_TOKEN * model.ratio),
+        )
+        return [{"text": text or ""}]
+
+    def _answer(
+        self,
+        model: FakeGeminiModel,
+        body: Mapping[str, Any],
+        tokens: int,
+        scripted: list[dict[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The answer as stream chunks (each with the usage; the last with the finish reason):
+        ``scripted`` parts (a summary), else the script's, else the facts of its whole input."""
+        if scripted is None and self.script is not None:
+            scripted = self.script(body)
         if scripted is None:
-            facts = list(dict.fromkeys(FACT_RE.findall(json.dumps(body.get("contents") or []))))
+            seen = json.dumps([_get(body, "systemInstruction"), body.get("contents") or []])
+            facts = list(dict.fromkeys(FACT_RE.findall(seen)))
             scripted = [{"text": "Done. "}, {"text": " ".join(facts) or "No facts."}]
         parts: list[dict[str, Any]] = []
         config = _get(body, "generationConfig") or {}
@@ -534,6 +589,20 @@ class FakeGemini:
         with self._lock:
             return [r for r in self.requests if r.path.endswith(("GenerateContent", ":generateContent"))]
 
+    def client_requests(self) -> list[Recorded]:
+        """The generate requests that are not summary requests (the client's, as forwarded)."""
+        return [r for r in self.generate_requests() if not is_summary(_json_or_none(r.body))]
+
+    def summary_requests(self) -> list[Recorded]:
+        """The proxy's summary requests, in order."""
+        return [r for r in self.generate_requests() if is_summary(_json_or_none(r.body))]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.summary_calls = 0
+            self.summary_prompt_tokens = 0
+
     async def _http(self, request: Request) -> Response:
         raw = await request.body()
         query = request.url.query
@@ -565,6 +634,18 @@ class FakeGemini:
     def serve(self) -> Iterator[str]:
         with serve_in_thread(self.app) as url:
             yield url
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def is_summary(body: Any) -> bool:
+    """True for a summary request of the proxy (its system instruction is the summary prompt)."""
+    return isinstance(body, Mapping) and is_summary_prompt(_parts(_get(body, "systemInstruction")))
 
 
 async def _aiter(chunks: list[bytes]) -> AsyncIterator[bytes]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,10 +16,13 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
+from app.compaction.prompts import summarize_messages
+from app.core.dialects.gemini import GEMINI
 from tests.fake_gemini_upstream import (
     ALTERNATE,
     CALL_AFTER,
     CORRUPTED,
+    MODEL_TURN,
     RESPONSE_AFTER,
     SAME_COUNT,
     FakeGemini,
@@ -201,6 +205,16 @@ def test_structural_rules_are_refused_with_googles_wording(
     assert reply.json()["error"]["status"] == "INVALID_ARGUMENT"
 
 
+def test_a_part_after_function_responses_is_refused_unless_the_model_takes_it(fake: FakeGemini) -> None:
+    loop = [user("a"), {"role": "model", "parts": [call("f")]}]
+    after = {"contents": [*loop, {"role": "user", "parts": [answer("f"), {"text": "note"}]}]}
+    before = {"contents": [*loop, {"role": "user", "parts": [{"text": "note"}, answer("f")]}]}
+    assert post(fake, after, model="gemini-lenient").json()["error"]["message"] == MODEL_TURN
+    assert post(fake, before, model="gemini-lenient").status_code == 200
+    taking = FakeGemini([FakeGeminiModel("gemini-2", requires_signatures=False, parts_after_responses=True)])
+    assert post(taking, after, model="gemini-2").status_code == 200
+
+
 def test_function_responses_pair_by_id_else_by_name_in_order(fake: FakeGemini) -> None:
     by_id = [
         user("a"),
@@ -299,6 +313,54 @@ def test_the_reader_reads_one_file_per_step_and_answers_only_from_its_input(fake
     final = post(fake, forgot).json()["candidates"][0]["content"]["parts"]
     text = " ".join(p["text"] for p in final)
     assert "FACT-2" in text and "FACT-1" not in text
+
+
+def summary_body(text: str, *, cap: int) -> dict[str, Any]:
+    """A summary request as the proxy's Gemini dialect writes one."""
+    return GEMINI.summary_request(summarize_messages(text), model="gemini-big", max_tokens=cap).body
+
+
+def test_summary_requests_get_the_shared_summarizer_capped_and_counted(fake: FakeGemini) -> None:
+    fake.script = Reader(["/p/a.txt"])  # a scripted model never answers a summary request
+    lines = [f"[tool result for read_file [c{k}]]: filler line {k} of the file" for k in range(40)]
+    lines[17] = "[tool result for read_file [c17]]: The secret of part 3 is FACT-part3-42."
+    body = summary_body("\n\n".join(lines), cap=60)
+    reply = post(fake, body)
+    assert reply.status_code == 200
+    parts = reply.json()["candidates"][0]["content"]["parts"]
+    text = "".join(p["text"] for p in parts if not p.get("thought"))
+    assert "FACT-part3-42" in text and "functionCall" not in json.dumps(parts)
+    assert math.ceil(len(text) / 4) <= 60  # the cap, counted with the fake's own tokenizer
+    tokens = fake.count(body, fake.model("gemini-big"))
+    assert (fake.summary_calls, fake.summary_prompt_tokens) == (1, tokens)
+    client = post(fake, {"contents": [user("go")], "tools": [READ]})
+    assert client.status_code == 200
+    assert [r.body for r in fake.summary_requests()] == [fake.requests[0].body]
+    assert [r.body for r in fake.client_requests()] == [fake.requests[1].body]
+    tiny = summary_body("\n\n".join(lines), cap=8)
+    tiny_text = "".join(p["text"] for p in post(fake, tiny).json()["candidates"][0]["content"]["parts"])
+    assert math.ceil(len(tiny_text) / 4) <= 8 and len(tiny_text) < len(text)
+
+
+def test_summary_requests_are_checked_like_any_request(fake: FakeGemini) -> None:
+    body = summary_body("[user]: remember FACT-9", cap=100)
+    transport = httpx.MockTransport(fake.handler)
+    with httpx.Client(transport=transport, base_url="http://fake.invalid") as client:
+        keyless = client.post("/v1beta/models/gemini-big:generateContent", json=body)
+    assert keyless.status_code == 403 and fake.summary_calls == 0
+    over = summary_body("w" * 2000, cap=100)
+    assert post(fake, over, model=MODEL).json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert fake.summary_calls == 0  # refused before it was answered
+    fake.summary_mode = "missing"
+    assert post(fake, body).status_code == 404 and fake.summary_calls == 1
+    fake.clear()
+    assert fake.requests == [] and fake.summary_calls == 0
+
+
+def test_the_default_answer_names_the_facts_of_the_whole_input(fake: FakeGemini) -> None:
+    body = {"systemInstruction": {"parts": [{"text": "FACT-sys"}]}, "contents": [user("FACT-user")]}
+    text = " ".join(p["text"] for p in post(fake, body).json()["candidates"][0]["content"]["parts"])
+    assert "FACT-sys" in text and "FACT-user" in text
 
 
 @pytest.fixture

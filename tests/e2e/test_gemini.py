@@ -86,7 +86,20 @@ class Stack:
         return genai.Client(api_key=PROXY_KEY, http_options=options)
 
     def generated(self, model: str = MODEL) -> list[Recorded]:
-        return [r for r in self.fake.generate_requests() if f"/models/{model}:" in r.path]
+        """The client's requests for ``model`` as the fake received them (summary calls aside)."""
+        return [r for r in self.fake.client_requests() if f"/models/{model}:" in r.path]
+
+    def summaries(self, model: str = MODEL) -> list[Recorded]:
+        """The proxy's summary calls for ``model``, each checked: Gemini's own route at the
+        origin, the operator's key, answered (the fake's structure and window checks passed)."""
+        found = [r for r in self.fake.summary_requests() if f"/models/{model}:" in r.path]
+        model_spec = self.fake.model(model)
+        for r in found:
+            assert (r.path, r.query, r.status) == (f"/v1beta/models/{model}:generateContent", "", 200)
+            assert r.headers["x-goog-api-key"] == OPERATOR_KEY and PROXY_KEY not in str(r.headers)
+            assert self.fake.count(r.json(), model_spec) <= model_spec.input_token_limit
+        assert self.fake.summary_calls == len(self.fake.summary_requests())
+        return found
 
     def models(self) -> dict[str, Any]:
         report = httpx.get(f"{self.url}/v1/context/models", headers={"x-goog-api-key": PROXY_KEY}).json()
@@ -229,6 +242,11 @@ def test_a_reading_agent_runs_past_the_window_and_every_request_is_valid_upstrea
     answered = set(FACT_RE.findall(answer))
     assert f"FACT-part{FILES - 1}." in {f"{fact}." for fact in answered}
     assert answered <= set(FACT_RE.findall(json.dumps(last_received["contents"])))
+    # What the cut forgot was summarized (summaries are on by default), in Gemini's own API on the
+    # same upstream, and the summary stands in the last request for the reads it no longer shows.
+    assert stack.summaries()
+    assert "[ctxproxy: summary of" in json.dumps(last_received["contents"])
+    print(f"answer: {len(answered)} of {FILES} facts; {stack.fake.summary_calls} summary calls")
 
 
 def test_the_json_array_stream_is_fitted_too(stack: Stack) -> None:
@@ -247,6 +265,7 @@ def test_the_json_array_stream_is_fitted_too(stack: Stack) -> None:
     assert isinstance(chunks, list) and chunks[-1]["candidates"][0]["finishReason"] == "STOP"
     assert response.headers["x-context-actions"] != "none"
     (received,) = stack.generated()
+    assert stack.summaries()  # what the cut forgot, summarized with the operator's key
     assert received.status == 200 and received.query == ""  # the client's query, without its key
     assert received.headers["x-goog-api-key"] == OPERATOR_KEY
     assert stack.fake.count(received.json(), stack.fake.model(MODEL)) <= LIMIT_TOKENS
@@ -312,6 +331,9 @@ def test_an_upstream_refusal_in_geminis_wording_is_retried_smaller(stack: Stack)
         >= stack.fake.count(answered.json(), model)
     )
     assert stack.models()[SMALL]["learned_window_tokens"] == SMALL_REAL_TOKENS
+    # The emergency retry asks no summary of a model whose window was just found smaller than
+    # thought (only a cached one would do): the cut's note stands in.
+    assert stack.summaries(SMALL) == []
 
 
 def test_usage_metadata_calibrates_the_estimate_streamed_or_not(stack: Stack) -> None:
