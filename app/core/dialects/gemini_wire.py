@@ -50,16 +50,20 @@ by a placeholder becomes a text part; a changed function response keeps ``id``, 
 rest of its part, with ``response`` = ``{key: text}`` for a one-key response, else
 ``{"output": text}``, and no nested parts when the whole result was replaced. The parts of one
 content are written in their original order; a content whose parts are all kept is the original
-content object. A note or summary of the engine becomes a user text part. Adjacent contents of
-one role are merged (a model content holding signed parts is never merged: a separator user
-content goes between), and when the output would open with a model content and the input did
-not, a separator user content goes first; so roles alternate and the first content is the user's.
+content object. A note or summary of the engine becomes a user text part; in a content holding
+function responses it goes before them (Gemini 3 refuses any part after a content's function
+responses: "Requests ending with a model turn are not supported.", a text before them is accepted;
+``docs/gemini.md``). Adjacent contents of one role are merged (a model content holding signed
+parts is never merged: a separator user content goes between), and when the output would open
+with a model content and the input did not, a separator user content goes first; so roles
+alternate and the first content is the user's.
 
 Structural rules (``wire_problems``): ``contents`` is a non-empty list of objects; every content
 has parts and a role of ``user`` or ``model`` (or none, or empty); the first content is a user content; no
 two adjacent contents of one role; every function call of a model content is answered by the
 next content (a user content) and every function response answers a call of the content just
-before; in a request that carries thought signatures, the first function call of every model
+before; no part other than a function response follows the first function response of a content;
+in a request that carries thought signatures, the first function call of every model
 content of the current turn (after the newest user content with text and no function response)
 is signed, as Gemini 3 requires.
 """
@@ -524,6 +528,24 @@ def _merge(segments: list[_Seg], *, input_opens_with_model: bool) -> list[_Seg]:
     return out
 
 
+def _engine_text_first(seg: _Seg) -> _Seg:
+    """``seg`` with the engine's parts (a note, a summary: keys ``(..., 1)``) that would follow a
+    function response moved before the first one (Gemini 3 refuses a part after them)."""
+    first = next((n for n, p in enumerate(seg.parts) if _responds(p)), None)
+    if first is None or not any(key[2] for key in seg.keys[first + 1 :]):
+        return seg
+    order = list(range(first))
+    order += [n for n in range(first, len(seg.parts)) if seg.keys[n][2]]
+    order += [n for n in range(first, len(seg.parts)) if not seg.keys[n][2]]
+    return _Seg(
+        seg.role, [seg.parts[n] for n in order], [seg.keys[n] for n in order], seg.sources, seg.frozen
+    )
+
+
+def _responds(part: object) -> bool:
+    return not plain_text(part) and isinstance(part, Mapping) and field(part, "functionResponse") is not None
+
+
 def _emit(seg: _Seg, contents: Sequence[Any]) -> Any:
     if len(set(seg.sources)) == 1:
         orig = contents[seg.sources[0]]
@@ -541,7 +563,10 @@ def render_contents(
     contents: list[Any] = body.get("contents") or []
     segments, system = _segments(body, messages, source)
     opens = bool(contents) and isinstance(contents[0], Mapping) and _role(contents[0]) == "model"
-    merged = _merge(segments, input_opens_with_model=opens)
+    merged = [
+        _engine_text_first(seg) if seg.role == "user" else seg
+        for seg in _merge(segments, input_opens_with_model=opens)
+    ]
     out = {**body, "contents": [_emit(seg, contents) for seg in merged]}
     system_key = key_of(body, "systemInstruction")
     if system_key in body:
@@ -596,6 +621,8 @@ def wire_problems(body: Mapping[str, Any]) -> list[str]:
                     problems.add(f"function call {name!r} has no function response in the next content")
         if roles[i] == "user":
             responses = _responses_of(parts)
+            if responses and any(not _responds(p) for p in parts[responses[0][0] :]):
+                problems.add("a part follows the function responses of a content")
             before = _calls_of(_parts(contents[i - 1])) if i and roles[i - 1] == "model" else []
             matched = pair_responses([(n, c) for _, n, c in before], [(n, r) for _, n, r in responses])
             for (_, name, _), c in zip(responses, matched, strict=True):

@@ -233,6 +233,63 @@ def test_a_fitted_gemini_cli_session_keeps_every_rule_and_every_signature(cap: i
     assert all(r["id"].startswith("read_file_") and r["name"] == "read_file" for r in results)
 
 
+class FixedSummary:
+    """A summary provider that answers every span with one text."""
+
+    def summary_for(self, span: Any, /) -> str | None:
+        return "FACT-remembered"
+
+
+@pytest.mark.parametrize(("cap", "in_loop"), [(1200, False), (2000, True), (3000, True)])
+def test_the_memory_of_a_tool_loop_goes_before_the_function_responses_it_joins(
+    cap: int, in_loop: bool
+) -> None:
+    request = session(12)
+    plan = plan_request(
+        request,
+        spec=spec(),
+        policy=Policy(summarize=True),
+        counter=FakeMessageCounter(),
+        cap_tokens=cap,
+        summaries=FixedSummary(),
+        dialect=GEMINI,
+        conversation=parse_gemini(request, model="gemini-test", stream=False),
+    )
+    assert "summarized" in [a.kind for a in plan.actions]
+    forwarded = plan.body(request)
+    (holder,) = [c for c in forwarded["contents"] if "FACT-remembered" in json.dumps(c)]
+    texts = [p.get("text", "") for p in holder["parts"]]
+    memory_at = next(n for n, t in enumerate(texts) if t.startswith("[ctxproxy: summary of "))
+    responses = [n for n, p in enumerate(holder["parts"]) if "functionResponse" in p]
+    # Where the forgetting ends: after a drop, the task's own content; after a prune, inside the
+    # loop, a user content of function responses, before them (Gemini 3 refuses any part after).
+    assert bool(responses) is in_loop
+    assert all(memory_at < n for n in responses)
+    strict_check(forwarded)
+    assert GEMINI.problems(forwarded) == []
+
+
+def test_problems_name_a_part_after_function_responses() -> None:
+    call = call_part("read_file", {"file_path": "a"}, call_id="r1")
+    result = result_part("read_file", "text", call_id="r1")
+    after = {
+        "contents": [
+            user("q"),
+            {"role": "model", "parts": [call]},
+            {"role": "user", "parts": [result, {"text": "x"}]},
+        ]
+    }
+    before = {
+        "contents": [
+            user("q"),
+            {"role": "model", "parts": [call]},
+            {"role": "user", "parts": [{"text": "x"}, result]},
+        ]
+    }
+    assert GEMINI.problems(after) == ["a part follows the function responses of a content"]
+    assert GEMINI.problems(before) == []
+
+
 def test_a_pruned_result_keeps_its_part_id_and_name_and_says_what_it_replaced() -> None:
     request = session(12)
     plan, forwarded = fit(request, counter=FakeMessageCounter(), cap_tokens=3000)

@@ -27,7 +27,7 @@ from tests.core.fakes import FakeMessageCounter
 from tests.fake_gemini_upstream import FakeGeminiModel, check_structure
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-LENIENT = FakeGeminiModel(MODEL, requires_signatures=False)
+LENIENT = FakeGeminiModel(MODEL, requires_signatures=False, parts_after_responses=True)
 STRICT = FakeGeminiModel(MODEL)
 
 
@@ -80,7 +80,10 @@ def sessions(draw: st.DrawFn) -> tuple[dict[str, Any], bool]:
     for t in range(draw(st.integers(1, 7))):
         parts = draw(user_parts())
         if contents and contents[-1]["role"] == "user":
-            contents[-1] = {"role": "user", "parts": contents[-1]["parts"] + parts}  # as gemini-cli coalesces
+            # As gemini-cli coalesces (after the function responses: Gemini 2.5 takes it), or text
+            # first, as a client that knows Gemini 3's rule does.
+            both = parts + contents[-1]["parts"] if signed else contents[-1]["parts"] + parts
+            contents[-1] = {"role": "user", "parts": both}
         else:
             contents.append({"role": "user", "parts": parts})
         for s in range(draw(st.integers(0, 4))):
@@ -128,7 +131,10 @@ def test_fitting_keeps_every_rule_and_every_signature(
     plan, forwarded = fit(request, counter=counter, cap_tokens=cap, policy=policy)
     assert request == pristine  # never mutated
 
-    assert GEMINI.problems(forwarded) == GEMINI.problems(request) == []
+    # An unsigned session may hold parts after a content's function responses (gemini-cli's
+    # coalescing): the input's own, never one the engine adds.
+    allowed = [] if signed else ["a part follows the function responses of a content"]
+    assert set(GEMINI.problems(forwarded)) <= set(GEMINI.problems(request)) <= set(allowed)
     check_structure(forwarded, model, SIGNER)  # alternation, first user, pairing, every signature
     # a signed part is never edited, and a content holding one is the client's own content object
     assert signed_parts(forwarded) <= signed_parts(request)
