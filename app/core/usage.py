@@ -17,6 +17,13 @@ INTERFACE CONTRACT:
   ``message_start``/``message_delta``). It never changes or keeps the chunks: only the unfinished
   last line is held, and a line longer than ``max_line_bytes`` is skipped. Lines without every one
   of ``needles`` (default ``"usage"`` and ``"prompt_tokens"``) are not parsed at all.
+* ``JsonArrayUsageScanner(extract=None, *, needles=..., max_element_bytes=MAX_LINE_BYTES)``: the
+  same for a stream that is one JSON array sent element by element (Gemini's
+  ``streamGenerateContent`` without ``alt=sse``: pretty-printed objects over many lines, so no
+  line holds an event): each top-level object of the body, found by its braces outside strings
+  (a lone object, a non-streamed answer, counts too), is parsed when it holds every one of
+  ``needles``; the last count wins. Only the unfinished element is held, and one longer than
+  ``max_element_bytes`` is skipped.
 
 Never raises on malformed input.
 """
@@ -24,6 +31,7 @@ Never raises on malformed input.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,6 +41,8 @@ CHAT_NEEDLES: tuple[bytes, ...] = (b'"usage"', b'"prompt_tokens"')
 USAGE_KEY_START = b'"usage'
 
 MAX_LINE_BYTES = 64 * 1024
+# The bytes that move a JSON scanner's state: braces, quotes and escapes (everything else is skipped).
+_JSON_SYNTAX = re.compile(rb'[{}"\\]')
 MAX_JSON_BYTES = 8 * 1024 * 1024
 
 
@@ -116,6 +126,93 @@ class SseUsageScanner:
             return
         try:
             payload = json.loads(line[5:].strip())
+        except (ValueError, RecursionError):
+            return
+        if self._extract is None:
+            tokens = _prompt_tokens(payload)
+        else:
+            tokens = self._extract(payload) if isinstance(payload, dict) else None
+        if tokens is not None:
+            self.prompt_tokens = tokens
+
+
+class JsonArrayUsageScanner:
+    """Watches a JSON-array byte stream for usage (see the module contract)."""
+
+    __slots__ = (
+        "_depth",
+        "_escaped",
+        "_extract",
+        "_held",
+        "_in_string",
+        "_max_element_bytes",
+        "_needles",
+        "_skipping",
+        "prompt_tokens",
+    )
+
+    def __init__(
+        self,
+        extract: Extract | None = None,
+        *,
+        needles: tuple[bytes, ...] = CHAT_NEEDLES,
+        max_element_bytes: int = 0,
+    ) -> None:
+        self._extract = extract
+        self._needles = needles
+        self._max_element_bytes = max_element_bytes or MAX_LINE_BYTES
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False  # the chunk's first byte is escaped (a backslash ended the last one)
+        self._held = bytearray()  # the unfinished element's bytes from earlier chunks
+        self._skipping = False  # the unfinished element is over the bound: not kept
+        self.prompt_tokens: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        start = 0 if self._depth else None  # where the element under way starts in this chunk
+        skip_at = 0 if self._escaped else -1
+        self._escaped = False
+        for match in _JSON_SYNTAX.finditer(chunk):
+            at = match.start()
+            if at == skip_at:
+                continue
+            byte = chunk[at]
+            if byte == 0x5C:  # backslash: escapes the next byte (only inside a string)
+                if self._in_string:
+                    skip_at = at + 1
+                    if skip_at == len(chunk):
+                        self._escaped = True
+            elif byte == 0x22:  # quote
+                self._in_string = not self._in_string
+            elif self._in_string:
+                continue
+            elif byte == 0x7B:  # {
+                if self._depth == 0:
+                    start, self._held, self._skipping = at, bytearray(), False
+                self._depth += 1
+            elif self._depth:  # }
+                self._depth -= 1
+                if self._depth == 0 and start is not None:
+                    self._element(chunk[start : at + 1])
+                    start = None
+        if self._depth and start is not None and not self._skipping:
+            if len(self._held) + len(chunk) - start > self._max_element_bytes:
+                self._held, self._skipping = bytearray(), True
+            else:
+                self._held += chunk[start:]
+
+    def _element(self, tail: bytes) -> None:
+        if self._skipping:
+            self._skipping = False
+            return
+        element = bytes(self._held) + tail if self._held else tail
+        self._held = bytearray()
+        if len(element) > self._max_element_bytes or any(n not in element for n in self._needles):
+            return
+        try:
+            payload = json.loads(element)
         except (ValueError, RecursionError):
             return
         if self._extract is None:

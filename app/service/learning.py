@@ -27,7 +27,9 @@ request (a handful of hooks, so the send loop stays readable):
   ``usage_needles``) compared with our count of ``forwarded``; a silent truncation adds the warning
   ``upstream-truncated`` to *this* response (``window_tokens``: the window the request was planned
   for, None when it was a guess; a usage at or over it is a cut too). A streamed response is
-  wrapped so its SSE lines are scanned as they pass (never buffered nor changed); its usage arrives
+  wrapped so its SSE lines (or, for a stream typed ``application/json``, the elements of its JSON
+  array: Gemini's ``streamGenerateContent`` without ``alt=sse``) are scanned as they pass (never
+  buffered nor changed); its usage arrives
   after the headers, so a truncation found there is logged and reported on the *next* response for
   that model. Either way the window is learned at once. ``on_usage`` (optional) is called with the
   upstream's count of the prompt once it is known and is not a truncation (the anchors of
@@ -54,7 +56,14 @@ from ..core.knowledge import Knowledge, ModelFacts, UsageVerdict
 from ..core.overflow import ContextOverflow
 from ..core.registry import ModelSpec
 from ..core.tokens import MessageCounter
-from ..core.usage import Extract, SseUsageScanner, input_tokens_from_json, prompt_tokens_from_json
+from ..core.usage import (
+    CHAT_NEEDLES,
+    Extract,
+    JsonArrayUsageScanner,
+    SseUsageScanner,
+    input_tokens_from_json,
+    prompt_tokens_from_json,
+)
 from ..upstream.client import UpstreamResponse, WrappedResponse
 from .discovery import Discovery
 from .knowledge_share import KnowledgeShare
@@ -126,6 +135,14 @@ def model_report(spec: ModelSpec, facts: ModelFacts | None) -> dict[str, Any]:
             "detail": discovered.detail,
         },
     }
+
+
+def _json_typed(response: UpstreamResponse) -> bool:
+    """A body typed JSON: a stream of that type is one JSON array sent element by element."""
+    return any(
+        name.lower() == "content-type" and value.strip().lower().startswith("application/json")
+        for name, value in response.headers
+    )
 
 
 def _identity_encoded(response: UpstreamResponse) -> bool:
@@ -316,11 +333,14 @@ class Learner:
             return response, tuple(warnings)
         # Other APIs carry usage in bigger events (Responses' response.completed holds the whole
         # response): a larger line bound, and only "usage" to look for.
-        scanner = (
-            SseUsageScanner()
-            if usage is None
-            else SseUsageScanner(usage, needles=usage_needles, max_line_bytes=MAX_API_EVENT_BYTES)
-        )
+        scanner: SseUsageScanner | JsonArrayUsageScanner
+        if _json_typed(response):
+            needles = usage_needles if usage is not None else CHAT_NEEDLES
+            scanner = JsonArrayUsageScanner(usage, needles=needles, max_element_bytes=MAX_API_EVENT_BYTES)
+        elif usage is None:
+            scanner = SseUsageScanner()
+        else:
+            scanner = SseUsageScanner(usage, needles=usage_needles, max_line_bytes=MAX_API_EVENT_BYTES)
 
         def on_end() -> None:
             if scanner.prompt_tokens is not None:

@@ -8,7 +8,14 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.usage import MAX_LINE_BYTES, SseUsageScanner, input_tokens_from_json, prompt_tokens_from_json
+from app.core.dialects.gemini import GEMINI
+from app.core.usage import (
+    MAX_LINE_BYTES,
+    JsonArrayUsageScanner,
+    SseUsageScanner,
+    input_tokens_from_json,
+    prompt_tokens_from_json,
+)
 
 
 def sse(*payloads: object) -> bytes:
@@ -125,3 +132,62 @@ def test_geminis_usage_metadata_is_read_from_a_json_answer_and_crlf_framed_event
     assert scanner.prompt_tokens == 77
     scanner.feed(answer.replace(b"77", b"78")[30:] + b"\r\n\r\n")
     assert scanner.prompt_tokens == 78  # usage on every chunk: the last one counts
+
+
+def gemini_array(*prompts: int, text: str = 'say "{hi}" \\ [ok]') -> bytes:
+    """A JSON-array stream as Google sends one: pretty-printed elements, ``,\\r\\n`` between them."""
+    elements = [
+        {
+            "candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}],
+            "usageMetadata": {"promptTokenCount": n, "totalTokenCount": n + 3},
+        }
+        for n in prompts
+    ]
+    return b"[" + b",\r\n".join(json.dumps(e, indent=2).encode() for e in elements) + b"]"
+
+
+ARRAY = gemini_array(500, 501, 502)
+
+
+def test_a_json_array_streams_usage_is_read_element_by_element() -> None:
+    scanner = JsonArrayUsageScanner(GEMINI.input_tokens_used, needles=GEMINI.usage_needles)
+    first_end = ARRAY.index(b"}\n},\r\n") + 3
+    scanner.feed(ARRAY[:first_end])
+    assert scanner.prompt_tokens == 500  # an element is read as soon as it is closed
+    scanner.feed(ARRAY[first_end:])
+    assert scanner.prompt_tokens == 502  # the last element's count wins
+    lone = JsonArrayUsageScanner(GEMINI.input_tokens_used, needles=GEMINI.usage_needles)
+    lone.feed(json.dumps({"usageMetadata": {"promptTokenCount": 9}}).encode())
+    assert lone.prompt_tokens == 9  # a lone object (an answer that is not an array) too
+    error = JsonArrayUsageScanner(GEMINI.input_tokens_used, needles=GEMINI.usage_needles)
+    error.feed(b'[{"error": {"code": 400, "message": "} usageMetadata {", "status": "INVALID_ARGUMENT"}}]')
+    assert error.prompt_tokens is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, len(ARRAY)), max_size=12))
+def test_any_split_of_a_json_array_gives_the_same_count(cuts: list[int]) -> None:
+    scanner = JsonArrayUsageScanner(GEMINI.input_tokens_used, needles=GEMINI.usage_needles)
+    bounds = [0, *sorted(cuts), len(ARRAY)]
+    for start, stop in itertools.pairwise(bounds):
+        scanner.feed(ARRAY[start:stop])
+    assert scanner.prompt_tokens == 502
+
+
+def test_an_over_long_element_is_skipped_without_being_kept() -> None:
+    long = gemini_array(700, text="x" * 5000)
+    scanner = JsonArrayUsageScanner(
+        GEMINI.input_tokens_used, needles=GEMINI.usage_needles, max_element_bytes=1000
+    )
+    for k in range(0, len(long), 300):
+        scanner.feed(long[k : k + 300])
+        assert len(scanner._held) <= 1000
+    assert scanner.prompt_tokens is None
+    scanner.feed(b",\r\n" + gemini_array(701)[1:])
+    assert scanner.prompt_tokens == 701  # the next element is read again
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_a_json_array_scanner_never_raises_on_garbage(data: bytes) -> None:
+    JsonArrayUsageScanner().feed(data)

@@ -14,7 +14,7 @@ the operator's. What the fake received is the oracle: every request it answered 
 * ``countTokens`` asks the upstream first (the tokenizer is not public) and calibrates;
 * our own errors (policy ``reject``, a bad body, a wrong proxy key) are in Google's shape;
 * an upstream refusal in Gemini's own wording is retried smaller and answered;
-* ``usageMetadata`` calibrates the estimate, streamed or not;
+* ``usageMetadata`` calibrates the estimate, streamed (SSE or one JSON array) or not;
 * model lookups pass through, and discovery reads ``inputTokenLimit``/``outputTokenLimit``;
 * keys are replaced, never logged;
 * a stream the upstream breaks off ends with an error in its own form (SSE frame, array element).
@@ -349,6 +349,15 @@ def test_usage_metadata_calibrates_the_estimate_streamed_or_not(stack: Stack) ->
     third = client.models.generate_content(model=RATIO, contents=contents)
     assert third.sdk_http_response and third.sdk_http_response.headers
     assert third.sdk_http_response.headers["x-context-count"] == "calibrated"
+    # The JSON-array stream (no alt=sse): pretty-printed elements, its usage read as they pass.
+    array = httpx.post(
+        f"{stack.url}/v1beta/models/{RATIO}:streamGenerateContent",
+        json={"contents": [{"role": "user", "parts": [{"text": file_text(4)}]}]},
+        headers={"x-goog-api-key": PROXY_KEY},
+        timeout=60,
+    )
+    assert array.status_code == 200 and array.content.startswith(b"[")
+    assert stack.models()[RATIO]["calibration_samples"] == 4
 
 
 def test_model_lookups_pass_through_and_discovery_reads_the_limits(stack: Stack) -> None:

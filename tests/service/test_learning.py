@@ -15,6 +15,7 @@ from app.core.registry import ModelSpec
 from app.core.tokens import MessageCounter
 from app.service.learning import Learner
 from tests.api import UPSTREAM, proxy
+from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
 
 CHAT = f"{UPSTREAM}/chat/completions"
 MODEL = "acme/llm"
@@ -125,6 +126,28 @@ async def test_streamed_usage_is_read_as_it_passes_and_the_bytes_are_unchanged()
         assert response.content == sent[0]
         facts = learner_of(app).knowledge.facts(MODEL)
     assert facts is not None and facts.samples == 1 and abs((facts.factor or 0) - 1.2) < 0.01
+
+
+async def test_a_json_array_streams_usage_is_read_as_it_passes_and_the_bytes_are_unchanged() -> None:
+    fake = FakeGemini([FakeGeminiModel("gemini-x", ratio=1.4, thinking=False)])
+    sent: list[bytes] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        response = fake.handler(request)
+        sent.append(response.content)
+        return response
+
+    router = respx.Router(assert_all_called=False)
+    router.post(url__regex=r"http://upstream\.test/v1beta/models/.*").mock(side_effect=record)
+    body = {"contents": [{"role": "user", "parts": [{"text": prose(400)}]}]}
+    async with proxy(router, registry=EstimateRegistry(), discovery=False) as (client, app):
+        response = await client.post(
+            "/v1beta/models/gemini-x:streamGenerateContent", json=body, headers={"x-goog-api-key": "k"}
+        )
+        facts = learner_of(app).knowledge.facts("gemini-x")
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.content == sent[0] and sent[0].startswith(b"[")  # one JSON array, unchanged
+    assert facts is not None and facts.samples == 1 and (facts.factor or 0) > 1.2  # the fake's 1.4
 
 
 async def test_a_silent_cut_warns_on_the_response_and_teaches_the_window() -> None:
