@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..core.dialect import Dialect, ErrorInfo
 from ..core.dialects import DEFAULT_DIALECT
 from ..core.routes import AUTHORIZATION, KeySlot, RouteTable
-from .errors import render_info
+from .errors import json_stream_of, render_info
 
 OPEN_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz"})
 
@@ -119,6 +119,7 @@ class ProxyKeyMiddleware:
             return
         owner = self.table.owner(str(scope.get("path") or "")) if self.table is not None else None
         dialect = owner or DEFAULT_DIALECT
-        response = render_info(unauthorized_info(dialect), dialect)
+        json_stream = json_stream_of(scope, self.table)
+        response = render_info(unauthorized_info(dialect), dialect, json_stream=json_stream)
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)

@@ -31,7 +31,10 @@ shape with ``Allow: POST`` (``method_not_allowed``; ``app.api.routes.passthrough
 in its API's shape (``Dialect.error_body``; OpenAI's for chat:
 ``{"error": {"message", "type", "param", "code"}}``). The request's dialect is the one its route
 recorded in the scope (``DIALECT_SCOPE_KEY``) before anything can fail; every route of no dialect
-speaks ``DEFAULT_DIALECT`` (``dialect_of``): the one default, chosen here.
+speaks ``DEFAULT_DIALECT`` (``dialect_of``): the one default, chosen here. On a route whose answer
+is one JSON array streamed element by element (``RouteMatch.json_stream``: Gemini's
+``streamGenerateContent`` without ``alt=sse``) the error is that array's form, when the dialect
+has one (``Dialect.json_stream_error(info, started=False)``), as the API's own server answers there.
 
 Errors the *upstream* answers with are not ours: they are passed back unchanged.
 """
@@ -111,16 +114,38 @@ def dialect_of(scope: Mapping[str, Any]) -> Dialect:
     return dialect
 
 
-def render_info(info: ErrorInfo, dialect: Dialect) -> Response:
-    """``info`` as a JSON response in ``dialect``'s shape, with its status."""
-    return Response(
-        orjson.dumps(dialect.error_body(info)), status_code=info.status, media_type="application/json"
-    )
+def render_info(info: ErrorInfo, dialect: Dialect, *, json_stream: bool = False) -> Response:
+    """``info`` as a JSON response in ``dialect``'s shape, with its status (``json_stream``: the
+    request asked for a JSON-array stream: the array's form when the dialect has one)."""
+    body = dialect.json_stream_error(info, started=False) if json_stream else None
+    if body is None:
+        body = orjson.dumps(dialect.error_body(info))
+    return Response(body, status_code=info.status, media_type="application/json")
 
 
-def render(exc: Exception, dialect: Dialect = DEFAULT_DIALECT) -> Response:
+def json_stream_of(scope: Mapping[str, Any], table: RouteTable | None) -> bool:
+    """True when the request of ``scope`` is on a route whose answer is one JSON array streamed
+    element by element (``RouteMatch.json_stream``); looked up on error paths only."""
+    if table is None or scope.get("type") != "http":
+        return False
+    query = scope.get("query_string", b"")
+    try:
+        match = table.match(
+            str(scope.get("path") or ""), query.decode("latin-1") if isinstance(query, bytes) else ""
+        )
+    except InvalidRequest:
+        return False
+    return match is not None and match.json_stream
+
+
+def _json_stream(scope: Mapping[str, Any], app: Any) -> bool:
+    state = getattr(app, "state", None)
+    return json_stream_of(scope, getattr(state, "routes", None))
+
+
+def render(exc: Exception, dialect: Dialect = DEFAULT_DIALECT, *, json_stream: bool = False) -> Response:
     """Our error response for ``exc`` in the shape of the request's ``dialect``."""
-    response = render_info(error_info_of(exc), dialect)
+    response = render_info(error_info_of(exc), dialect, json_stream=json_stream)
     if isinstance(exc, UpstreamBusy):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
@@ -133,7 +158,7 @@ async def handle_known(request: Request, exc: Exception) -> Response:
     if isinstance(exc, UpstreamUnreachable):
         # The access line says 502; the operator needs the reason (DNS, refused, TLS) at WARNING.
         logger.warning("%s %s: %s", request.method, request.url.path, exc.message)
-    response = render(exc, dialect_of(request.scope))
+    response = render(exc, dialect_of(request.scope), json_stream=_json_stream(request.scope, request.app))
     if isinstance(exc, PlanCannotFit):
         record_plan(request.scope, exc.plan, retries=0)
         for name, value in context_headers(exc.plan, retries=0):
@@ -237,7 +262,8 @@ async def _handle_http(request: Request, exc: Exception) -> Response:
         return unknown_path(request.method, request.url.path, table, fallback=dialect_of(request.scope))
     message = exc.detail if isinstance(exc.detail, str) else "Request failed."
     info = ErrorInfo(status=exc.status_code, code="invalid_request_error", message=message)
-    response = render_info(info, dialect_of(request.scope))
+    json_stream = _json_stream(request.scope, request.app)
+    response = render_info(info, dialect_of(request.scope), json_stream=json_stream)
     for name, value in (exc.headers or {}).items():
         response.headers[name] = value
     return response
@@ -246,7 +272,7 @@ async def _handle_http(request: Request, exc: Exception) -> Response:
 async def _handle_validation(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     info = ErrorInfo(status=400, code="invalid_request_error", message=f"Invalid request: {exc.errors()!r}")
-    return render_info(info, dialect_of(request.scope))
+    return render_info(info, dialect_of(request.scope), json_stream=_json_stream(request.scope, request.app))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -297,5 +323,5 @@ class LastResortMiddleware:
         logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
         if started:
             return  # headers already went out: the server closes the connection short
-        response: Any = render(exc, dialect_of(scope))
+        response: Any = render(exc, dialect_of(scope), json_stream=_json_stream(scope, scope.get("app")))
         await response(scope, receive, send)

@@ -20,6 +20,7 @@ class Route:
     kind: RouteKind = "fit"
     upstream: str = ""
     upstream_first: bool = False
+    event_query: str = ""
 
     @property
     def literal(self) -> bool:

@@ -7,8 +7,8 @@ and neither names an API.
 
 INTERFACE CONTRACT:
 
-* ``Route(template, *, stream=None, kind="fit", upstream="", upstream_first=False)``: one POST
-  endpoint of an API.
+* ``Route(template, *, stream=None, kind="fit", upstream="", upstream_first=False,
+  event_query="")``: one POST endpoint of an API.
 
   - ``template``: the proxy's path, literal (``"/v1/chat/completions"``) or with ``{name}``
     parameters, each matching one non-empty run of characters without ``/``
@@ -24,15 +24,20 @@ INTERFACE CONTRACT:
     URL ends in ``/v1``);
   - ``upstream_first`` (count routes): ask the upstream's counting endpoint even when our count is
     exact; ours answers only when the upstream has no such endpoint (404/405). False: ours when
-    exact, else the upstream's.
+    exact, else the upstream's;
+  - ``event_query`` (a route that streams by its path): the query parameter, ``name=value``,
+    that makes its stream an event stream (Gemini's ``alt=sse``); without it the answer is one
+    JSON array sent element by element, and so are our errors before it
+    (``Dialect.json_stream_error(error, started=False)``). "": the route streams events only.
 
 * ``RouteMatch`` (frozen): what the API layer hands to the service for one request: ``dialect``,
   ``route``, ``params`` (the template's parameters, percent-decoded; ``raw_params`` as sent),
   ``path`` (the client's raw path, percent-encoding kept) and ``query`` (the client's raw query
   string, kept on the upstream request). ``target`` is its ``UpstreamTarget``, ``key_slot``
-  where the operator's key goes (the dialect's first slot). ``RouteMatch.first(dialect, kind)``
-  is the
-  dialect's first literal route of that kind (tests, the dry run, the public engine).
+  where the operator's key goes (the dialect's first slot), ``json_stream`` True when its answer
+  is one JSON array streamed element by element (``Route.event_query`` not in the query).
+  ``RouteMatch.first(dialect, kind)`` is the dialect's first literal route of that kind (tests,
+  the dry run, the public engine).
 * ``UpstreamTarget(path, at_origin)`` (frozen): ``path`` relative to the base URL, or from the
   base URL's origin when ``at_origin``.
 * ``KeySlot(name, *, in_query=False, scheme="")`` (frozen): where a client's key travels: a
@@ -61,7 +66,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 from .dialect import Dialect
 from .endpoints import AUTHORIZATION, KeySlot, Route, RouteKind, UpstreamTarget
@@ -103,6 +108,16 @@ class RouteMatch:
         if "{" in upstream:
             upstream = upstream.format_map({**self.params, **self.raw_params})
         return UpstreamTarget(upstream)
+
+    @property
+    def json_stream(self) -> bool:
+        """True when the answer is one JSON array streamed element by element (a route that
+        streams by its path, asked without its ``event_query``)."""
+        wanted = self.route.event_query
+        if self.route.stream is not True or not wanted:
+            return False
+        name, _, value = wanted.partition("=")
+        return (name, value) not in parse_qsl(self.query, keep_blank_values=True)
 
     @property
     def key_slot(self) -> KeySlot | None:

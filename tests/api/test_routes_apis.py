@@ -330,6 +330,25 @@ async def test_gemini_count_tokens_asks_the_upstream_first_then_counts_itself() 
     assert ours.headers["x-context-count"] == plan.json()["count"]  # ours, labelled as the plan's
 
 
+async def test_our_errors_before_a_json_array_stream_are_that_arrays_form() -> None:
+    router = respx.Router(assert_all_called=False)
+    too_long = {"contents": [{"role": "user", "parts": [{"text": words(5000)}]}]}
+    path = "/v1beta/models/gemini-x:streamGenerateContent"
+    async with proxy(router) as (client, _):
+        array = await client.post(path, json=too_long, headers={"X-Context-Policy": "reject"})
+        events = await client.post(f"{path}?alt=sse", json=too_long, headers={"X-Context-Policy": "reject"})
+        bad = await client.post(path, content=b"{not json")
+    # Without alt=sse Google answers an error as the array's one element (api-core's REST
+    # transport and python-genai read it so); with it, as a JSON object.
+    (element,) = array.json()
+    assert array.status_code == 400 and array.headers["content-type"] == "application/json"
+    assert element["error"]["status"] == "INVALID_ARGUMENT"
+    assert "exceeds the maximum number of tokens allowed" in element["error"]["message"]
+    assert events.status_code == 400 and events.json()["error"] == element["error"]
+    assert bad.status_code == 400 and set(bad.json()[0]) == {"error"}
+    assert not router.calls
+
+
 async def test_without_its_dialect_an_api_is_passed_through_and_head_root_answers() -> None:
     router = respx.Router(assert_all_called=False)
     route = router.post(MESSAGES_URL).mock(return_value=httpx.Response(200, json={"ok": 1}))

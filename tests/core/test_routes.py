@@ -48,6 +48,16 @@ def test_literal_routes_are_a_dict_lookup_and_templates_come_after() -> None:
     assert table.match("/v1/unknown") is None
 
 
+def test_a_stream_chosen_by_the_path_is_a_json_array_without_its_event_query() -> None:
+    table = RouteTable.of(DIALECTS)
+    for query, array in [("", True), ("alt=sse", False), ("key=k&alt=sse", False), ("alt=json", True)]:
+        streamed = table.match("/v1beta/models/g:streamGenerateContent", query)
+        assert streamed is not None and streamed.json_stream is array, query
+    whole = table.match("/v1beta/models/g:generateContent", "")
+    chat = table.match("/v1/chat/completions", "")
+    assert whole is not None and not whole.json_stream and chat is not None and not chat.json_stream
+
+
 def test_template_parameters_are_decoded_and_written_upstream_as_sent() -> None:
     table = RouteTable.of(REGISTRY)
     matched = table.match("/v1beta/models/a b:count", raw_path="/v1beta/models/a%20b:count")

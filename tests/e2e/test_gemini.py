@@ -309,6 +309,16 @@ def test_our_own_errors_are_in_googles_shape(stack: Stack) -> None:
     )
     assert wrong_key.status_code == 401 and set(wrong_key.json()) == {"error"}
     assert wrong_key.json()["error"]["status"] == "UNAUTHENTICATED"
+    # Before a JSON-array stream (no alt=sse), as Google answers there: the array's one element.
+    array_key = httpx.post(f"{stack.url}/v1beta/models/{MODEL}:streamGenerateContent?key=nope", json={})
+    assert array_key.status_code == 401 and array_key.json() == [wrong_key.json()]
+    array_reject = httpx.post(
+        f"{stack.url}/v1beta/models/{MODEL}:streamGenerateContent",
+        json={"contents": [c.model_dump(exclude_none=True) for c in too_long]},
+        headers={"x-goog-api-key": PROXY_KEY, "X-Context-Policy": "reject"},
+    )
+    (element,) = array_reject.json()
+    assert array_reject.status_code == 400 and element["error"]["status"] == "INVALID_ARGUMENT"
     assert not stack.generated()  # none of them reached the upstream
 
 

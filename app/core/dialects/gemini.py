@@ -6,12 +6,12 @@ INTERFACE CONTRACT (pure, standard library only; the wire facts are in ``docs/ge
 * ``GEMINI`` (``GeminiDialect``) implements ``app.core.dialect.Dialect``:
 
   - routes, under ``/v1beta`` and ``/v1``: ``POST /{v}/models/{model}:generateContent``
-    (streaming: no), ``:streamGenerateContent`` (streaming: yes; SSE with ``?alt=sse``, one JSON
-    array streamed element by element without it) and ``:countTokens`` (kind ``count``, the
-    upstream's own count first: Gemini's tokenizer is not public; ours, a labelled estimate, only
-    when the upstream has no such endpoint). Every one goes upstream at the client's own path
-    (query kept) at the base URL's origin (``Route.upstream == ""``), so a base URL ending in
-    ``/v1`` serves ``/v1beta`` requests too;
+    (streaming: no), ``:streamGenerateContent`` (streaming: yes; SSE with ``?alt=sse``, its
+    ``event_query``; one JSON array streamed element by element without it) and ``:countTokens``
+    (kind ``count``, the upstream's own count first: Gemini's tokenizer is not public; ours, a
+    labelled estimate, only when the upstream has no such endpoint). Every one goes upstream at
+    the client's own path (query kept) at the base URL's origin (``Route.upstream == ""``), so a
+    base URL ending in ``/v1`` serves ``/v1beta`` requests too;
   - ``key_slots``: the ``x-goog-api-key`` header (where the operator's key goes), then the
     ``key`` query parameter;
   - ``model_of``: the path's ``{model}``; without a path (the dry run, the gateway engine) the
@@ -41,7 +41,10 @@ INTERFACE CONTRACT (pure, standard library only; the wire facts are in ``docs/ge
 * ``stream_error(error)``: one SSE frame ``data: {"error": ...}`` ended by CRLF CRLF, as Google
   frames its events; ``array_stream_error(error, *, started=True)`` (``json_stream_error``): the
   same error as the element that closes a JSON-array stream (``streamGenerateContent`` without
-  ``alt=sse``), or a whole one-element array when none of it went out yet.
+  ``alt=sse``), or a whole one-element array when none of it went out yet: our errors before such
+  a stream, as Google answers them there (``[{"error": ...}]``: googleapis/python-aiplatform
+  #5010 and google-cloud-python #15021, api-core's REST transport failing on the list;
+  python-genai's ``APIError`` unwraps a one-element list).
 * ``overflow(status, body)``: Gemini's wording on a JSON object, a JSON array (the array stream's
   error form) or SSE ``data:`` frames (the shared classifier knows the wording).
 * ``input_tokens_used(answer)``: ``usageMetadata.promptTokenCount`` of a JSON answer or of one
@@ -150,7 +153,7 @@ def _routes() -> tuple[Route, ...]:
     for version in VERSIONS:
         routes += [
             Route(f"{version}/models/{{model}}:generateContent", stream=False),
-            Route(f"{version}/models/{{model}}:streamGenerateContent", stream=True),
+            Route(f"{version}/models/{{model}}:streamGenerateContent", stream=True, event_query="alt=sse"),
             Route(f"{version}/models/{{model}}:countTokens", kind="count", upstream_first=True),
         ]
     return tuple(routes)
