@@ -101,8 +101,9 @@ composition root names an API or branches on which dialect it holds (``tests/tes
   cannot-fit error the numbers (``tokens``, ``limit_tokens``, ``window_tokens``,
   ``reserve_tokens``) so a dialect can word it as its own upstream would.
 * ``SummaryCall`` (frozen): ``path`` (under the upstream base URL), ``body``, ``carry`` (names of
-  the client's request headers the call repeats, lower-case) and ``defaults`` (headers sent when
-  the client did not send them, e.g. Anthropic's ``anthropic-version``).
+  the client's request headers the call repeats, lower-case), ``carry_query`` (names of the
+  client's query parameters it repeats: a key slot in the query, Gemini's ``key``) and ``defaults``
+  (headers sent when the client did not send them, e.g. Anthropic's ``anthropic-version``).
 * ``error_info(error) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` -> 400,
   ``CannotFit`` -> 400 ``context_length_exceeded``).
 * ``model_from_body(body) -> str``: the body's ``model`` (a non-empty string), else
@@ -150,6 +151,7 @@ class SummaryCall:
     carry: tuple[str, ...] = ()
     defaults: tuple[tuple[str, str], ...] = ()
     at_origin: bool = False
+    carry_query: tuple[str, ...] = ()
 
 
 class Dialect(Protocol):

@@ -27,9 +27,11 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   background. Never raises: compaction never fails a request. A request that forgot nothing and
   is under the ratio costs one comparison.
 * The summary call speaks the request's own wire API (``Dialect.summary_request`` /
-  ``summary_text``) on the request model's upstream, with the client's headers the dialect names
-  (its key, ``anthropic-version``) held only while that summary is written; the operator's key,
-  when set, replaces the client's (in the header its API uses). ``CTXPROXY_SUMMARY_MODEL``,
+  ``summary_text``) on the request model's upstream, with the client's headers and query
+  parameters the dialect names (its key where the client put it, ``anthropic-version``) held only
+  while that summary is written; the operator's key, when set, replaces the client's (in the
+  header its API uses). Neither the query nor a key is ever logged (a failure names the URL
+  without its query). ``CTXPROXY_SUMMARY_MODEL``,
   ``CTXPROXY_SUMMARY_BASE_URL`` and ``CTXPROXY_SUMMARY_API`` override the model, the upstream and
   the API.
 * ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures,
@@ -47,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
+from urllib.parse import unquote_plus
 
 import orjson
 
@@ -80,6 +83,7 @@ REPLY_SHARE = 0.85
 ESTIMATE_MARGIN = 0.1
 
 _carried: ContextVar[tuple[Header, ...]] = ContextVar("ctxproxy_summary_headers", default=())
+_carried_query: ContextVar[str] = ContextVar("ctxproxy_summary_query", default="")
 
 COUNTERS = ("calls", "failures", "tokens_in", "tokens_out")
 EVENTS = ("cached", "waited", "failed", "earlier", "too_large", "ahead", "backing_off")
@@ -93,6 +97,16 @@ def carried_headers(headers: Sequence[Header], names: Sequence[str]) -> tuple[He
     """The client's headers named in ``names`` (any case), in the client's order."""
     wanted = {name.lower() for name in names}
     return tuple((name, value) for name, value in headers if name.lower() in wanted)
+
+
+def carried_query(query: str, names: Sequence[str]) -> str:
+    """The parameters of the client's raw ``query`` named in ``names``, as the client wrote them
+    (percent-encoding kept), in its order."""
+    if not query or not names:
+        return ""
+    wanted = set(names)
+    kept = [pair for pair in query.split("&") if unquote_plus(pair.partition("=")[0]) in wanted]
+    return "&".join(kept)
 
 
 class UpstreamComplete:
@@ -119,6 +133,7 @@ class UpstreamComplete:
             headers=headers,
             stream=False,
             base_url=self.base_url,
+            query=carried_query(_carried_query.get(), call.carry_query),
             key_slot=self.dialect.key_slots[0] if self.dialect.key_slots else None,
             at_origin=call.at_origin,
         )
@@ -266,6 +281,7 @@ class Summaries:
         if not writes and (self.settings.summary_model or request.model) != request.model:
             writes = True  # another model writes the summaries: the refusal says nothing of its window
         token = _carried.set(request.headers)
+        query_token = _carried_query.set(request.route.query)
         api = self.dialect_for(request).name
         try:
             budget = plan.budget
@@ -291,6 +307,7 @@ class Summaries:
             return plan
         finally:
             _carried.reset(token)
+            _carried_query.reset(query_token)
 
     async def _remembered(
         self,
@@ -403,4 +420,5 @@ __all__ = [
     "SummaryUpstreamError",
     "UpstreamComplete",
     "carried_headers",
+    "carried_query",
 ]

@@ -21,6 +21,7 @@ from app.main import create_app
 from app.settings import Settings
 from tests.api import OneModelRegistry
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
+from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeModel, FakeUpstream
 from tests.summaries_kit import (
@@ -547,6 +548,54 @@ async def test_a_responses_request_is_summarized_with_responses() -> None:
     forwarded = fake.client_responses()[-1].json()["input"]
     memory = [i for i in forwarded if i.get("type") == "message" and "summary of" in json.dumps(i)]
     assert len(memory) == 1 and "FACT-" in json.dumps(memory[0])
+
+
+def _gemini_body(steps: int) -> dict[str, Any]:
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "read all"}]}]
+    for k in range(steps):
+        lines = [f"line {i} of file {k} is filler" for i in range(40)]
+        lines[20] = f"The secret of file {k} is FACT-{k}g."
+        call = {"functionCall": {"name": "read", "args": {"n": k}, "id": f"r{k}"}}
+        result = {
+            "functionResponse": {"name": "read", "id": f"r{k}", "response": {"output": "\n".join(lines)}}
+        }
+        contents += [{"role": "model", "parts": [call]}, {"role": "user", "parts": [result]}]
+    return {"contents": contents}
+
+
+@pytest.mark.parametrize("where", ["header", "query"])
+async def test_a_gemini_request_is_summarized_with_its_key_where_the_client_put_it(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = FakeGeminiModel("gemini-test", input_token_limit=4000, thinking=False, requires_signatures=False)
+    fake = FakeGemini([model], api_key="g-key")
+    settings = Settings(
+        upstream_base_url="http://upstream.test/v1", upstream_transport="httpx", log_level="DEBUG"
+    )
+    app = _app(settings, httpx.MockTransport(fake.handler), 4000, "estimate")
+    path = "/v1beta/models/gemini-test:generateContent"
+    headers = {"x-goog-api-key": "g-key"} if where == "header" else {}
+    query = "?key=g-key&alt=json" if where == "query" else ""
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
+    ):
+        with caplog.at_level(logging.DEBUG):
+            response = await client.post(path + query, json=_gemini_body(40), headers=headers)
+        stats = app.state.service.summaries.stats()
+    assert response.status_code == 200, response.text
+    assert response.headers["x-context-memory"] == "summary"
+    summaries = fake.summary_requests()
+    assert summaries and fake.summary_calls == len(summaries) and stats["by_api"]["gemini"]["failures"] == 0
+    assert all(r.status == 200 and r.path == path and r.api_key == "g-key" for r in summaries)
+    # The key goes where the client put it, alone: none of the client's other parameters.
+    assert all(r.query == ("key=g-key" if where == "query" else "") for r in summaries)
+    assert all(("x-goog-api-key" in r.headers) is (where == "header") for r in summaries)
+    forwarded = fake.client_requests()[-1].json()
+    assert "[ctxproxy: summary of" in json.dumps(forwarded["contents"])
+    # Never logged by the proxy (httpx's own lines are the test transport's and the test client's).
+    ours = [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
+    assert ours and not any("g-key" in str(record.__dict__) for record in ours)
 
 
 class Routes(httpx.AsyncBaseTransport):

@@ -302,7 +302,8 @@ class GeminiDialect:
     ) -> SummaryCall:
         """``POST /v1beta/models/{model}:generateContent`` at the upstream's origin (the version
         every Gemini client speaks): the system message as ``systemInstruction``, the rest as
-        ``user``/``model`` text contents; the client's key (``x-goog-api-key``) repeated."""
+        ``user``/``model`` text contents; the client's key repeated where it put it (the
+        ``x-goog-api-key`` header or the ``key`` query parameter)."""
         system = [str(m.get("content", "")) for m in prompt if m.get("role") == "system"]
         contents = [
             {
@@ -319,8 +320,9 @@ class GeminiDialect:
         return SummaryCall(
             f"{SUMMARY_VERSION}{MODELS_SEGMENT}{name}:generateContent",
             body,
-            carry=(self.key_slots[0].name,),
+            carry=tuple(slot.name for slot in self.key_slots if not slot.in_query),
             at_origin=True,
+            carry_query=tuple(slot.name for slot in self.key_slots if slot.in_query),
         )
 
     def summary_text(self, answer: Mapping[str, Any], /) -> str | None:
