@@ -9,7 +9,8 @@ Two contracts (``docs/gateways.md`` has their sources; ``app.api.compress`` serv
   Anthropic or Responses request, every request's tool definitions and output cap): the budget
   leaves ``aside_tokens`` for it (:func:`aside_tokens_for`): the caller's figure (the
   ``X-Context-Aside-Tokens`` header), else ``CTXPROXY_COMPRESS_ASIDE_TOKENS``, else 10% of the
-  model's window. The output reserve is the policy's (the request's own cap is not sent).
+  model's window. The output reserve is the policy's (the request's own cap is not sent), none
+  for an API whose window limits the input alone (``Dialect.output_in_window`` False: Gemini).
 * **Whole body** (llm-d's request-inline compaction): :meth:`Compressor.compact_body` takes a
   whole request body of one API and returns a body of the same shape: the client's own bytes when
   it fits, else the body the proxy would forward. Everything the budget needs is in the body.
@@ -140,9 +141,11 @@ class Compressor:
             requested=aside_tokens,
             configured=service.settings.compress_aside_tokens,
         )
-        # The input budget the full request would have, less what the gateway keeps aside.
+        # The input budget the full request would have, less what the gateway keeps aside; no
+        # output reserve where the upstream does not count the output against the window.
         room = budget_for(request.spec, {}, request.policy, tool_tokens=0, exact=request.counter.exact)
-        cap_tokens = max(0, room.window_tokens - room.reserve_tokens - room.margin_tokens - aside)
+        reserve = room.reserve_tokens if dialect.output_in_window else 0
+        cap_tokens = max(0, room.window_tokens - reserve - room.margin_tokens - aside)
         plan = await run_plan(partial(request.plan, cap_tokens=cap_tokens), size_bytes=size_bytes)
         plan = await service.summarized(request, plan, cap_tokens=cap_tokens)
         if not plan.fits:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import respx
 
-from app.core.dialects import CHAT, DIALECTS, MESSAGES, RESPONSES
+from app.core.dialects import CHAT, DIALECTS, GEMINI, MESSAGES, RESPONSES
 from app.core.errors import InvalidRequest
 from app.core.routes import RouteMatch
 from app.service.compress import (
@@ -236,6 +236,25 @@ async def test_more_kept_aside_means_a_deeper_cut_and_too_much_cannot_fit() -> N
     with pytest.raises(PlanCannotFit) as refused:
         await engine.compress_messages(history, model="m", dialect=CHAT, options=OPTIONS, aside_tokens=10_000)
     assert refused.value.budget_tokens == 0 or refused.value.tokens > refused.value.budget_tokens
+
+
+async def test_gemini_contents_get_no_output_reserve_as_gemini_counts_the_input_alone() -> None:
+    contents = [
+        {"role": "user" if k % 2 == 0 else "model", "parts": [{"text": f"part {k} " + words(80)}]}
+        for k in range(11)
+    ]
+    engine = Compressor(service())
+    whole = await engine.compress_messages(
+        contents, model="m", dialect=GEMINI, options=OPTIONS, aside_tokens=0
+    )
+    # Over the room a chat request would have (its output reserve taken off), within Gemini's.
+    margin = whole.plan.budget.margin_tokens
+    assert room_tokens(0) < whole.plan.tokens_before <= WINDOW_TOKENS - margin
+    assert not whole.plan.changed and whole.items == contents and whole.plan.budget.reserve_tokens == 0
+    longer = [*contents, {"role": "model", "parts": [{"text": words(60)}]}, contents[0]]
+    cut = await engine.compress_messages(longer, model="m", dialect=GEMINI, options=OPTIONS, aside_tokens=0)
+    assert cut.plan.changed and room_tokens(0) < cut.plan.budget.input_budget_tokens
+    assert cut.plan.tokens_after <= WINDOW_TOKENS - margin
 
 
 async def test_two_replicas_cut_alike_and_a_grown_conversation_keeps_the_forwarded_prefix() -> None:
