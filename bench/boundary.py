@@ -1,11 +1,19 @@
 """Fit to the last token, never refuse what can be served (issue 21): ``python -m bench.boundary``.
 
 The real app runs in process (its ASGI app, no sockets) in front of a strict fake upstream
-(``httpx.MockTransport``) that counts every prompt with a tokenizer of its own, refuses what is
-over its window in its API's words (Chat Completions and Anthropic with numbers, OpenAI Responses
-without: "Your input exceeds the context window of this model"), answers its counting endpoints
-(``/v1/messages/count_tokens``, ``/v1/responses/input_tokens``) and reports ``usage``. Counts, not
-timings, decide every figure but the last column, so the runs differ only by their seeds.
+(``bench.boundary_upstream``, an ``httpx.MockTransport``) that counts every prompt with a tokenizer
+of its own, refuses what is over its window in its API's words (Chat Completions, Anthropic and
+Gemini with numbers, OpenAI Responses without: "Your input exceeds the context window of this
+model"), answers its counting endpoints (``/v1/messages/count_tokens``,
+``/v1/responses/input_tokens``, Gemini's ``:countTokens``) and reports ``usage``
+(``usageMetadata``). Counts, not timings, decide every figure but the last column, so the runs
+differ only by their seeds. Gemini is the fourth API: its requests go to the client's own
+``/v1beta/models/{model}:generateContent`` at the upstream's origin; its window limits the input
+alone, so a request *fits* when its true count is at most 99% of the window (its
+``maxOutputTokens`` is not counted, and no output reserve is kept). Its tokenizer is not public,
+so in production it is always counted by estimate: its ``exact`` and ``encrypted`` rows are the
+same comparison as the other APIs' (the table configured with the fake's own o200k), its
+``claude-like`` and ``gemma-like`` rows the real case.
 
 Pricings (the fake's count of a request):
 
@@ -14,17 +22,17 @@ Pricings (the fake's count of a request):
 * ``gemma-like``: a different tokenizer (word pieces, ``bench.calibration.word_pieces``, 0.8x),
   for a model the proxy counts by estimate;
 * ``encrypted``: exact, except encrypted reasoning (Responses ``encrypted_content``, Anthropic
-  ``redacted_thinking``), which the upstream counts at 6 characters a token where the proxy prices
-  4 (an over-count: requests that fit look over).
+  ``redacted_thinking``, Gemini ``thoughtSignature``), which the upstream counts at 6 characters a
+  token where the proxy prices 4 (an over-count: requests that fit look over).
 
 Sessions (``bench.boundary_sessions``): a growing chat (16K window, ``max_tokens`` 1,000) and an
 agent loop (32K window, 2,000; encrypted reasoning before each call in the ``encrypted`` pricing)
 on each API, past the boundary. For every client request: its true count (the fake's count of the
-client's own body); whether it fits (true + ``max_tokens`` <= 99% of the window); whether the
-upstream's first copy of it was the client's bytes; every upstream call (refused over the window or
-not, counting calls). Two modes in each run: ``new`` (the settings' defaults) and ``baseline``
-(``CTXPROXY_BOUNDARY_EXACT``, ``UPSTREAM_COUNT`` and ``LOWER_OUTPUT`` off: the fixed margins of
-before, in the same run).
+client's own body); whether it fits (true + ``max_tokens`` <= 99% of the window; Gemini: true
+alone); whether the upstream's first copy of it was the client's bytes; every upstream call
+(refused over the window or not, counting calls). Two modes in each run: ``new`` (the settings'
+defaults) and ``baseline`` (``CTXPROXY_BOUNDARY_EXACT``, ``UPSTREAM_COUNT`` and ``LOWER_OUTPUT``
+off: the fixed margins of before, in the same run).
 
 Also: the Claude-Code-shaped session (``messages``, ~18K tokens of system and tools, ``max_tokens``
 32,000, 60K window, claude-like, signed thinking before every call, 75 requests): requests the
@@ -42,211 +50,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import statistics
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from app.core.dialect import Dialect
-from app.core.dialects import CHAT, MESSAGES, RESPONSES
-from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter, TokenCounter
+from app.core.dialects import DIALECTS
 from app.main import create_app
 from app.settings import Settings
-from app.tokenizer import counter_for
 from bench.boundary_sessions import Session
-from bench.calibration import word_pieces
+from bench.boundary_upstream import Model, Upstream, output_cap, route_of
 
 RESULTS = Path(__file__).resolve().parent / "results" / "boundary.md"
 UPSTREAM = "http://bench.upstream/v1"
-APIS = ("chat", "responses", "messages")
+APIS = ("chat", "responses", "messages", "gemini")
 PRICINGS = ("exact", "claude-like", "gemma-like", "encrypted")
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
-DIALECT_OF: dict[str, Dialect] = {
-    "/v1/chat/completions": CHAT,
-    "/v1/responses": RESPONSES,
-    "/v1/responses/input_tokens": RESPONSES,
-    "/v1/messages": MESSAGES,
-    "/v1/messages/count_tokens": MESSAGES,
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "gemini": "/v1beta/models/{model}:generateContent",
 }
-COUNT_PATHS = frozenset({"/v1/responses/input_tokens", "/v1/messages/count_tokens"})
 FIT_SHARE = 0.99
 BASELINE = {"boundary_exact": False, "upstream_count": False, "lower_output": False}
-
-
-class WordPieces:
-    """A tokenizer the proxy does not have (``gemma-like``): 0.8x word pieces."""
-
-    name = "gemma-like"
-    exact = True
-
-    def count_text(self, text: str, /) -> int:
-        return math.ceil(word_pieces(text) * 0.8)
-
-    def head_tail(self, text: str, /, *, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True, slots=True)
-class Model:
-    """A model of the fake: its real window, how it counts, whether its errors carry numbers."""
-
-    name: str
-    window_tokens: int
-    pricing: str
-    encoding: str  # what the proxy's table says (estimate for the tokenizers it does not have)
-    table_window_tokens: int = 0  # the window the proxy's table states (0: the real one)
-    numbers: bool = True
-
-
-def _counter(pricing: str) -> MessageCounter:
-    base: TokenCounter
-    if pricing == "claude-like":
-        base = counter_for("cl100k_base")
-    elif pricing == "gemma-like":
-        base = WordPieces()
-    else:
-        base = counter_for("o200k_base")
-    return MessageCounter(base)
-
-
-def _secrets(body: Mapping[str, Any]) -> int:
-    """Characters of encrypted reasoning in a Responses or Messages body."""
-    total = 0
-    for item in body.get("input") or []:
-        if isinstance(item, dict) and isinstance(item.get("encrypted_content"), str):
-            total += len(item["encrypted_content"])
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        for block in content if isinstance(content, list) else []:
-            if isinstance(block, dict) and block.get("type") == "redacted_thinking":
-                total += len(block.get("data") or "")
-    return total
-
-
-@dataclass
-class Call:
-    path: str
-    body: bytes
-    status: int
-    tokens: int
-
-
-@dataclass
-class Upstream:
-    """The strict fake (see the module docstring)."""
-
-    models: dict[str, Model]
-    calls: list[Call] = field(default_factory=list)
-    counters: dict[str, MessageCounter] = field(default_factory=dict)
-    spent_s: float = 0.0
-
-    def count(self, dialect: Dialect, body: Mapping[str, Any]) -> int:
-        model = self.models[str(body.get("model"))]
-        counter = self.counters.get(model.pricing)
-        if counter is None:
-            counter = self.counters[model.pricing] = _counter(model.pricing)
-        messages = dialect.parse(body).messages
-        tokens = (
-            sum(counter.count_messages(messages)) + REPLY_PRIMING_TOKENS + dialect.tool_tokens(body, counter)
-        )
-        if model.pricing == "claude-like":
-            return math.ceil(tokens * 1.15)
-        if model.pricing == "encrypted":
-            chars = _secrets(body)
-            return tokens - math.ceil(chars / 4) + math.ceil(chars / 6)
-        return tokens
-
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        started = time.perf_counter()
-        try:
-            return self._answer(request)
-        finally:
-            self.spent_s += time.perf_counter() - started
-
-    def _answer(self, request: httpx.Request) -> httpx.Response:
-        path, raw = request.url.path, request.read()
-        body = json.loads(raw)
-        dialect = DIALECT_OF[path]
-        tokens = self.count(dialect, body)
-        if path in COUNT_PATHS:
-            self.calls.append(Call(path, raw, 200, tokens))
-            return httpx.Response(200, json={"input_tokens": tokens})
-        model = self.models[body["model"]]
-        problems = dialect.problems(body)
-        if problems:
-            self.calls.append(Call(path, raw, 422, tokens))
-            return httpx.Response(400, json={"error": {"message": f"broken: {problems}", "type": "invalid"}})
-        output = body.get("max_tokens") or body.get("max_output_tokens") or 0
-        if tokens + output > model.window_tokens:
-            self.calls.append(Call(path, raw, 400, tokens))
-            return httpx.Response(400, json=_overflow(path, model, tokens, output))
-        self.calls.append(Call(path, raw, 200, tokens))
-        return httpx.Response(200, json=_answer(path, tokens))
-
-
-def _overflow(path: str, model: Model, tokens: int, output: int) -> dict[str, Any]:
-    window = model.window_tokens
-    if path == "/v1/messages":
-        message = f"prompt is too long: {tokens} tokens > {window} maximum"
-        if tokens <= window:
-            message = (
-                f"input length and `max_tokens` exceed context limit: {tokens} + {output} > {window}, "
-                "decrease input length or `max_tokens` and try again"
-            )
-        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
-    if path == "/v1/responses" or not model.numbers:
-        message = (
-            "Your input exceeds the context window of this model. Please adjust your input and try again."
-        )
-        return {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": "input",
-                "code": "context_length_exceeded",
-            }
-        }
-    message = (
-        f"This model's maximum context length is {window} tokens. However, your messages resulted in "
-        f"{tokens} tokens. Please reduce the length of the messages."
-    )
-    return {"error": {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}}
-
-
-def _output_cap(raw: bytes) -> int:
-    body = json.loads(raw)
-    return int(body.get("max_tokens") or body.get("max_output_tokens") or 0)
-
-
-def _answer(path: str, tokens: int) -> dict[str, Any]:
-    if path == "/v1/messages":
-        return {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "model": "m",
-            "content": [{"type": "text", "text": "ok"}],
-            "stop_reason": "end_turn",
-            "usage": {"input_tokens": tokens, "output_tokens": 1},
-        }
-    if path == "/v1/responses":
-        output = [
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
-        ]
-        usage = {"input_tokens": tokens, "output_tokens": 1, "total_tokens": tokens + 1}
-        return {"id": "resp_1", "object": "response", "status": "completed", "output": output, "usage": usage}
-    return {
-        "id": "c",
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1},
-    }
 
 
 @dataclass
@@ -254,12 +85,12 @@ class Row:
     """One client request as measured."""
 
     true_tokens: int
-    output_tokens: int
+    output_tokens: int  # the output cap counted against the window (0 where it is not: Gemini)
     window_tokens: int
     status: int
     identical: bool  # the upstream's first copy was the client's bytes
     forwarded_true: int | None  # the fake's count of what it finally took (None: nothing taken)
-    forwarded_output: int  # the output cap it carried (the client's, or a lowered one)
+    forwarded_output: int  # the output cap it carried against the window (the client's, or lowered)
     failed: int  # upstream calls refused over the window
     counted: int  # counting calls
     lowered: bool
@@ -290,6 +121,10 @@ async def run_session(
 ) -> list[Row]:
     """Send ``requests`` requests of ``session`` (growing it before each) through a fresh app."""
     upstream = Upstream({m.name: m for m in models})
+    dialect = DIALECTS[api]
+    path = PATHS[api].format(model=model)
+    # Gemini's window limits the input alone: its output cap is not counted against it.
+    in_window = dialect.output_in_window
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         table = Path(tmp) / "models.toml"
@@ -319,25 +154,25 @@ async def run_session(
                         session.grow()
                     body = session.body(api, model=model, max_tokens=max_tokens)
                     raw = json.dumps(body).encode()
-                    true = upstream.count(DIALECT_OF[PATHS[api]], body)
+                    true = upstream.count(route_of(path)[0], body, model=model)
                     before, spent = len(upstream.calls), upstream.spent_s
                     started = time.perf_counter()
                     response = await client.post(
-                        PATHS[api], content=raw, headers={"content-type": "application/json"}
+                        path, content=raw, headers={"content-type": "application/json"}
                     )
                     elapsed = time.perf_counter() - started - (upstream.spent_s - spent)
                     calls = upstream.calls[before:]
-                    sends = [c for c in calls if c.path not in COUNT_PATHS]
+                    sends = [c for c in calls if not c.counting]
                     taken = [c for c in sends if c.status == 200]
                     rows.append(
                         Row(
                             true_tokens=true,
-                            output_tokens=max_tokens or 0,
+                            output_tokens=(max_tokens or 0) if in_window else 0,
                             window_tokens=spec.window_tokens,
                             status=response.status_code,
                             identical=bool(sends) and sends[0].body == raw,
                             forwarded_true=taken[-1].tokens if taken else None,
-                            forwarded_output=_output_cap(taken[-1].body) if taken else 0,
+                            forwarded_output=output_cap(taken[-1].body) if taken and in_window else 0,
                             failed=sum(1 for c in sends if c.status == 400),
                             counted=len(calls) - len(sends),
                             lowered="x-context-output-lowered" in response.headers,
@@ -549,7 +384,10 @@ def report(
         "`counts/req`: counting calls per client request (<= 0.1); `util trimmed`: median over the",
         "requests each mode trimmed of (true forwarded + max_tokens) / window; `util same`: the same",
         "median over the requests the baseline trimmed, in each mode (the new mode forwards some of",
-        "them whole, so its own trimmed set starts later and differs).",
+        "them whole, so its own trimmed set starts later and differs). Gemini's window limits the input",
+        "alone: its `fits` and `util` leave `maxOutputTokens` out (no output reserve is kept for it);",
+        "its tokenizer is not public, so its `exact` and `encrypted` rows (the table naming the fake's",
+        "o200k) are for comparison, its `claude-like` and `gemma-like` rows the case of production.",
         "",
         "| API | pricing | session | requests | fits | whole new / base | over new / base | counts/req "
         "| util trimmed new / base | util same new / base | proxy ms new / base |",

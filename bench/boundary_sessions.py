@@ -6,7 +6,11 @@ renders the events sent so far as one request body of an API: Chat Completions (
 OpenAI Responses (``instructions`` and ``input`` items: ``function_call`` / ``function_call_output``,
 ``reasoning`` items with ``encrypted_content``) or Anthropic Messages (``system``, alternating
 ``user``/``assistant`` messages with ``tool_use`` / ``tool_result`` blocks, ``redacted_thinking`` or
-signed ``thinking`` blocks before a call). Deterministic for a seed.
+signed ``thinking`` blocks before a call) or Gemini (``systemInstruction``, alternating
+``user``/``model`` contents with ``functionCall`` / ``functionResponse`` parts, a call carrying the
+reasoning's ``thoughtSignature`` after a thought part when the reasoning has text; a user text that
+follows function responses joins their content before them, as Gemini 3 requires). Deterministic
+for a seed.
 
 Shapes:
 
@@ -207,6 +211,8 @@ class Session:
             return chat_body(self.events, self.tools, model=model, max_tokens=max_tokens)
         if api == "responses":
             return responses_body(self.events, self.tools, model=model, max_tokens=max_tokens)
+        if api == "gemini":
+            return gemini_body(self.events, self.tools, max_tokens=max_tokens)
         return messages_body(self.events, self.tools, model=model, max_tokens=max_tokens or 1024)
 
 
@@ -301,4 +307,56 @@ def messages_body(
             {"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
             for t in tools
         ]
+    return body
+
+
+def gemini_body(
+    events: Sequence[Event], tools: Sequence[dict[str, Any]], *, max_tokens: int | None
+) -> dict[str, Any]:
+    """The events as a ``generateContent`` body (the model is in the path, not the body)."""
+    contents: list[dict[str, Any]] = []
+    system = ""
+    pending: list[dict[str, Any]] = []  # a thought before the call being built
+    signature = ""
+
+    def add(role: str, parts: list[dict[str, Any]], *, first: bool = False) -> None:
+        if contents and contents[-1]["role"] == role:
+            if first:
+                contents[-1]["parts"][:0] = parts  # a text before the function responses
+            else:
+                contents[-1]["parts"].extend(parts)
+        else:
+            contents.append({"role": role, "parts": parts})
+
+    for n, e in enumerate(events):
+        if e.kind == "system":
+            system = e.text
+        elif e.kind == "user":
+            add("user", [{"text": e.text}], first=True)
+        elif e.kind == "assistant":
+            add("model", [{"text": e.text}])
+        elif e.kind == "reasoning":
+            if e.text:
+                pending.append({"text": e.text, "thought": True})
+            signature = e.secret
+        elif e.kind == "call":
+            name = TOOLS[n % len(TOOLS)]["name"]
+            call: dict[str, Any] = {
+                "functionCall": {"id": e.call_id, "name": name, "args": json.loads(e.text)}
+            }
+            if signature:
+                call["thoughtSignature"] = signature
+            add("model", [*pending, call])
+            pending, signature = [], ""
+            response = {"id": e.call_id, "name": name, "response": {"output": e.result}}
+            add("user", [{"functionResponse": response}])
+    body: dict[str, Any] = {"systemInstruction": {"parts": [{"text": system}]}, "contents": contents}
+    if tools:
+        declarations = [
+            {"name": t["name"], "description": t["description"], "parametersJsonSchema": t["parameters"]}
+            for t in tools
+        ]
+        body["tools"] = [{"functionDeclarations": declarations}]
+    if max_tokens is not None:
+        body["generationConfig"] = {"maxOutputTokens": max_tokens}
     return body

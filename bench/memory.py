@@ -3,11 +3,20 @@
 A stateless client resends its whole history every turn through a real ctxproxy (uvicorn on
 127.0.0.1, **default settings**: summaries on, in-process cache) to the test suite's strict fake
 upstream of the request's wire API (chat: ``tests.fake_upstream``; Responses:
-``tests.fake_responses_upstream``; Anthropic Messages: ``tests.fake_anthropic_upstream``), which
-refuses a prompt over its window and answers summary requests with the extractive, capped
-summarizer of ``tests.fake_summarizer`` (no kinder than a real model: it knows nothing of the
-planted facts). Shapes, each on each API, counted exactly and by estimate (the model table says
-``estimate``: the proxy estimates and calibrates from the upstream's usage):
+``tests.fake_responses_upstream``; Anthropic Messages: ``tests.fake_anthropic_upstream``; Gemini:
+``tests.fake_gemini_upstream``, every call and answer signed as Gemini 2.5/3 signs them,
+``bench.memory_wire``), which refuses a prompt over its window and answers summary requests with
+the extractive, capped summarizer of ``tests.fake_summarizer`` (no kinder than a real model: it
+knows nothing of the planted facts). Shapes, each on each API, counted exactly and by estimate (the
+model table says ``estimate``: the proxy estimates and calibrates from the upstream's usage).
+Gemini's tokenizer is not public, so in production it is always counted by estimate: its
+``estimate`` rows are that case (the table says ``estimate``; the fake counts its strings with
+o200k, as the chat and Responses fakes do, which the proxy does not know: it calibrates from
+``usageMetadata``), its ``exact`` rows the same comparison as the other APIs' (the table says
+``o200k_base``, the upstream's own tokenizer: margins of an exact count; never so for a real
+Gemini model). ``--gemini-tokens quarter``: the fake's own tokenizer instead (a quarter of the
+characters, Google's rule of thumb: 1.38x o200k on this prose, so the same sessions are that much
+longer). Gemini keeps no output reserve (its window is the input's):
 
 * ``chat-8k``: a chat of ~600-token turns (user ~250 with one fact, reply ~350), 8K window;
 * ``agent-8k``: a coding agent (a task, steps of 1-3 parallel tool calls, results of 64-512
@@ -58,15 +67,24 @@ from app.core.tokens import MessageCounter
 from app.main import create_app
 from app.settings import Settings
 from app.tokenizer import counter_for
+from bench.memory_wire import as_gemini, as_messages, as_responses
 from bench.scenarios import prose
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
+from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel, Signer, is_summary
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_summarizer import is_summary_prompt
 from tests.fake_upstream import FakeModel, FakeUpstream, is_summary_request, serve_app
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FACT = re.compile(r"FACT-[A-Za-z0-9]+")
-APIS = ("chat", "responses", "messages")
+APIS = ("chat", "responses", "messages", "gemini")
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "gemini": "/v1beta/models/{model}:generateContent",
+}
+GEMINI_SIGNER = Signer(b"bench-memory-gemini")
 COUNTINGS = ("exact", "estimate")
 TARGETS: dict[str, dict[str, tuple[str, float]]] = {
     "chat-8k": {"calls": ("<=", 0.3), "tokens_ratio": ("<=", 1.5), "retention": (">=", 0.9)},
@@ -149,79 +167,6 @@ def agent_session(rng: random.Random, shape: Shape) -> Iterator[list[dict[str, A
         yield history
 
 
-def as_responses(history: Sequence[dict[str, Any]], *, model: str, max_tokens: int) -> dict[str, Any]:
-    items: list[dict[str, Any]] = []
-    instructions = ""
-    for message in history:
-        role = message["role"]
-        if role == "system":
-            instructions = message["content"]
-        elif role == "user":
-            items.append({"role": "user", "content": message["content"]})
-        elif role == "assistant":
-            if message.get("content"):
-                items.append(
-                    {
-                        "type": "message",
-                        "role": "assistant",
-                        "content": [{"type": "output_text", "text": message["content"]}],
-                    }
-                )
-            for call in message.get("tool_calls") or []:
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": call["id"],
-                        "name": call["function"]["name"],
-                        "arguments": call["function"]["arguments"],
-                    }
-                )
-        else:
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": message["tool_call_id"],
-                    "output": message["content"],
-                }
-            )
-    return {"model": model, "instructions": instructions, "input": items, "max_output_tokens": max_tokens}
-
-
-def as_messages(history: Sequence[dict[str, Any]], *, model: str, max_tokens: int) -> dict[str, Any]:
-    out: list[dict[str, Any]] = []
-    system = ""
-    for message in history:
-        role = message["role"]
-        if role == "system":
-            system = message["content"]
-            continue
-        if role == "assistant":
-            blocks: list[dict[str, Any]] = []
-            if message.get("content"):
-                blocks.append({"type": "text", "text": message["content"]})
-            for call in message.get("tool_calls") or []:
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": call["id"],
-                        "name": call["function"]["name"],
-                        "input": json.loads(call["function"]["arguments"]),
-                    }
-                )
-            out.append({"role": "assistant", "content": blocks})
-            continue
-        block = (
-            {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": message["content"]}
-            if role == "tool"
-            else {"type": "text", "text": message["content"]}
-        )
-        if out and out[-1]["role"] == "user":
-            out[-1]["content"].append(block)  # results first, then the text, in one user message
-        else:
-            out.append({"role": "user", "content": [block]})
-    return {"model": model, "system": system, "messages": out, "max_tokens": max_tokens}
-
-
 # -- one session ---------------------------------------------------------------------------------
 
 
@@ -245,9 +190,13 @@ class Session:
 class _Upstream:
     """The fake of one wire API: serve it, and read what it received."""
 
-    def __init__(self, api: str, shape: Shape, model: str) -> None:
+    def __init__(self, api: str, shape: Shape, model: str, *, gemini_tokens: str = "o200k") -> None:
         self.api = api
-        if api == "messages":
+        if api == "gemini":
+            text = counter_for("o200k_base").count_text if gemini_tokens == "o200k" else None
+            gemini = FakeGeminiModel(model, input_token_limit=shape.window_tokens, text_tokens=text)
+            self.fake = FakeGemini([gemini], signer=GEMINI_SIGNER)
+        elif api == "messages":
             self.fake: Any = FakeAnthropic([FakeClaude(model, window_tokens=shape.window_tokens)])
         elif api == "responses":
             self.fake = FakeResponsesUpstream(
@@ -262,6 +211,8 @@ class _Upstream:
         return self.fake.serve()
 
     def received(self) -> list[tuple[dict[str, Any], int]]:
+        if self.api == "gemini":
+            return [(r.json(), r.status) for r in self.fake.generate_requests()]
         if self.api == "messages":
             return [(r.json(), r.status) for r in self.fake.message_requests()]
         if self.api == "responses":
@@ -269,6 +220,8 @@ class _Upstream:
         return [(r.json(), r.status) for r in self.fake.chat_requests()]
 
     def is_summary(self, body: dict[str, Any]) -> bool:
+        if self.api == "gemini":
+            return is_summary(body)
         if self.api == "messages":
             return is_summary_prompt(body.get("system"))
         if self.api == "responses":
@@ -277,9 +230,9 @@ class _Upstream:
 
 
 def _items(api: str, body: dict[str, Any]) -> list[Any]:
-    key = "input" if api == "responses" else "messages"
-    head = [body.get("instructions") or body.get("system")] if api != "chat" else []
-    return [*head, *body.get(key, [])]
+    key = DIALECTS[api].items_key
+    head = [body.get("instructions") or body.get("system") or body.get("systemInstruction")]
+    return [*(head if api != "chat" else []), *body.get(key, [])]
 
 
 def run_session(
@@ -291,10 +244,11 @@ def run_session(
     think_s: float,
     summary_delay_s: float,
     settings: dict[str, Any] | None = None,
+    gemini_tokens: str = "o200k",
 ) -> Session:
     rng = random.Random(seed)
     model = f"bench-{shape.name}"
-    upstream = _Upstream(api, shape, model)
+    upstream = _Upstream(api, shape, model, gemini_tokens=gemini_tokens)
     if api == "chat":
         upstream.fake.summary_mode, upstream.fake.summary_delay_s = "slow", summary_delay_s
     encoding = (
@@ -302,8 +256,13 @@ def run_session(
     )
     session = agent_session(rng, shape) if shape.agent else chat_session(rng, shape)
     records: list[Record] = []
-    path = "/v1/chat/completions" if api == "chat" else f"/v1/{DIALECTS[api].upstream_path}"
-    headers = {"Authorization": "Bearer sk-bench", "x-api-key": "sk-bench", "anthropic-version": "2023-06-01"}
+    path = PATHS[api].format(model=model)
+    headers = {
+        "Authorization": "Bearer sk-bench",
+        "x-api-key": "sk-bench",
+        "anthropic-version": "2023-06-01",
+        "x-goog-api-key": "sk-bench",
+    }
     with tempfile.TemporaryDirectory() as tmp, upstream.serve() as upstream_url:
         models_file = Path(tmp) / "models.toml"
         models_file.write_text(
@@ -332,6 +291,8 @@ def run_session(
                     }
                 elif api == "responses":
                     body = as_responses(history, model=model, max_tokens=shape.max_tokens)
+                elif api == "gemini":
+                    body = as_gemini(history, model=model, max_tokens=shape.max_tokens, signer=GEMINI_SIGNER)
                 else:
                     body = as_messages(history, model=model, max_tokens=shape.max_tokens)
                 response = client.post(path, json=body, headers=headers)
@@ -482,6 +443,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="memory")
     parser.add_argument("--note", default="")
+    parser.add_argument(
+        "--gemini-tokens",
+        choices=("o200k", "quarter"),
+        default="o200k",
+        help="how the fake Gemini counts strings (quarter: a quarter of the characters)",
+    )
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for shape_name in args.shapes.split(","):
@@ -498,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
                             seed=seed,
                             think_s=args.think_s,
                             summary_delay_s=args.summary_delay_s,
+                            gemini_tokens=args.gemini_tokens,
                         ),
                     )
                     for seed in range(1, args.runs + 1)

@@ -34,7 +34,9 @@ promises to keep. Its checks are its own code, not the dialect's:
 Its tokenizer is one the proxy cannot know: a quarter of the characters of every string the
 model reads (texts, call names and args, function responses as JSON, the system instruction, the
 tool declarations as JSON), 4 per content, ``IMAGE_TOKENS`` per image, signatures at a quarter of
-their length, all times ``FakeGeminiModel.ratio``.
+their length, all times ``FakeGeminiModel.ratio``. ``FakeGeminiModel.text_tokens`` replaces the
+quarter of the characters of those strings (a benchmark's model whose tokenizer is the proxy's
+own, for rows counted exactly); signatures keep their price.
 
 Answers: a summary request (its ``systemInstruction`` is the project's summary prompt,
 ``app.compaction.prompts.SYSTEM_MARKER``) is answered by the extractive, capped summarizer of
@@ -114,6 +116,10 @@ class FakeGeminiModel:
     requires_signatures: bool = True
     thinking: bool = True  # signs what it emits (Gemini 2.5/3 with thinking)
     parts_after_responses: bool = False  # True: a part after a content's function responses passes
+    text_tokens: Callable[[str], float] | None = None  # a string's tokens (None: a quarter of its length)
+
+    def tokens_of(self, text: str) -> float:
+        return self.text_tokens(text) if self.text_tokens is not None else len(text) / CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +316,7 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def _part_tokens(part: Any) -> float:
+def _part_tokens(part: Any, text: Callable[[str], float]) -> float:
     if not isinstance(part, Mapping):
         return 0.0
     tokens = 0.0
@@ -318,20 +324,20 @@ def _part_tokens(part: Any) -> float:
     if isinstance(signature, str):
         tokens += len(signature) / CHARS_PER_TOKEN
     if isinstance(part.get("text"), str):
-        return tokens + len(part["text"]) / CHARS_PER_TOKEN
+        return tokens + text(part["text"])
     if _get(part, "inlineData") is not None or _get(part, "fileData") is not None:
         return tokens + IMAGE_TOKENS
     call = _get(part, "functionCall")
     if isinstance(call, Mapping):
         seen = str(call.get("name")) + json.dumps(call.get("args") or {})
-        return tokens + 3 + len(seen) / CHARS_PER_TOKEN
+        return tokens + 3 + text(seen)
     response = _get(part, "functionResponse")
     if isinstance(response, Mapping):
         seen = str(response.get("name")) + json.dumps(response.get("response"))
         nested = response.get("parts")
-        extra = sum(_part_tokens(p) for p in nested) if isinstance(nested, list) else 0.0
-        return tokens + 3 + len(seen) / CHARS_PER_TOKEN + extra
-    return tokens + sum(len(s) for s in _strings(part)) / CHARS_PER_TOKEN
+        extra = sum(_part_tokens(p, text) for p in nested) if isinstance(nested, list) else 0.0
+        return tokens + 3 + text(seen) + extra
+    return tokens + sum(text(s) for s in _strings(part))
 
 
 class Reader:
@@ -410,14 +416,15 @@ class FakeGemini:
     def count(self, body: Mapping[str, Any], model: FakeGeminiModel) -> int:
         """The fake's own count of ``body``'s prompt (see the module docstring)."""
         raw = 0.0
+        text = model.tokens_of
         system = _get(body, "systemInstruction")
         for part in _parts(system):
-            raw += _part_tokens(part)
+            raw += _part_tokens(part, text)
         for content in body.get("contents") or []:
-            raw += CONTENT_TOKENS + sum(_part_tokens(p) for p in _parts(content))
+            raw += CONTENT_TOKENS + sum(_part_tokens(p, text) for p in _parts(content))
         tools = body.get("tools")
         if tools:
-            raw += len(json.dumps(tools)) / CHARS_PER_TOKEN
+            raw += text(json.dumps(tools))
         return math.ceil(raw * model.ratio)
 
     def _model_json(self, model: FakeGeminiModel) -> dict[str, Any]:
@@ -497,7 +504,7 @@ class FakeGemini:
             _parts(_get(body, "systemInstruction")),
             "\n\n".join(prompt_text(_parts(c)) for c in contents),
             cap_tokens=cap,
-            count_text=lambda s: math.ceil(len(s) / CHARS_PER_TOKEN * model.ratio),
+            count_text=lambda s: math.ceil(model.tokens_of(s) * model.ratio),
         )
         return [{"text": text or ""}]
 

@@ -210,7 +210,8 @@ class Summaries:
         room of the request's own budget, ``room_tokens``: a summary call, prompt and reply, is no
         bigger than the input the proxy forwards for the model, which its upstream takes even where
         the window is only a learned bound; the counter it calibrated); another summary model by
-        the model table."""
+        the model table. In an API whose window limits the input alone (``output_in_window``
+        False: Gemini) the prompt alone is held to that size, the reply is not counted in it."""
         dialect = self.dialect_for(request)
         model = self.settings.summary_model or request.model
         base_url = self.settings.summary_base_url or self.upstream.base_url_for(model)
@@ -236,6 +237,10 @@ class Summaries:
             window = min(w for w in (window, learned, cap_tokens, room_tokens) if w is not None)
         window = window if exact else math.floor(window * (1 - ESTIMATE_MARGIN))
         reply = max(MIN_REPLY_TOKENS, min(reply_tokens, spec.max_output_tokens, window // 4))
+        if not dialect.output_in_window:
+            # Its window limits the input alone (Gemini's inputTokenLimit): the summary's prompt may
+            # fill it, the reply is not counted against it (the summarizer keeps it off the window).
+            window += reply
         key = (dialect.name, model, base_url, reply, window)
         if key in self._ahead:
             found = self._ahead[key]
