@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from app.api.headers import parse_context_headers
+from app.core.dialects import DIALECTS
 from app.core.errors import InvalidRequest
 from app.core.registry import ModelSpec
 from app.main import create_app
@@ -655,3 +656,28 @@ async def test_a_late_summary_leaves_the_earlier_memory_in_place_not_the_note() 
     # Every request after the first step kept the first step's memory while the next was late.
     assert first is not None and stats["earlier"] >= 1 and stats["failed"] >= 1
     assert "summarized=" in response.headers["x-context-actions"]
+
+
+async def test_a_gemini_summary_may_fill_the_input_limit_as_its_reply_is_not_counted_in_it() -> None:
+    settings = Settings(
+        upstream_base_url="http://upstream.test/v1", upstream_transport="httpx", log_level="WARNING"
+    )
+    fake = FakeGemini([FakeGeminiModel("m", input_token_limit=8000)])
+    app = _app(settings, httpx.MockTransport(fake.handler), 8000, "o200k_base")
+    async with app.router.lifespan_context(app):
+        service = app.state.service
+        options = parse_context_headers({})
+        gemini = service.request(
+            {"model": "m", "contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+            options,
+            dialect=DIALECTS["gemini"],
+        )
+        chat = service.request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, options)
+        sizes = [
+            service.summaries.ahead_for(request, reply_tokens=500, room_tokens=7000).summarizer
+            for request in (gemini, chat)
+        ]
+    on_gemini, on_chat = sizes
+    assert on_gemini.reply_tokens == on_chat.reply_tokens == 500
+    assert on_chat.input_budget_tokens == 7000 - 500  # prompt and reply within the room
+    assert on_gemini.input_budget_tokens == 7000  # the prompt alone within it
