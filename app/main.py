@@ -25,7 +25,7 @@ from . import __version__
 from .api.auth import ProxyKeyMiddleware
 from .api.compress import build_compress_router
 from .api.errors import install_error_handlers
-from .api.lane import DialectLane
+from .api.lane import DialectLane, ProxyApp
 from .api.login import StatusLogin, session_granted
 from .api.routes import build_router
 from .core.dialect import Dialect
@@ -400,7 +400,7 @@ def create_app(
         finally:
             await sender.aclose()
 
-    app = FastAPI(
+    app = ProxyApp(
         title="ctxproxy",
         version=__version__,
         lifespan=lifespan,

@@ -37,9 +37,10 @@ from ..service.outcome import Outcome
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
 from ..upstream.errors import UpstreamError, UpstreamTimeout
-from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_headers
+from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_raw
 
 logger = logging.getLogger("ctxproxy.stream")
+_CONTEXT_PREFIX = CONTEXT_PREFIX.encode("latin-1")
 
 
 def context_headers(
@@ -116,18 +117,16 @@ class UpstreamStreamResponse(Response):
         self.upstream = upstream
         self.dialect = dialect
         self.background = None
-        extra = list(extra_headers)
-        ours = {name.lower() for name, _ in extra}
+        extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra_headers]
+        ours = {name for name, _ in extra}
         passed = [
             (name, value)
-            for name, value in client_response_headers(upstream.headers)
-            if name.lower() not in ours and not (extra and name.lower().startswith(CONTEXT_PREFIX))
+            for name, value in client_response_raw(upstream.raw_headers)
+            if name not in ours and not (extra and name.startswith(_CONTEXT_PREFIX))
         ]
         self._delivered = False
         self.status_code = upstream.status_code
-        self.raw_headers = [
-            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in passed + extra
-        ]
+        self.raw_headers = passed + extra
         if upstream.body is not None:
             self.raw_headers.append((b"content-length", str(len(upstream.body)).encode("ascii")))
 
@@ -163,8 +162,9 @@ class UpstreamStreamResponse(Response):
         except OSError:
             pass  # the client is gone: nothing to deliver
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.upstream.aclose()
+            if not self.upstream.closed:  # (a body read whole from aiohttp released it already)
+                with anyio.CancelScope(shield=True):
+                    await self.upstream.aclose()
 
     async def _stream(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})

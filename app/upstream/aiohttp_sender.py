@@ -68,6 +68,12 @@ class _AiohttpExchange:
                 return
             yield chunk
 
+    def arrived(self) -> bytes | None:
+        content = self._response.content
+        if not content.is_eof() or content.exception() is not None:
+            return None
+        return content.read_nowait(-1)
+
     async def aclose(self) -> None:
         # Back to the pool when the body was read to its end; otherwise the connection is closed
         # (aiohttp decides from the protocol's state). Never raises.
