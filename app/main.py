@@ -246,8 +246,8 @@ class _Formatter(logging.Formatter):
             if record.exc_info:
                 line["exc"] = self.formatException(record.exc_info)
             return json.dumps(line, default=str)
-        text = " ".join([record.levelname, record.name, record.getMessage()])
-        text += "".join(f" {k}={v}" for k, v in fields.items())
+        text = f"{record.levelname} {record.name} {record.getMessage()}"
+        text += "".join([f" {k}={v}" for k, v in fields.items()])
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

@@ -49,6 +49,7 @@ DISCOVERY_ENDPOINTS = (
     ("GET", "/props", "props"),
     ("POST", "/api/show", "show"),
 )
+_DISCOVERY_METHODS = frozenset(verb for verb, _suffix, _endpoint in DISCOVERY_ENDPOINTS)
 
 
 def discovery_call(method: str, path: str, *, route: str | None, api: str | None = None) -> str | None:
@@ -58,12 +59,12 @@ def discovery_call(method: str, path: str, *, route: str | None, api: str | None
     background) or for a request that plans on a model (lazy discovery of a new model: a fitted
     request, or the gateway engine's, ``RouteLabels.plans_a_model``). A client's own
     ``GET /v1/models`` (pass-through) and the readiness probe are not discovery."""
-    if route is not None and not RouteLabels.plans_a_model(route, api):
+    if method not in _DISCOVERY_METHODS:
         return None
     path = path.rstrip("/")
     for verb, suffix, endpoint in DISCOVERY_ENDPOINTS:
         if method == verb and path.endswith(suffix):
-            return endpoint
+            return endpoint if route is None or RouteLabels.plans_a_model(route, api) else None
     return None
 
 
