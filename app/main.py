@@ -25,7 +25,7 @@ from . import __version__
 from .api.auth import ProxyKeyMiddleware
 from .api.compress import build_compress_router
 from .api.errors import install_error_handlers
-from .api.lane import DialectLane
+from .api.lane import DialectLane, ProxyApp
 from .api.login import StatusLogin, session_granted
 from .api.routes import build_router
 from .core.dialect import Dialect
@@ -246,8 +246,8 @@ class _Formatter(logging.Formatter):
             if record.exc_info:
                 line["exc"] = self.formatException(record.exc_info)
             return json.dumps(line, default=str)
-        text = " ".join([record.levelname, record.name, record.getMessage()])
-        text += "".join(f" {k}={v}" for k, v in fields.items())
+        text = f"{record.levelname} {record.name} {record.getMessage()}"
+        text += "".join([f" {k}={v}" for k, v in fields.items()])
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
@@ -400,7 +400,7 @@ def create_app(
         finally:
             await sender.aclose()
 
-    app = FastAPI(
+    app = ProxyApp(
         title="ctxproxy",
         version=__version__,
         lifespan=lifespan,

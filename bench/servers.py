@@ -34,10 +34,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def uvicorn_argv(app: str, port: int, *, workers: int = 1) -> list[str]:
-    """The same uvicorn command line for every FastAPI target (uvloop + httptools when installed)."""
+def uvicorn_argv(app: str, port: int, *, workers: int = 1, python: str | None = None) -> list[str]:
+    """The same uvicorn command line for every FastAPI target (uvloop + httptools when installed);
+    ``python``: another tree's interpreter (``bench.ab``), else this one."""
     return [
-        sys.executable, "-m", "uvicorn", app, "--factory",
+        python or sys.executable, "-m", "uvicorn", app, "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
         "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
@@ -204,13 +205,15 @@ class ServerPool:
         env: dict[str, str] | None = None,
         ready_path: str,
         ready_body: bytes | None = None,
+        cwd: Path | None = None,
     ) -> Server:
+        """Start ``argv`` in ``cwd`` (default: this repository) as its own process group."""
         log_path = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **(env or {})}
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 argv,
-                cwd=REPO,
+                cwd=cwd or REPO,
                 env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

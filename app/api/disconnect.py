@@ -29,6 +29,11 @@ class ClientLeft(CtxproxyError):
     """The client disconnected before the answer started; nothing can be sent to it."""
 
 
+# A request answered within this long never starts a watcher (no task per small request); a
+# client that left before it is noticed when the watcher starts, at once.
+WATCH_AFTER_S = 0.05
+
+
 async def _disconnected(receive: Receive) -> None:
     while True:
         message = await receive()
@@ -37,24 +42,39 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def until_client_leaves(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
-    task: asyncio.Future[T] = asyncio.ensure_future(work())
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    # The client leaving cancels the work (a no-op once it is done): no asyncio.wait per request.
-    watcher.add_done_callback(lambda _: task.cancel())
+    """``work()`` run in the calling task; if the client disconnects first, the task is cancelled
+    (only its ``work``) and :class:`ClientLeft` raised. The listener on ``receive`` starts only
+    after :data:`WATCH_AFTER_S` (a small request is answered before: no second task)."""
+    current = asyncio.current_task()
+    if current is None:  # not in a task: nothing to cancel, just the work
+        return await work()
+    left = False
+    watcher: asyncio.Task[None] | None = None
+
+    async def watch() -> None:
+        nonlocal left
+        await _disconnected(receive)
+        left = True
+        current.cancel()  # delivered inside ``work``: the only place this task can be waiting
+
+    def start() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start)
     try:
-        return await task
+        return await work()
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is None or not current.cancelling():  # not us being cancelled: the work was
+        # Ours alone (no cancellation of the caller pending besides): the client left.
+        if left and current.uncancel() == 0:
             raise ClientLeft from None
         raise
     finally:
-        if not task.done():
-            task.cancel()  # we were cancelled: the work goes too
-        if not watcher.done():
+        timer.cancel()
+        if watcher is not None and not watcher.done():
             watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
 
 class NoResponse(Response):

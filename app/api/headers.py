@@ -6,7 +6,9 @@ A bad value raises ``InvalidRequest`` whose ``param`` is the header's name, rend
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+from starlette.datastructures import Headers
 
 from ..core.budget import POLICY_MODES, PolicyMode
 from ..core.errors import InvalidRequest
@@ -48,6 +50,22 @@ def _share(headers: Mapping[str, str], name: str) -> float | None:
     if not 0.0 < value <= 1.0:
         raise InvalidRequest(f"Header {name} must be a number in (0, 1], got {raw!r}.", param=name)
     return value
+
+
+NO_OPTIONS = RequestOptions()
+_PREFIX = b"x-context-"
+
+
+def options_of(raw: Iterable[tuple[bytes, bytes]]) -> RequestOptions:
+    """:func:`parse_context_headers` of ASGI header pairs, in one pass: a request with no
+    ``X-Context-*`` header (nearly every one) gets :data:`NO_OPTIONS` without a lookup per option."""
+    ours: list[tuple[bytes, bytes]] | None = None
+    for name, value in raw:
+        if name[:10].lower() == _PREFIX:
+            if ours is None:
+                ours = []
+            ours.append((name.lower(), value))
+    return NO_OPTIONS if ours is None else parse_context_headers(Headers(raw=ours))
 
 
 def parse_context_headers(headers: Mapping[str, str]) -> RequestOptions:

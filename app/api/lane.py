@@ -13,10 +13,22 @@ it raises on purpose with the same handler the app registers for them (``app.api
 Anything else (a bug) propagates to ``LastResortMiddleware`` as from the router. Every other
 request goes on to FastAPI unchanged (a ``GET`` of a dialect's path is passed through there, and
 is our 405 in that API's shape when the upstream refuses the method: ``app.api.routes.passthrough``).
+
+:class:`ProxyApp` is the app itself (a ``FastAPI``): it takes every ``POST`` (the lane's, and the
+pass-through's and the dry run's) straight to the app's outermost middleware of its own (the
+observability's), past FastAPI's three outer layers (``ServerErrorMiddleware``, its exception
+telemetry, its body-size limit), which do nothing for this app: ``LastResortMiddleware`` renders
+every unhandled error as a 500 in the request's API's shape before they would see it, no body
+limit is set on the app (``Settings.max_body_bytes`` is the routes'), and FastAPI's native
+OpenTelemetry instrumentation is off unless an OpenTelemetry SDK is configured, in which case
+nothing is skipped (checked when the first request comes).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -84,3 +96,48 @@ class DialectLane:
         except KNOWN_ERRORS as exc:
             response = await handle_known(request, exc)
         await response(scope, receive, send)
+
+
+# How deep FastAPI's own layers may sit above the app's first middleware.
+_OUTER_LAYERS_MAX = 8
+
+
+class ProxyApp(FastAPI):
+    """``FastAPI`` whose ``POST`` requests skip FastAPI's outer layers (see the module docstring);
+    every other request, and every request of an app with no middleware of its own, goes the
+    whole way."""
+
+    _door: ASGIApp | None = None
+    _door_checked = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            door = self._door if self._door_checked else self._find_door()
+            if door is not None:
+                if self.root_path:
+                    scope["root_path"] = self.root_path
+                scope["app"] = self
+                await door(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    def _find_door(self) -> ASGIApp | None:
+        """The app's outermost middleware of its own inside the built stack, when skipping what
+        is above it changes nothing (no body limit, FastAPI's telemetry off); else None."""
+        self._door_checked = True
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        if not self.user_middleware or getattr(self, "max_body_size", None) is not None:
+            return None
+        telemetry: Any = getattr(self, "_native_telemetry", None)
+        if telemetry is None or telemetry.enabled():
+            return None
+        first: Any = self.user_middleware[0].cls
+        node: Any = self.middleware_stack
+        for _ in range(_OUTER_LAYERS_MAX):
+            if type(node) is first:
+                door: ASGIApp = node
+                self._door = door
+                return door
+            node = getattr(node, "app", None)
+        return None

@@ -2,13 +2,18 @@
 
 ``service_of(request)`` the app's ``Service``; ``raw_headers(request)`` the headers as sent
 (order and case kept); ``read_body(request, *, limit_bytes)`` the whole body within a limit
-(``BodyTooLarge`` as soon as it is known to be over); ``json_response(data, *, status)``.
+(``BodyTooLarge`` as soon as it is known to be over), ``receive_body(receive, headers, *,
+limit_bytes)`` the same straight from the ASGI ``receive`` (the fitted routes' path: no
+``Request`` stream); ``json_response(data, *, status)``.
 """
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from collections.abc import Sequence
+
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from ..service.driver import Service
 from ..upstream.headers import Header
@@ -22,7 +27,12 @@ def service_of(request: Request) -> Service:
 
 
 def raw_headers(request: Request) -> list[Header]:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+    return decoded_headers(request.scope["headers"])
+
+
+def decoded_headers(raw: Sequence[tuple[bytes, bytes]]) -> list[Header]:
+    """ASGI header pairs as text (latin-1: the HTTP/1.1 wire encoding), order and case kept."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
 
 
 def json_response(data: object, *, status: int = 200) -> Response:
@@ -43,3 +53,38 @@ async def read_body(request: Request, *, limit_bytes: int) -> bytes:
             raise BodyTooLarge(limit_bytes=limit_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def declared_length(raw: Sequence[tuple[bytes, bytes]]) -> int | None:
+    """The first ``Content-Length`` when it is plain digits, else None."""
+    for name, value in raw:
+        if name.lower() == b"content-length":
+            text = value.strip()
+            return int(text) if text.isdigit() else None
+    return None
+
+
+async def receive_body(receive: Receive, raw: Sequence[tuple[bytes, bytes]], *, limit_bytes: int) -> bytes:
+    """The whole body read from ``receive`` (``raw``: the request's ASGI headers), as
+    :func:`read_body` reads it: ``BodyTooLarge`` from ``Content-Length`` before reading or while
+    the chunks arrive, starlette's ``ClientDisconnect`` when the client leaves first."""
+    declared = declared_length(raw)
+    if declared is not None and declared > limit_bytes:
+        raise BodyTooLarge(limit_bytes=limit_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk: bytes = message.get("body", b"")
+            more = message.get("more_body", False)
+            if not chunks and not more and len(chunk) <= limit_bytes:
+                return chunk  # the whole body in one message: the common case
+            size += len(chunk)
+            if size > limit_bytes:
+                raise BodyTooLarge(limit_bytes=limit_bytes)
+            chunks.append(chunk)
+            if not more:
+                return b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()

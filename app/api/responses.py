@@ -37,9 +37,10 @@ from ..service.outcome import Outcome
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
 from ..upstream.errors import UpstreamError, UpstreamTimeout
-from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_headers
+from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_raw
 
 logger = logging.getLogger("ctxproxy.stream")
+_CONTEXT_PREFIX = CONTEXT_PREFIX.encode("latin-1")
 
 
 def context_headers(
@@ -54,25 +55,53 @@ def context_headers(
     decided by it; ``X-Context-Memory``: ``summary``, ``note`` or ``none``, what stands in for what
     was cut). Window and budget are the ones the forwarded plan was fitted to (a retry's learned
     window, an exact count's margin)."""
+    raw = context_raw_headers(plan, retries=retries, warnings=warnings, prefix_reuse=prefix_reuse)
+    return [(_CONTEXT_NAMES[name], value.decode("latin-1")) for name, value in raw]
+
+
+_CONTEXT_NAMES = {
+    name.lower().encode("latin-1"): name
+    for name in (
+        "X-Context-Window",
+        "X-Context-Budget",
+        "X-Context-Tokens-Before",
+        "X-Context-Tokens-After",
+        "X-Context-Count",
+        "X-Context-Actions",
+        "X-Context-Retries",
+        "X-Context-Memory",
+        "X-Context-Output-Lowered",
+        "X-Context-Upstream-Tokens",
+        "X-Context-Warning",
+        "X-Context-Prefix-Reuse",
+    )
+}
+
+
+def context_raw_headers(
+    plan: Plan, *, retries: int, warnings: Iterable[str] = (), prefix_reuse: PrefixReuse | None = None
+) -> list[tuple[bytes, bytes]]:
+    """:func:`context_headers` as ASGI sends them (names lowercased, values latin-1 bytes), made
+    as bytes directly: a fitted response's path."""
     headers = [
-        ("X-Context-Window", str(plan.budget.window_tokens)),
-        ("X-Context-Budget", str(request_budget_tokens(plan.budget))),
-        ("X-Context-Tokens-Before", str(plan.tokens_before)),
-        ("X-Context-Tokens-After", str(plan.tokens_after)),
-        ("X-Context-Count", plan.count_kind),
-        ("X-Context-Actions", plan.actions_header()),
-        ("X-Context-Retries", str(retries)),
+        (b"x-context-window", b"%d" % plan.budget.window_tokens),
+        (b"x-context-budget", b"%d" % request_budget_tokens(plan.budget)),
+        (b"x-context-tokens-before", b"%d" % plan.tokens_before),
+        (b"x-context-tokens-after", b"%d" % plan.tokens_after),
+        (b"x-context-count", plan.count_kind.encode("latin-1")),
+        (b"x-context-actions", plan.actions_header().encode("latin-1")),
+        (b"x-context-retries", b"%d" % retries),
         # What stands in for what the cut forgot: ``summary``, ``note`` (note and placeholders), ``none``.
-        ("X-Context-Memory", plan.memory_kind),
+        (b"x-context-memory", plan.memory_kind.encode("latin-1")),
     ]
     if plan.output_cap_tokens is not None:
-        headers.append(("X-Context-Output-Lowered", str(plan.output_cap_tokens)))
+        headers.append((b"x-context-output-lowered", b"%d" % plan.output_cap_tokens))
     if plan.upstream_tokens is not None:
-        headers.append(("X-Context-Upstream-Tokens", str(plan.upstream_tokens)))
+        headers.append((b"x-context-upstream-tokens", b"%d" % plan.upstream_tokens))
     if warnings:
-        headers.append(("X-Context-Warning", ",".join(dict.fromkeys(warnings))))
+        headers.append((b"x-context-warning", ",".join(dict.fromkeys(warnings)).encode("latin-1")))
     if prefix_reuse is not None:
-        headers.append(("X-Context-Prefix-Reuse", f"{prefix_reuse.share:.3f}"))
+        headers.append((b"x-context-prefix-reuse", b"%.3f" % prefix_reuse.share))
     return headers
 
 
@@ -112,22 +141,24 @@ class UpstreamStreamResponse(Response):
         *,
         extra_headers: Iterable[Header] = (),
         dialect: Dialect = DEFAULT_DIALECT,
+        raw_extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
+        """``extra_headers`` (text), or ``raw_extra`` (as ASGI sends them: names lowercased), are
+        added to the upstream's; when there are any, the upstream's ``X-Context-*`` are dropped."""
         self.upstream = upstream
         self.dialect = dialect
         self.background = None
-        extra = list(extra_headers)
-        ours = {name.lower() for name, _ in extra}
+        extra = raw_extra if raw_extra is not None else []
+        extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra_headers]
+        ours = {name for name, _ in extra}
         passed = [
             (name, value)
-            for name, value in client_response_headers(upstream.headers)
-            if name.lower() not in ours and not (extra and name.lower().startswith(CONTEXT_PREFIX))
+            for name, value in client_response_raw(upstream.raw_headers)
+            if not (extra and (name in ours or name.startswith(_CONTEXT_PREFIX)))
         ]
         self._delivered = False
         self.status_code = upstream.status_code
-        self.raw_headers = [
-            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in passed + extra
-        ]
+        self.raw_headers = passed + extra
         if upstream.body is not None:
             self.raw_headers.append((b"content-length", str(len(upstream.body)).encode("ascii")))
 
@@ -163,8 +194,9 @@ class UpstreamStreamResponse(Response):
         except OSError:
             pass  # the client is gone: nothing to deliver
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.upstream.aclose()
+            if not self.upstream.closed:  # (a body read whole from aiohttp released it already)
+                with anyio.CancelScope(shield=True):
+                    await self.upstream.aclose()
 
     async def _stream(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -239,7 +271,7 @@ def fitted_response(outcome: Outcome, dialect: Dialect = DEFAULT_DIALECT) -> Ups
     """The upstream's answer to a fitted request, with our ``X-Context-*`` headers."""
     return UpstreamStreamResponse(
         outcome.response,
-        extra_headers=context_headers(
+        raw_extra=context_raw_headers(
             outcome.plan,
             retries=outcome.retries,
             warnings=outcome.warnings,

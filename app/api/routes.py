@@ -36,6 +36,7 @@ from ..core.dialect import Dialect
 from ..core.dialects import DEFAULT_DIALECT
 from ..core.errors import InvalidRequest
 from ..core.routes import RouteMatch, RouteTable, detect
+from ..service.driver import Service
 from ..service.outcome import Outcome
 from ..service.report import plan_report
 from ..service.request import parse_body
@@ -43,8 +44,8 @@ from ..upstream.errors import UpstreamError
 from ..upstream.headers import labelled_json
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
 from .errors import DIALECT_SCOPE_KEY, BodyTooLarge, doubled_prefix, method_not_allowed, unknown_path
-from .headers import API, parse_context_headers
-from .request_io import json_response, raw_headers, read_body, service_of
+from .headers import API, options_of, parse_context_headers
+from .request_io import decoded_headers, json_response, raw_headers, read_body, receive_body, service_of
 from .responses import UpstreamStreamResponse, access_fields, fitted_response, read_whole, record_plan
 
 router = APIRouter()
@@ -54,15 +55,17 @@ PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS
 
 async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse | NoResponse:
     """Plan and forward one request of a fit route (``match``: its dialect and path parameters)."""
-    dialect = match.dialect
-    request.scope[DIALECT_SCOPE_KEY] = dialect  # our errors from here on are in its shape
-    service = service_of(request)
-    options = parse_context_headers(request.headers)
-    raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
+    scope = request.scope
+    scope[DIALECT_SCOPE_KEY] = match.dialect  # our errors from here on are in its shape
+    service: Service = scope["app"].state.service
+    pairs = scope["headers"]
+    options = options_of(pairs)
+    raw = await receive_body(request.receive, pairs, limit_bytes=service.settings.max_body_bytes)
+    headers = labelled_json(decoded_headers(pairs))
 
     async def answer() -> Outcome:
         # handle parses the body as JSON (a 400 if it is not), whatever its label.
-        outcome = await service.handle(raw, labelled_json(raw_headers(request)), options=options, route=match)
+        outcome = await service.handle(raw, headers, options=options, route=match)
         if not outcome.stream:
             await read_whole(outcome.response)
         return outcome
@@ -70,11 +73,11 @@ async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse 
     try:
         outcome = await until_client_leaves(request.receive, answer)
     except ClientLeft:
-        access_fields(request.scope)["client_disconnected"] = True
+        access_fields(scope)["client_disconnected"] = True
         return NoResponse()
-    record_plan(request.scope, outcome.plan, retries=outcome.retries, prefix_reuse=outcome.prefix_reuse)
-    access_fields(request.scope)["stream"] = outcome.stream
-    return fitted_response(outcome, dialect)
+    record_plan(scope, outcome.plan, retries=outcome.retries, prefix_reuse=outcome.prefix_reuse)
+    access_fields(scope)["stream"] = outcome.stream
+    return fitted_response(outcome, match.dialect)
 
 
 def plan_dialect(request: Request, dialects: Mapping[str, Dialect], body: Mapping[str, object]) -> Dialect:

@@ -76,7 +76,7 @@ import functools
 import statistics
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -86,6 +86,8 @@ from .registry import ModelSpec
 from .retry import window_after_refusal
 
 MAX_MODELS = 4096
+# Effective specs kept for reuse (a few per model: with and without an X-Context-Window).
+EFFECTIVE_MEMO_MAX = 1024
 CALIBRATION_SAMPLES = 9
 MIN_SAMPLE_TEXT_TOKENS = 32
 TRUNCATION_RATIO_CALIBRATED = 0.8
@@ -201,6 +203,7 @@ class Knowledge:
         self.max_models = max(1, max_models)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.RLock()
+        self._effective: dict[Hashable, ModelSpec] = {}
 
     # -- storage ------------------------------------------------------------------------------
 
@@ -255,8 +258,37 @@ class Knowledge:
 
     @_locked
     def effective(self, spec: ModelSpec, *, header_window_tokens: int | None = None) -> ModelSpec:
-        """``spec`` (the table's answer for ``spec.name``) with what we know applied."""
+        """``spec`` (the table's answer for ``spec.name``) with what we know applied. The answer
+        is a pure function of ``spec``, the header and the entry's figures it reads: the same
+        object comes back while they are the same (``EFFECTIVE_MEMO_MAX`` kept)."""
         entry = self._entries.get(spec.name)
+        estimate = spec.encoding == "estimate"
+        factor = entry.factor() if entry is not None and estimate else None
+        key = (
+            spec,
+            header_window_tokens,
+            None
+            if entry is None
+            else (
+                entry.discovered,
+                entry.learned_window_tokens,
+                entry.learned_from,
+                factor,
+                entry.factor_source,
+            ),
+        )
+        made = self._effective.get(key)
+        if made is None:
+            made = self._effective_spec(spec, entry, factor, header_window_tokens=header_window_tokens)
+            if len(self._effective) >= EFFECTIVE_MEMO_MAX:
+                self._effective.clear()
+            self._effective[key] = made
+        return made
+
+    @staticmethod
+    def _effective_spec(
+        spec: ModelSpec, entry: _Entry | None, factor: float | None, *, header_window_tokens: int | None
+    ) -> ModelSpec:
         table = "default" if spec.guessed else spec.source
         operator = table not in _TABLE_SOURCES
         window, window_source = spec.window_tokens, table
@@ -277,7 +309,6 @@ class Knowledge:
             max_output, max_output_source = discovered.max_output_tokens, "discovered"
         max_output = max(1, min(max_output, window))
         correction, correction_source = 1.0, "none"
-        factor = entry.factor() if entry is not None else None
         if spec.encoding == "estimate" and factor is not None and entry is not None:
             correction, correction_source = factor, f"calibrated:{entry.factor_source or 'usage'}"
         guessed = spec.guessed and window_source not in _LEARNED_SOURCES | {"discovered"}
@@ -313,7 +344,7 @@ class Knowledge:
         ``fixed_tokens`` and uncorrected ``text_tokens``, see ``MessageCounter.request_parts``),
         planned for ``window_tokens`` (None when that window was a guess)."""
         entry = self._entry(model)
-        factor = entry.factor()
+        factor = None if exact else entry.factor()  # an exact count is never corrected
         if exact:
             expected = fixed_tokens + text_tokens
             calibrated = True

@@ -97,6 +97,10 @@ class ModelSpec:
         return self.source
 
 
+# Model names whose resolved spec is kept (clients name a handful; a bound all the same).
+RESOLVED_MAX = 1024
+
+
 def fallback_default() -> ModelSpec:
     """The default used when a table declares none: 8192 window, 4096 output, estimated."""
     return ModelSpec(
@@ -111,7 +115,7 @@ def fallback_default() -> ModelSpec:
 class ModelRegistry:
     """An immutable model table with precomputed lookups; see the module docstring for the rules."""
 
-    __slots__ = ("_by_key", "_default", "_default_explicit", "_lengths")
+    __slots__ = ("_by_key", "_default", "_default_explicit", "_lengths", "_resolved")
 
     def __init__(self, entries: Mapping[str, ModelSpec], *, default: ModelSpec) -> None:
         by_key: dict[str, tuple[str, ModelSpec]] = {}
@@ -135,6 +139,8 @@ class ModelRegistry:
         self._default = default
         self._default_explicit = True
         self._lengths = tuple(sorted({len(k) for k in by_key}, reverse=True))
+        # resolve() answers, per model name: the table never changes, and every request asks.
+        self._resolved: dict[str, ModelSpec] = {}
 
     @classmethod
     def from_toml(cls, text: str, *, source: str) -> ModelRegistry:
@@ -211,7 +217,18 @@ class ModelRegistry:
         return len(self._by_key)
 
     def resolve(self, model: str) -> ModelSpec:
-        """The spec for ``model``: exact, then longest prefix, then the default (guessed)."""
+        """The spec for ``model``: exact, then longest prefix, then the default (guessed). The same
+        (frozen) object for the same name, from the second time on (at most ``RESOLVED_MAX``
+        names are kept; past that, the set starts over)."""
+        spec = self._resolved.get(model)
+        if spec is None:
+            spec = self._resolve(model)
+            if len(self._resolved) >= RESOLVED_MAX:
+                self._resolved.clear()
+            self._resolved[model] = spec
+        return spec
+
+    def _resolve(self, model: str) -> ModelSpec:
         candidates = _candidates(model.lower())
         for candidate in candidates:
             hit = self._by_key.get(candidate)

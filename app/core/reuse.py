@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from .frozen import freeze
 from .messages import Message
 
 DEFAULT_MAX_CONVERSATIONS = 256
@@ -43,11 +44,25 @@ class PrefixReuse:
         return self.reused_tokens / self.total_tokens if self.total_tokens > 0 else 0.0
 
 
-def _anchor(messages: Sequence[Message], *, model: str, api: str) -> str | None:
-    try:
-        return json.dumps([model, api, *messages[:2]], sort_keys=True, ensure_ascii=False, default=repr)
-    except (TypeError, ValueError, RecursionError):
-        return None
+def _anchor(messages: Sequence[Message], *, model: str, api: str) -> Hashable | None:
+    """The conversation's key: model, API and its first two messages, exactly (``frozen``: keys
+    in any order, ``1``/``1.0``/``True`` apart); a message that does not freeze (not JSON-shaped)
+    is written as JSON instead, values of other types by their ``repr``."""
+    opening = []
+    for message in messages[:2]:
+        try:
+            frozen = freeze(message) if type(message) is dict else None
+        except RecursionError:  # deeper than Python recurses: json.dumps gives up as well
+            return None
+        if frozen is None:
+            try:
+                text = json.dumps(message, sort_keys=True, ensure_ascii=False, default=repr)
+            except (TypeError, ValueError, RecursionError):
+                return None
+            opening.append(("json", text))
+        else:
+            opening.append(frozen[0])
+    return (model, api, *opening)
 
 
 def _shared(messages: Sequence[Message], previous: tuple[Message, ...]) -> int:
@@ -65,7 +80,7 @@ class PrefixMemory:
 
     def __init__(self, *, max_conversations: int = DEFAULT_MAX_CONVERSATIONS) -> None:
         self.max_conversations = max(1, max_conversations)
-        self._latest: OrderedDict[str, tuple[Message, ...]] = OrderedDict()
+        self._latest: OrderedDict[Hashable, tuple[Message, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
     def observe(

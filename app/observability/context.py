@@ -61,6 +61,10 @@ class RequestContext:
     upstream_s: float = 0.0
     upstream_calls: int = 0
     scope: Mapping[str, Any] = field(default_factory=dict)
+    # The upstream calls whose bookkeeping (metrics, status board) waits until the response's
+    # first body byte is out (``Observability.upstream_call``, ``flush_upstream``): None when
+    # calls are recorded as they happen (outside the middleware, or once it flushed).
+    deferred: list[tuple[str, str, float, int | None]] | None = None
 
     def add_upstream(self, waited_s: float) -> None:
         self.upstream_s += waited_s

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from ..settings import display_url
 
 MAX_MODEL_LABELS = 256
+MAX_ROUTE_MEMO = 1024
 MAX_TOKEN_VALUES = 16
 MODEL_LABEL_MAX_CHARS = 80
 OTHER = "other"
@@ -79,6 +80,9 @@ class RouteLabels:
 
     def __init__(self, *, counting: Container[str] = frozenset()) -> None:
         self._counting = counting
+        # (path, api) -> label of requests with an API (the routes' paths: a few, or one per model
+        # for templated ones), asked twice per request and more with retries; bounded.
+        self._memo: dict[tuple[str, str], str] = {}
 
     def before(self, path: str) -> str:
         """The label known before the route ran (no API yet): own endpoints, else ``passthrough``
@@ -90,11 +94,17 @@ class RouteLabels:
 
     def after(self, path: str, api: str | None) -> str:
         """The final label, given the API the route recorded (None: no dialect)."""
+        if api is not None:
+            label = self._memo.get((path, api))
+            if label is None:
+                label = own_route(path) or (COUNT if path in self._counting else api)
+                if len(self._memo) >= MAX_ROUTE_MEMO:
+                    self._memo.clear()
+                self._memo[path, api] = label
+            return label
         own = own_route(path)
         if own is not None:
             return own
-        if api is not None:
-            return COUNT if path in self._counting else api
         return PASSTHROUGH if path.startswith(API_PREFIX) else OTHER
 
     @staticmethod

@@ -40,7 +40,9 @@ from .status import RecentRequest
 logger = logging.getLogger("ctxproxy.observability")
 
 _RID = REQUEST_ID_HEADER.lower().encode("latin-1")
+_RID_LENGTH = len(_RID)
 _UPSTREAM_RID = b"x-upstream-request-id"
+_X = frozenset(b"xX")  # the first byte of every header name looked at here
 _CONTEXT_HEADERS = {
     b"x-context-tokens-before": "tokens_before",
     b"x-context-tokens-after": "tokens_after",
@@ -52,7 +54,7 @@ _CONTEXT_HEADERS = {
 
 def client_request_id(scope: Scope) -> str | None:
     for name, value in scope.get("headers") or ():
-        if name.lower() == _RID:
+        if len(name) == _RID_LENGTH and name.lower() == _RID:
             try:
                 return bytes(value).decode("ascii")
             except UnicodeDecodeError:
@@ -117,7 +119,11 @@ class ObservabilityMiddleware:
         rid = client_id if client_id is not None and valid_request_id(client_id) else new_request_id()
         path = str(scope.get("path") or "")
         ctx = RequestContext(
-            request_id=rid, started_s=time.perf_counter(), route=obs.routes.before(path), scope=scope
+            request_id=rid,
+            started_s=time.perf_counter(),
+            route=obs.routes.before(path),
+            scope=scope,
+            deferred=[],
         )
         token = current_request.set(ctx)
         tracked = proxied(path)
@@ -139,17 +145,23 @@ class ObservabilityMiddleware:
                 ctx.response_start_s = time.perf_counter()
                 headers = []
                 for name, value in message.get("headers") or ():
-                    lname = bytes(name).lower()
-                    if lname == _RID:
-                        name = _UPSTREAM_RID
-                    field = _CONTEXT_HEADERS.get(lname)
-                    if field is not None:
-                        answered[field] = bytes(value).decode("latin-1")
+                    if name and name[0] in _X:  # X-Request-ID and ours: the rest pass untouched
+                        lname = bytes(name).lower()
+                        if lname == _RID:
+                            name = _UPSTREAM_RID
+                        field = _CONTEXT_HEADERS.get(lname)
+                        if field is not None:
+                            answered[field] = bytes(value).decode("latin-1")
                     headers.append((name, value))
                 headers.append(rid_header)
                 message = {**message, "headers": headers}
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                completed = True
+            elif message["type"] == "http.response.body":
+                if not message.get("more_body", False):
+                    completed = True
+                if ctx.deferred is not None:
+                    await send(message)
+                    obs.flush_upstream(ctx)  # the first body byte is out: the calls' bookkeeping
+                    return
             await send(message)
 
         if tracked:
@@ -160,6 +172,8 @@ class ObservabilityMiddleware:
             if tracked:
                 obs.request_finished()
             try:
+                if ctx.deferred is not None:
+                    obs.flush_upstream(ctx)  # no body sent (an error, a client gone)
                 if self.access_log:
                     self._log_access(scope, ctx, status)
                 self._record(scope, ctx, status, answered, tracked, completed)
@@ -178,7 +192,12 @@ class ObservabilityMiddleware:
             **(scope.get(ACCESS_SCOPE_KEY) or {}),
             "latency_ms": round((time.perf_counter() - ctx.started_s) * 1000, 1),
         }
-        _access_logger.info("request", extra={"access": record})
+        # ``Logger.info`` without its search of the caller's frame (the line never shows it):
+        # the same record otherwise, through the same filters and handlers.
+        line = _access_logger.makeRecord(
+            _access_logger.name, logging.INFO, __file__, 0, "request", (), None, extra={"access": record}
+        )
+        _access_logger.handle(line)
 
     def _record(
         self,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..upstream.instrument import Instrumentation
-from .context import api_of, current, current_request_id
+from .context import RequestContext, api_of, current, current_request_id
 from .labels import NONE, ModelLabels, RouteLabels, SpecLike, UpstreamLabels
 from .metrics import MEMORY_KINDS, Metrics
 from .shared import SharedBoard
@@ -49,6 +49,7 @@ DISCOVERY_ENDPOINTS = (
     ("GET", "/props", "props"),
     ("POST", "/api/show", "show"),
 )
+_DISCOVERY_METHODS = frozenset(verb for verb, _suffix, _endpoint in DISCOVERY_ENDPOINTS)
 
 
 def discovery_call(method: str, path: str, *, route: str | None, api: str | None = None) -> str | None:
@@ -58,12 +59,12 @@ def discovery_call(method: str, path: str, *, route: str | None, api: str | None
     background) or for a request that plans on a model (lazy discovery of a new model: a fitted
     request, or the gateway engine's, ``RouteLabels.plans_a_model``). A client's own
     ``GET /v1/models`` (pass-through) and the readiness probe are not discovery."""
-    if route is not None and not RouteLabels.plans_a_model(route, api):
+    if method not in _DISCOVERY_METHODS:
         return None
     path = path.rstrip("/")
     for verb, suffix, endpoint in DISCOVERY_ENDPOINTS:
         if method == verb and path.endswith(suffix):
-            return endpoint
+            return endpoint if route is None or RouteLabels.plans_a_model(route, api) else None
     return None
 
 
@@ -216,11 +217,34 @@ class Observability:
         return Instrumentation(request_id=current_request_id, on_response=self.upstream_call)
 
     def upstream_call(self, method: str, url: str, waited_s: float, status: int | None) -> None:
+        """One upstream call's wait for response headers. Within a request the middleware serves
+        (``ctx.deferred`` set), only the request's own sum is updated now: the call's metrics and
+        board entry are written by :meth:`flush_upstream` once the response's first body byte is
+        out, off the request's critical path."""
         ctx = current()
+        if ctx is not None:
+            ctx.add_upstream(waited_s)
+            if ctx.deferred is not None:
+                ctx.deferred.append((method, url, waited_s, status))
+                return
+        self._upstream_call(ctx, method, url, waited_s, status)
+
+    def flush_upstream(self, ctx: RequestContext) -> None:
+        """Record the calls ``ctx`` deferred (see :meth:`upstream_call`); later ones as they come.
+        Never raises (bookkeeping must not break the response it follows)."""
+        deferred, ctx.deferred = ctx.deferred, None
+        for method, url, waited_s, status in deferred or ():
+            try:
+                self._upstream_call(ctx, method, url, waited_s, status)
+            except Exception:
+                logger.exception("observability: recording an upstream call failed")
+
+    def _upstream_call(
+        self, ctx: RequestContext | None, method: str, url: str, waited_s: float, status: int | None
+    ) -> None:
         route: str | None = None
         api: str | None = None
         if ctx is not None:
-            ctx.add_upstream(waited_s)
             route, api = self.labels(ctx.scope)
         endpoint = discovery_call(method, url, route=route, api=api)
         if endpoint is not None:

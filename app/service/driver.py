@@ -11,7 +11,8 @@ parameters; ``dialect=`` alone stands for that dialect's first route):
    request's ``X-Context-*`` options, the counter, the dialect's neutral conversation;
 3. plan it (``ProxyRequest.plan``); a plan that does not fit raises ``CannotFit`` (the
    ``off`` policy never fails). A large body is planned in a worker thread, and one that
-   ``app.core.ceiling`` proves fits is sent first and planned meanwhile (``app.service.fastpath``); the
+   ``app.core.ceiling`` proves fits is sent first and planned meanwhile (``app.service.fastpath``:
+   a large body in a worker thread, a small one on the event loop while the upstream works); the
    exact plan is always ready before the outcome is returned;
 4. send: the client's *original bytes* when the plan did not change anything, else the plan's
    body serialized once, to where the route says (``RouteMatch.target``), with the client's
@@ -53,7 +54,7 @@ from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
 from .boundary import build_boundary
-from .fastpath import OFFLOAD_MIN_BYTES, abandon_plan, finish_plan, run_plan, start_plan
+from .fastpath import OFFLOAD_MIN_BYTES, Pending, abandon_plan, finish_plan, plan_soon, run_plan, start_plan
 from .learning import Learner
 from .outcome import Outcome, PlanCannotFit, Readiness
 from .peek import is_event_stream, read_preamble
@@ -290,11 +291,14 @@ class Service:
             requested_output_tokens=request.conversation.requested_output_tokens,
         )
         size_bytes = self.counting_size(request)
-        pending: asyncio.Future[Plan] | None = None
+        pending: Pending | None = None
         command: Command
-        if size_bytes >= OFFLOAD_MIN_BYTES and self.surely_fits(request):
-            # Fast path (app.service.fastpath): forward now, finish the exact count meanwhile.
-            pending = start_plan(request.plan)
+        # Fast path (app.service.fastpath): a body the ceiling proves fits goes now and its exact
+        # count is finished meanwhile: a large new one's in a thread, a small one's on the loop
+        # while the upstream works (a resent large body is cheap to plan: no ceiling walk).
+        small = len(request.raw) < OFFLOAD_MIN_BYTES
+        if (small or size_bytes >= OFFLOAD_MIN_BYTES) and self.surely_fits(request):
+            pending = plan_soon(request.plan) if small else start_plan(request.plan)
             command = exchange.start_unplanned()
         else:
             plan = await run_plan(request.plan, size_bytes=size_bytes)
@@ -343,7 +347,7 @@ class Service:
         request: ProxyRequest,
         exchange: Exchange,
         forwarded: Forwarded,
-        pending: asyncio.Future[Plan] | None,
+        pending: Pending | None,
     ) -> tuple[UpstreamResponse, Deliver | Replan]:
         """Send ``forwarded``; finish a fast-path plan; read an error answer the exchange wants."""
         target = request.route.target

@@ -40,6 +40,7 @@ from .senders import (
     HttpxSender,
     Sender,
     Translate,
+    WireHeader,
     translate_httpx_side,
 )
 
@@ -109,12 +110,29 @@ class UpstreamResponse:
         return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._exchange.raw_headers]
 
     @property
+    def raw_headers(self) -> list[WireHeader]:
+        """The response headers as they came, bytes, in order."""
+        return self._exchange.raw_headers
+
+    @property
     def body(self) -> bytes | None:
         """The raw body if it was read with :meth:`aread`, else None."""
         return self._body
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` ran (or :meth:`aread` found the whole body already here)."""
+        return self._closed
+
     async def aread(self) -> bytes:
+        """The whole raw body, read once and kept. A body that is all here already is taken at
+        once and the connection released (there is nothing left to wait for)."""
         if self._body is None:
+            arrived = self._exchange.arrived()
+            if arrived is not None:
+                self._body = arrived
+                await self.aclose()
+                return arrived
             chunks = [chunk async for chunk in self._iter_wire()]
             self._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return self._body
@@ -207,8 +225,16 @@ class WrappedResponse(UpstreamResponse):
         return self._inner.headers
 
     @property
+    def raw_headers(self) -> list[WireHeader]:
+        return self._inner.raw_headers
+
+    @property
     def body(self) -> bytes | None:
         return self._inner.body
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
 
     async def aread(self) -> bytes:
         return await self._inner.aread()

@@ -178,3 +178,25 @@ SET_BY_OUR_SERVER: frozenset[str] = frozenset({"date", "server"})
 def client_response_headers(headers: Iterable[Header]) -> list[Header]:
     """The upstream's response headers as the client should see them (order and case kept)."""
     return [(name, value) for name, value in _end_to_end(headers) if name.lower() not in SET_BY_OUR_SERVER]
+
+
+_NOT_TO_CLIENT: frozenset[bytes] = frozenset(
+    name.encode("latin-1") for name in HOP_BY_HOP | SET_BY_OUR_SERVER
+)
+
+
+def client_response_raw(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """:func:`client_response_headers` on the wire's bytes, names lowercased (as ASGI sends them):
+    one pass, no text decoding (a response's path to the client)."""
+    kept: list[tuple[bytes, bytes]] = []
+    listed: set[bytes] | None = None
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"connection":
+            listed = listed or set()
+            listed.update(token.strip().lower() for token in value.split(b",") if token.strip())
+        if lower not in _NOT_TO_CLIENT:
+            kept.append((lower, value))
+    if listed:
+        kept = [(name, value) for name, value in kept if name not in listed]
+    return kept

@@ -46,6 +46,11 @@ class Exchange(Protocol):
         """The raw body as it arrives (library errors raised as they are; the caller translates)."""
         ...
 
+    def arrived(self) -> bytes | None:
+        """The whole raw body when all of it is here already, taken without waiting (a small
+        answer comes in the packet of its headers); else None, and nothing is taken."""
+        ...
+
     async def aclose(self) -> None:
         """Release the connection (closed if the body was not read to the end). Never raises."""
         ...
@@ -145,6 +150,9 @@ class HttpxExchange:
         if self._response.is_stream_consumed:
             return aiter(self._response.stream)  # type: ignore[arg-type]
         return self._response.aiter_raw()
+
+    def arrived(self) -> bytes | None:
+        return None  # httpx reads through its stream: the chunks, always
 
     async def aclose(self) -> None:
         # Closing a broken connection raises; there is nothing left to release then.

@@ -67,3 +67,21 @@ def test_the_boundary_switches_are_on_or_off() -> None:
     options = parse_context_headers(headers)
     assert options.upstream_count is False and options.lower_output is True
     assert parse_context_headers(Headers({"X-Context-Summarize": "on"})).summarize is True
+
+
+def test_options_of_raw_pairs_match_the_parse_of_the_same_headers() -> None:
+    from app.api.headers import NO_OPTIONS, options_of
+
+    plain = [(b"content-type", b"application/json"), (b"x-request-id", b"r1")]
+    assert options_of(plain) is NO_OPTIONS and RequestOptions() == NO_OPTIONS
+    ours = [
+        *plain,
+        (b"X-Context-Budget", b"5000"),
+        (b"x-context-policy", b"off"),
+        (b"x-context-budget", b"7"),
+    ]
+    # Case-insensitive, the first of a repeated header wins (as Starlette's Headers.get).
+    assert options_of(ours) == parse_context_headers(Headers(raw=[(k.lower(), v) for k, v in ours]))
+    assert options_of(ours).budget_tokens == 5000 and options_of(ours).mode == "off"
+    with pytest.raises(InvalidRequest):
+        options_of([(b"x-context-window", b"lots")])

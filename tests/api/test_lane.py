@@ -108,3 +108,34 @@ async def test_templated_and_counting_routes_are_served_by_the_lane_too() -> Non
     assert go.status_code == 200 and fitted.called and go.headers["x-context-tokens-before"]
     assert count.status_code == 200 and count.json() == {"input_tokens": 7} and counted.called
     assert spy.seen == []
+
+
+async def test_posts_enter_at_the_apps_own_outermost_middleware_and_bugs_stay_in_the_api_shape() -> None:
+    from starlette.middleware.errors import ServerErrorMiddleware
+
+    from app.api.lane import ProxyApp
+    from app.observability.middleware import ObservabilityMiddleware
+
+    router = respx.Router()
+    router.post(CHAT).mock(side_effect=RuntimeError("a bug below the lane"))
+    router.get(f"{UPSTREAM}/models").mock(return_value=httpx.Response(200, json={"data": []}))
+    async with proxy(router) as (client, app):
+        assert isinstance(app, ProxyApp)
+        entered: list[str] = []
+        original = ServerErrorMiddleware.__call__
+
+        async def spying(self: Any, scope: Scope, receive: Receive, send: Send) -> None:
+            entered.append(scope["method"])
+            await original(self, scope, receive, send)
+
+        ServerErrorMiddleware.__call__ = spying  # type: ignore[method-assign]
+        try:
+            bug = await client.post("/v1/chat/completions", json=BODY)
+            listed = await client.get("/v1/models")
+        finally:
+            ServerErrorMiddleware.__call__ = original  # type: ignore[method-assign]
+        assert type(app._door) is ObservabilityMiddleware
+    assert entered == ["GET"]  # the POST went past FastAPI's outer layers
+    assert bug.status_code == 500 and bug.json()["error"]["type"] == "server_error"
+    assert bug.headers["x-request-id"]  # observability saw it all the same
+    assert listed.status_code == 200

@@ -380,3 +380,19 @@ def test_precision_needs_samples_and_measures_how_far_the_upstream_strayed_from_
     measured = e.precision(M, exact=False)
     assert measured is not None
     assert measured.under == pytest.approx(1.2 / 1.1 - 1) and measured.over == pytest.approx(1 - 1.0 / 1.1)
+
+
+def test_the_effective_spec_is_reused_until_what_it_reads_changes() -> None:
+    k = Knowledge()
+    first = k.effective(spec())
+    assert k.effective(spec()) is first  # an equal table spec, nothing learned since
+    k.set_discovered(M, DiscoveredFigures(window_tokens=32768))
+    discovered = k.effective(spec())
+    assert discovered.window_tokens == 32768 and k.effective(spec()) is discovered
+    for _ in range(5):  # calibration samples move the estimate's correction
+        k.observe_usage(M, prompt_tokens=1500, fixed_tokens=0, text_tokens=1000, exact=False)
+    calibrated = k.effective(spec())
+    assert calibrated.correction != discovered.correction and calibrated.source_of("correction").startswith(
+        "calibrated"
+    )
+    assert k.effective(spec(), header_window_tokens=1000).window_tokens == 1000

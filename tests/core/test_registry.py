@@ -333,3 +333,11 @@ def test_case_duplicate_keys_in_a_table_are_rejected() -> None:
 
 def test_encodings_constant_is_unchanged() -> None:
     assert frozenset({"o200k_base", "cl100k_base", "estimate"}) == ENCODINGS
+
+
+def test_a_name_resolves_to_the_same_spec_each_time() -> None:
+    table = ModelRegistry({"gpt-4o": spec("gpt-4o", 128_000, 16_384)}, default=spec("default", 8_192, 4_096))
+    first = table.resolve("gpt-4o-mini")
+    assert table.resolve("gpt-4o-mini") is first
+    fresh = ModelRegistry({"gpt-4o": spec("gpt-4o", 128_000, 16_384)}, default=spec("default", 8_192, 4_096))
+    assert fresh.resolve("gpt-4o-mini") == first and table.resolve("other").guessed

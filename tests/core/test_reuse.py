@@ -89,3 +89,15 @@ def test_the_same_opening_to_another_model_or_through_another_api_is_another_con
     # Each conversation still continues by itself.
     assert observe(memory, chat(6), [10] * 8).reused_tokens == 60
     assert observe(memory, chat(8), [10] * 10, model="gpt-4o-mini").reused_tokens == 80
+
+
+def test_the_opening_is_matched_exactly_and_one_that_does_not_freeze_still_counts() -> None:
+    memory = PrefixMemory()
+    ones = [{"role": "user", "content": "x", "n": 1}, {"role": "user", "content": "y"}]
+    trues = [{"content": "x", "n": True, "role": "user"}, {"role": "user", "content": "y"}]
+    observe(memory, ones, [1, 1])
+    assert observe(memory, trues, [1, 1]).reused_tokens == 0  # True is not 1: another conversation
+    assert observe(memory, [*ones, {"role": "user", "content": "z"}], [1, 1, 1]).reused_tokens == 2
+    odd = [{"role": "user", "content": "x"}, {"role": "user", "content": {"a"}}]  # a set: not JSON
+    observe(memory, odd, [1, 1])
+    assert observe(memory, odd, [1, 1]).reused_tokens == 2

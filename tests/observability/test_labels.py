@@ -171,3 +171,15 @@ def test_the_engine_label_covers_the_paths_the_api_layer_serves() -> None:
     for dialect in DIALECTS.values():
         assert compact_path(dialect).startswith(COMPACT_PREFIX + "/")
         assert routes.after(compact_path(dialect), dialect.name) == "engine"
+
+
+def test_route_labels_of_apis_are_remembered_and_bounded() -> None:
+    from app.observability import labels
+
+    routes = RouteLabels(counting={"/v1/messages/count_tokens"})
+    assert routes.after("/v1/messages/count_tokens", "messages") == "count"
+    assert routes.after("/v1/messages/count_tokens", "messages") == "count"  # from the memo
+    assert routes.after("/v1/compress", "chat") == "engine" and routes.after("/v1/x", None) == "passthrough"
+    for i in range(labels.MAX_ROUTE_MEMO + 5):
+        assert routes.after(f"/v1beta/models/m{i}:generateContent", "gemini") == "gemini"
+    assert len(routes._memo) <= labels.MAX_ROUTE_MEMO

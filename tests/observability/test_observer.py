@@ -114,3 +114,21 @@ def test_use_knowledge_gives_reported_models_their_label() -> None:
     assert o.metrics.model_labels.label("served") == "other"
     o.use_knowledge(lambda m: m == "served")
     assert o.metrics.model_labels.label("served") == "served"
+
+
+def test_a_requests_upstream_calls_are_recorded_when_it_flushes_and_later_ones_at_once() -> None:
+    o = hub()
+    scope = {"path": "/v1/chat/completions", DIALECT_SCOPE_KEY: SimpleNamespace(name="chat")}
+    ctx = RequestContext(request_id="r", started_s=0.0, scope=scope, deferred=[])
+    token = current_request.set(ctx)
+    name = "ctxproxy_upstream_latency_seconds_count"
+    try:
+        o.upstream_call("POST", "http://main.test/v1/chat/completions", 0.2, 200)
+        assert ctx.upstream_calls == 1 and abs(ctx.upstream_s - 0.2) < 1e-9  # the request's sum: now
+        assert value(o, name, api="chat", upstream="http://main.test/v1", status="2xx") is None
+        o.flush_upstream(ctx)
+        assert value(o, name, api="chat", upstream="http://main.test/v1", status="2xx") == 1
+        o.upstream_call("POST", "http://main.test/v1/chat/completions", 0.1, 200)  # after: at once
+        assert value(o, name, api="chat", upstream="http://main.test/v1", status="2xx") == 2
+    finally:
+        current_request.reset(token)

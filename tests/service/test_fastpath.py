@@ -3,7 +3,8 @@
 * a large body that surely fits is forwarded before its exact count finishes, and the outcome
   still carries the exact count;
 * a large body is counted off the event loop: a small request completes while it is counted;
-* small bodies are counted inline; counts that are not exact never take the fast path.
+* small bodies are counted inline, on the event loop: one that surely fits after it was sent
+  (``plan_soon``), while the upstream works; counts that are not exact never take the fast path.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ import respx
 
 from app.core.registry import ModelSpec
 from app.service.driver import Service
-from app.service.fastpath import OFFLOAD_MIN_BYTES, abandon_plan, run_plan, start_plan
+from app.service.fastpath import (
+    OFFLOAD_MIN_BYTES,
+    SoonPlan,
+    abandon_plan,
+    finish_plan,
+    plan_soon,
+    run_plan,
+    start_plan,
+)
 from app.service.request import RequestOptions
 from app.upstream.client import UpstreamClient
 from app.upstream.errors import UpstreamUnreachable
@@ -212,3 +221,71 @@ async def test_a_resent_large_conversation_is_planned_inline_from_what_the_count
     assert all(name != main for name in marked)  # the new conversation: counted in a worker thread
     assert small == [main]  # the resent one: only its new message was counted, inline
     assert route.call_count == 2
+
+
+async def test_a_small_body_that_surely_fits_is_counted_inline_after_it_was_sent() -> None:
+    counter = GatedCounter()
+    counter.gate.set()
+    events: list[str] = []
+    counted = counter.count_text
+
+    def count_text(text: str, /) -> int:
+        if text.startswith("small"):
+            events.append("small counted")
+        return counted(text)
+
+    counter.count_text = count_text  # type: ignore[method-assign]
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        events.append("upstream got the request")
+        return httpx.Response(200, json=chat_ok())
+
+    router = respx.Router()
+    router.post(CHAT).mock(side_effect=upstream)
+    outcome = await make_service(router, counter).handle(small_body(), [], options=RequestOptions())
+    await outcome.response.aclose()
+    assert events == ["upstream got the request", "small counted"]
+    assert counter.threads == [threading.current_thread().name]  # on the loop, not in a thread
+    assert outcome.plan.tokens_before == outcome.plan.tokens_after == 3 + 1 + 2 + 3  # exact
+    assert outcome.plan.fits and not outcome.plan.changed
+
+
+async def test_a_soon_plan_is_made_two_loop_turns_later_or_when_taken_and_keeps_its_error() -> None:
+    made: list[str] = []
+
+    def plan() -> Any:
+        made.append("made")
+        return "plan"
+
+    soon = plan_soon(plan)
+    await asyncio.sleep(0)
+    assert made == []  # not in the next turn: the upstream client's write goes first
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert made == ["made"] and soon.result() == "plan" and made == ["made"]
+    early = SoonPlan(plan)
+    assert early.result() == "plan" and made == ["made", "made"]  # taken before its turn: made now
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert made == ["made", "made"]  # and not a second time
+
+    def boom() -> Any:
+        raise RuntimeError("bug")
+
+    failed = plan_soon(boom)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    closed: list[bool] = []
+
+    class Closing:
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    with pytest.raises(RuntimeError, match="bug"):
+        await finish_plan(failed, Closing())  # type: ignore[arg-type]
+    assert closed == [True]  # the response is closed when its plan failed
+    dropped = plan_soon(plan)
+    abandon_plan(dropped)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert made == ["made", "made"]  # an abandoned plan is never made

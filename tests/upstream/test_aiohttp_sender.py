@@ -147,6 +147,41 @@ async def test_streams_chunks_as_they_arrive_and_reuses_the_connection() -> None
     assert server.connections == 1  # read to the end: back to the pool
 
 
+async def test_a_body_that_is_all_here_is_taken_at_once_and_the_rest_waits_for_its_chunks() -> None:
+    release = asyncio.Event()
+
+    async def answer(request: bytes, writer: asyncio.StreamWriter) -> None:
+        if b"/late" in request.split(b"\r\n", 1)[0]:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nfirst")
+            await writer.drain()
+            await release.wait()
+            writer.write(b"-rest")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nwhole")
+
+    server = RawServer(answer)
+    sender = AiohttpSender()
+    try:
+        async with server as base:
+            upstream = UpstreamClient(sender, base_url=base)
+            response = await upstream.send("GET", "now", content=None, headers=[])
+            await asyncio.sleep(0.05)  # the body is in, with its headers
+            assert not response.closed
+            assert await response.aread() == b"whole"
+            assert response.closed  # released at once: nothing left to wait for
+            assert [c async for c in response.aiter_raw()] == [b"whole"]
+            late = await upstream.send("GET", "late", content=None, headers=[])
+            reading = asyncio.ensure_future(late.aread())
+            await asyncio.sleep(0.05)
+            assert not reading.done()  # half of it: read as it comes, not taken
+            release.set()
+            assert await reading == b"first-rest"
+            await late.aclose()
+    finally:
+        await sender.aclose()
+    assert server.connections == 1
+
+
 async def test_a_streamed_request_body_goes_chunked_or_with_the_declared_length() -> None:
     async def body() -> AsyncIterator[bytes]:
         yield b"ab"

@@ -126,3 +126,30 @@ def test_a_json_body_is_labelled_json_for_the_upstream() -> None:
     assert labelled_json([("content-type", "application/vnd.api+json")]) == [
         ("content-type", "application/vnd.api+json")
     ]
+
+
+def test_the_raw_response_headers_are_filtered_as_the_text_ones() -> None:
+    from app.upstream.headers import client_response_raw
+
+    headers = [
+        ("Content-Type", "text/event-stream"),
+        ("Transfer-Encoding", "chunked"),
+        ("Connection", "close, X-Hop"),
+        ("X-Hop", "1"),
+        ("Date", "Mon, 01 Jan 2024 00:00:00 GMT"),
+        ("x-ratelimit-remaining-requests", "99"),
+        ("Set-Cookie", "a=1"),
+        ("Set-Cookie", "b=\xe9"),
+    ]
+    raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    expected = [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in client_response_headers(headers)
+    ]
+    assert client_response_raw(raw) == expected
+    assert [name for name, _ in expected] == [
+        b"content-type",
+        b"x-ratelimit-remaining-requests",
+        b"set-cookie",
+        b"set-cookie",
+    ]
