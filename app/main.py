@@ -364,8 +364,15 @@ def create_app(
             )
             from .service.summaries import Summaries
 
-            summaries = Summaries(settings=settings, registry=models, vocabularies=vocab, upstream=upstream)
-            observability.metrics.watch_summary_cache(summaries.cache.stats)
+            summaries = Summaries(
+                settings=settings,
+                registry=models,
+                vocabularies=vocab,
+                upstream=upstream,
+                events=observability,
+            )
+            # Its lookups are reported by API (the events); the cache itself tells its entries.
+            observability.metrics.watch_summary_cache(summaries.cache.stats, lookups=False)
             learner = build_learner(
                 settings,
                 UpstreamClient(

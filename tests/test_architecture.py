@@ -189,12 +189,6 @@ SEAM_ALLOWED: dict[str, str] = {
     # A user of the proxy, not a part of it: the local demo's client and fake upstream speak chat.
     "app/demo.py": "the demo's client speaks chat completions to the proxy",
     "app/demo_upstream.py": "the demo's fake upstream serves chat completions",
-    # Pending in other helpers' work on issue 20 / 19 (remove the entry with the last use):
-    "app/observability/metrics.py": "per-API labels and route table: the obs helper derives them (issue 20)",
-    "app/observability/observer.py": "route == 'chat' checks: the obs helper removes them (issue 20)",
-    "app/observability/page.py": "the dashboard's API list: the obs helper derives it (issue 20)",
-    "app/service/ports.py": "CHAT_PATH: summaries speak chat until each dialect asks its own (issue 19)",
-    "app/service/summaries.py": "summaries speak chat until each dialect asks its own (issue 19)",
 }
 SPECIFIC_DIALECTS = frozenset({"CHAT", "RESPONSES", "MESSAGES"})
 

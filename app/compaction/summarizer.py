@@ -29,7 +29,9 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
   - ``await longest_summarized(span, cache) -> (n, summary)``: the longest proper prefix of
     ``span`` its chain has a summary of (``(0, None)`` when none).
   - ``span_key(span)``; ``prompt_tokens(messages)``; counters ``calls``, ``failures``,
-    ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got), ``last_error``.
+    ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got), ``last_error``;
+    ``on_call`` (keyword, optional): told ``(outcome, tokens_in, tokens_out)`` of every call
+    (:data:`CallHook`; never allowed to fail the summary).
 
 * ``PrefetchedSummaries(mapping, *, summarizer_model, prompt_version=PROMPT_VERSION)``: the
   synchronous ``app.core.fit.SummaryProvider`` the engine calls; answers ``summary_for(span)``
@@ -89,6 +91,19 @@ class SummaryError(CtxproxyError):
         return self.status in PERMANENT_STATUSES
 
 
+CallHook = Callable[[str, int, int], None]
+"""``(outcome, tokens_in, tokens_out)`` of one summary call: ``ok``, ``timeout``, ``http_<status>``,
+``empty`` or ``failed``."""
+
+
+def call_outcome(exc: BaseException) -> str:
+    """The few-word outcome of a summary call that raised ``exc`` (a bounded label)."""
+    if isinstance(exc, (TimeoutError, asyncio.CancelledError)):
+        return "timeout"
+    status = getattr(exc, "status", None)
+    return f"http_{status}" if isinstance(status, int) else "failed"
+
+
 def _cause(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
@@ -111,8 +126,10 @@ class Summarizer:
         identity: str = "",
         retry_after_s: float = 60.0,
         retry_max_s: float = 3600.0,
+        on_call: CallHook | None = None,
     ) -> None:
         self.complete = complete
+        self.on_call = on_call
         self.model = model
         self.window_tokens = window_tokens
         self.count_text = count_text
@@ -290,11 +307,26 @@ class Summarizer:
             raise SummaryError(f"summary request of {tokens} tokens over budget {self.input_budget_tokens}")
         self.calls += 1
         self.tokens_in += tokens
-        answer = await self.complete(messages, self.model)
+        try:
+            answer = await self.complete(messages, self.model)
+        except BaseException as exc:  # cancelled by the timeout too: reported, then re-raised
+            self._report(call_outcome(exc), tokens, 0)
+            raise
         if not isinstance(answer, str) or not answer.strip():
+            self._report("empty", tokens, 0)
             raise SummaryError("the summarizer returned an empty answer")
-        self.tokens_out += self.count_text(answer)
+        out = self.count_text(answer)
+        self.tokens_out += out
+        self._report("ok", tokens, out)
         return answer.strip()
+
+    def _report(self, outcome: str, tokens_in: int, tokens_out: int) -> None:
+        if self.on_call is None:
+            return
+        try:
+            self.on_call(outcome, tokens_in, tokens_out)
+        except Exception:  # reporting must never fail a summary
+            logger.debug("reporting a summary call failed", exc_info=True)
 
     def _fits(self, messages: list[dict[str, Any]]) -> bool:
         return self.prompt_tokens(messages) <= self.input_budget_tokens

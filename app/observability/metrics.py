@@ -118,7 +118,7 @@ class Metrics:
         self._endpoint = TokenSet()
         self._result = TokenSet()
         self._summary_outcome = TokenSet()
-        self._cache_sources: list[Callable[[], CacheStatsLike]] = []
+        self._cache_sources: list[tuple[Callable[[], CacheStatsLike], bool]] = []
         self._hook_cache: dict[tuple[str, str], int] = {(NONE, r): 0 for r in CACHE_RESULTS}
         self._lock = threading.Lock()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -355,11 +355,13 @@ class Metrics:
         except Exception:  # a hook must never fail its caller
             logger.debug("recording a summary cache lookup failed", exc_info=True)
 
-    def watch_summary_cache(self, stats: Callable[[], CacheStatsLike]) -> None:
+    def watch_summary_cache(self, stats: Callable[[], CacheStatsLike], *, lookups: bool = True) -> None:
         """Read a cache's own counters at every scrape (``lambda: cache.stats()`` for the
-        ``app.compaction`` caches); counted under ``api="none"``, added to the hook's counts."""
+        ``app.compaction`` caches); counted under ``api="none"``, added to the hook's counts.
+        With ``lookups=False`` only its entries are read (its lookups are reported through
+        :meth:`record_summary_cache`, by API)."""
         with self._lock:
-            self._cache_sources.append(stats)
+            self._cache_sources.append((stats, lookups))
 
     def summary_cache_snapshot(self) -> tuple[dict[tuple[str, str], int], int]:
         """``({(api, result): lookups}, entries)`` over the hook and every watched cache (whose
@@ -368,10 +370,10 @@ class Metrics:
             counts = dict(self._hook_cache)
             sources = list(self._cache_sources)
         entries = 0
-        for source in sources:
+        for source, lookups in sources:
             try:
                 s = source()
-                read = (("hit", s.hits), ("miss", s.misses), ("error", s.errors))
+                read = (("hit", s.hits), ("miss", s.misses), ("error", s.errors)) if lookups else ()
                 entries += s.entries
             except Exception:  # a broken cache must not break the scrape
                 continue

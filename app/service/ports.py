@@ -12,8 +12,6 @@ from typing import Protocol
 from ..core.registry import ModelSpec
 from ..core.tokens import TokenCounter
 
-# Summaries still ask in chat whatever the request's API (issue 19 moves them into each dialect).
-CHAT_PATH = "chat/completions"
 REQUIRED_ENCODINGS: tuple[str, ...] = ("o200k_base", "cl100k_base")
 
 
@@ -31,3 +29,15 @@ class Vocabularies(Protocol):
     def preload(self) -> None: ...
 
     def loaded_encodings(self) -> tuple[str, ...]: ...
+
+
+class SummaryEvents(Protocol):
+    """Where the summaries report, per wire API (``app.observability.Observability``): every
+    summary call (``outcome``: ``ok``, ``timeout``, ``http_<status>``, ``empty``, ``failed``; the
+    tokens sent and the summary's tokens) and every request's lookup of its memory in the cache."""
+
+    def record_summary(
+        self, *, api: str | None, outcome: str, tokens_in: int = 0, tokens_out: int = 0
+    ) -> None: ...
+
+    def record_summary_cache(self, *, api: str | None, hit: bool, error: bool = False) -> None: ...

@@ -38,6 +38,10 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
   in by an ``earlier`` one, ``too_large``, ``backing_off``; summaries made ``ahead``), totals of
   the same, in-flight work and the cache's counters.
+* ``events`` (keyword, optional, :class:`~app.service.ports.SummaryEvents`: the app's
+  observability): told of every summary call by the API it was asked in (outcome, tokens in and
+  out) and of every cut request's lookup of its memory in the cache (hit or miss), for the
+  metrics and the status page.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import orjson
 
 from ..compaction.ahead import AheadOfTime
 from ..compaction.cache import SummaryCache, cache_from_url
-from ..compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError
+from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError
 from ..core.budget import Policy
 from ..core.dialect import Dialect
 from ..core.dialects import DIALECTS
@@ -67,7 +71,7 @@ from ..upstream.client import UpstreamClient, join_url, origin_url
 from ..upstream.headers import Header
 from ..wire import dump_json
 from .fastpath import run_plan
-from .ports import ModelResolver, Vocabularies
+from .ports import ModelResolver, SummaryEvents, Vocabularies
 from .report import request_budget_tokens
 from .request import ProxyRequest
 
@@ -169,8 +173,10 @@ class Summaries:
         vocabularies: Vocabularies,
         upstream: UpstreamClient,
         cache: SummaryCache | None = None,
+        events: SummaryEvents | None = None,
     ) -> None:
         self.settings = settings
+        self.events = events
         self.registry = registry
         self.vocabularies = vocabularies
         self.upstream = upstream
@@ -188,6 +194,23 @@ class Summaries:
     def _count(self, api: str, event: str) -> None:
         counts = self._events.setdefault(api, dict.fromkeys(EVENTS, 0))
         counts[event] += 1
+
+    def _call_hook(self, api: str) -> CallHook | None:
+        events = self.events
+        if events is None:
+            return None
+
+        def report(outcome: str, tokens_in: int, tokens_out: int) -> None:
+            events.record_summary(api=api, outcome=outcome, tokens_in=tokens_in, tokens_out=tokens_out)
+
+        return report
+
+    def _looked_up(self, api: str, *, hit: bool) -> None:
+        if self.events is not None:
+            try:
+                self.events.record_summary_cache(api=api, hit=hit)
+            except Exception:  # reporting must never fail a request
+                logger.debug("reporting a summary cache lookup failed", exc_info=True)
 
     def dialect_for(self, request: ProxyRequest) -> Dialect:
         """The wire API summaries of ``request`` are asked in (``CTXPROXY_SUMMARY_API`` or its own)."""
@@ -257,6 +280,7 @@ class Summaries:
                 reply_tokens=reply,
                 identity=f"{dialect.name} summaries by {model} at {base_url}",
                 retry_after_s=self.settings.summary_retry_after_s,
+                on_call=self._call_hook(dialect.name),
             )
             ahead = AheadOfTime(
                 summarizer,
@@ -331,6 +355,7 @@ class Summaries:
         span = span_messages(plan.source, plan.memory)
         key = summarizer.span_key(span)
         summary = await self.cache.get(key)
+        self._looked_up(api, hit=bool(summary))
         if summary:
             self._count(api, "cached")
         elif await summarizer.blocked(key, self.cache) is not None:

@@ -681,3 +681,69 @@ async def test_a_gemini_summary_may_fill_the_input_limit_as_its_reply_is_not_cou
     assert on_gemini.reply_tokens == on_chat.reply_tokens == 500
     assert on_chat.input_budget_tokens == 7000 - 500  # prompt and reply within the room
     assert on_gemini.input_budget_tokens == 7000  # the prompt alone within it
+
+
+def _sample(metrics_text: str, name: str, **labels: str) -> float:
+    """One sample of the Prometheus text exposition (0 when absent)."""
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    total = 0.0
+    for line in metrics_text.splitlines():
+        found = re.fullmatch(rf"{re.escape(name)}\{{([^}}]*)\}} (\S+)", line)
+        if found and ",".join(sorted(found.group(1).split(","))) == wanted:
+            total += float(found.group(2))
+    return total
+
+
+async def test_summary_calls_and_cache_lookups_are_in_the_metrics_and_on_the_status_page_by_api() -> None:
+    fake = FakeAnthropic([FakeClaude("claude-test", window_tokens=4000)])
+    settings = Settings(
+        upstream_base_url="http://upstream.test/v1", upstream_transport="httpx", log_level="WARNING"
+    )
+    app = _app(settings, httpx.MockTransport(fake.handler), 4000, "cl100k_base")
+    headers = {"x-api-key": "sk-ant-client", "anthropic-version": "2023-06-01"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
+    ):
+        first = await client.post("/v1/messages", json=_anthropic_body(40), headers=headers)
+        again = await client.post("/v1/messages", json=_anthropic_body(40), headers=headers)  # cached
+        metrics = (await client.get("/metrics")).text
+        status = (await client.get("/status.json")).json()
+        stats = app.state.service.summaries.stats()
+    assert [r.headers["x-context-memory"] for r in (first, again)] == ["summary", "summary"]
+    summaries = [
+        r for r in fake.message_requests() if r.json().get("system", "").startswith("You write handoff")
+    ]
+    assert summaries and all(r.status == 200 for r in summaries)
+    assert len(summaries) == stats["by_api"]["messages"]["calls"]
+    calls = "ctxproxy_summary_calls_total"
+    assert _sample(metrics, calls, api="messages", outcome="ok") == len(summaries)
+    assert _sample(metrics, calls, api="chat", outcome="ok") == 0
+    tokens_in = _sample(metrics, "ctxproxy_summary_tokens_total", api="messages", direction="in")
+    tokens_out = _sample(metrics, "ctxproxy_summary_tokens_total", api="messages", direction="out")
+    assert tokens_in == stats["by_api"]["messages"]["tokens_in"] > 0
+    assert tokens_out == stats["by_api"]["messages"]["tokens_out"] > 0
+    lookups = "ctxproxy_summary_cache_requests_total"
+    # One memory lookup per cut request: the first waited for its summary, the second found it.
+    assert _sample(metrics, lookups, api="messages", result="miss") == 1
+    assert _sample(metrics, lookups, api="messages", result="hit") == 1
+    board = status["counters"]["by_api"]["messages"]["summaries"]
+    assert board["calls"] == len(summaries) and board["failures"] == 0
+    assert board["tokens_in"] == tokens_in and board["tokens_out"] == tokens_out
+    assert board["cache_hit"] == 1 and board["cache_miss"] == 1
+    assert status["counters"]["by_api"].get("chat", {}).get("summaries", {}).get("calls", 0) == 0
+
+
+async def test_a_failed_summary_call_is_counted_with_its_outcome() -> None:
+    fake = fake_upstream()
+    fake.summary_mode = "error"
+    async with proxy(fake, **NO_AHEAD) as (client, _app):
+        response = await client.post(CHAT, json=chat(conversation(12)))
+        metrics = (await client.get("/metrics")).text
+        status = (await client.get("/status.json")).json()
+    assert response.headers["x-context-memory"] == "note" and fake.summary_calls == 1
+    assert _sample(metrics, "ctxproxy_summary_calls_total", api="chat", outcome="http_500") == 1
+    assert _sample(metrics, "ctxproxy_summary_calls_total", api="chat", outcome="ok") == 0
+    assert _sample(metrics, "ctxproxy_summary_tokens_total", api="chat", direction="in") > 0
+    board = status["counters"]["by_api"]["chat"]["summaries"]
+    assert board["calls"] == 1 and board["failures"] == 1 and board["tokens_out"] == 0
