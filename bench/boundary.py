@@ -162,7 +162,10 @@ async def run_session(
                     )
                     elapsed = time.perf_counter() - started - (upstream.spent_s - spent)
                     calls = upstream.calls[before:]
-                    sends = [c for c in calls if not c.counting]
+                    # The client's request as sent upstream (and its retries): not the counting
+                    # calls, not the summary calls of the memory (on by default), which may come
+                    # first (one written ahead of time during an earlier request).
+                    sends = [c for c in calls if not c.counting and not c.summary]
                     taken = [c for c in sends if c.status == 200]
                     rows.append(
                         Row(
@@ -174,7 +177,7 @@ async def run_session(
                             forwarded_true=taken[-1].tokens if taken else None,
                             forwarded_output=output_cap(taken[-1].body) if taken and in_window else 0,
                             failed=sum(1 for c in sends if c.status == 400),
-                            counted=len(calls) - len(sends),
+                            counted=sum(1 for c in calls if c.counting),
                             lowered="x-context-output-lowered" in response.headers,
                             last_resort="last_resort" in response.headers.get("x-context-actions", ""),
                             refused_by_proxy=not sends and response.status_code >= 400,

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from app.compaction.prompts import SYSTEM_MARKER
 from app.core.dialect import Dialect
 from app.core.dialects import CHAT, GEMINI, MESSAGES, RESPONSES
 from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter, TokenCounter
@@ -117,6 +118,11 @@ class Call:
     @property
     def counting(self) -> bool:
         return route_of(self.path)[2]
+
+    @property
+    def summary(self) -> bool:
+        """A summary call of the proxy (summaries are on by default), not a client's request."""
+        return SYSTEM_MARKER.encode() in self.body
 
 
 @dataclass

@@ -34,7 +34,10 @@ INTERFACE CONTRACT (``app.service.boundary`` drives them):
 * ``lowered_output_tokens(plan, *, requested_output_tokens, policy) -> int | None``: when the
   client's output cap leaves no room for what must be kept (the plan does not fit, or it fits only
   by the last resort), the largest output cap with which what must be kept fits whole: ``window -
-  margin - keep_tokens(plan)`` (below the client's own), when that is at least
+  margin - keep_tokens(plan)`` (below the client's own), less the room a cut keeps for its memory
+  at the lowered budget when summaries are on (``memory_room_beside``: else the memory's room,
+  which grows with the budget, pushes what must be kept into the last resort again at every
+  lowered cap), when that is at least
   ``policy.output_floor_tokens``; else, for a plan that does not fit, the floor when the smallest
   the plan reached fits next to it (the last resort then cuts what it must); else None (nothing to
   lower, lowering is off, the input cap binds, or even the floor leaves no room).
@@ -46,6 +49,7 @@ import math
 from dataclasses import dataclass
 
 from .budget import Budget, Policy
+from .memory import MEMORY_BUDGET_SHARE, MEMORY_MAX_TOKENS, memory_tokens_for
 from .knowledge import Precision
 from .plan import Plan
 
@@ -117,6 +121,14 @@ def keep_tokens(plan: Plan) -> int:
     return plan.tokens_after + sum(a.tokens_freed for a in plan.actions if a.kind == "last_resort")
 
 
+def memory_room_beside(kept_tokens: int) -> int:
+    """The memory's room in the smallest input budget that holds ``kept_tokens`` of messages
+    beside it (``memory.memory_tokens_for``: ``MEMORY_BUDGET_SHARE`` of the input budget, at most
+    ``MEMORY_MAX_TOKENS``): the budget ``B`` with ``B - room(B) >= kept_tokens``, rounded up."""
+    share = MEMORY_BUDGET_SHARE
+    return min(MEMORY_MAX_TOKENS, math.ceil(kept_tokens * share / (1 - share)) + 1)
+
+
 def lowered_output_tokens(plan: Plan, *, requested_output_tokens: int | None, policy: Policy) -> int | None:
     """The output cap to forward instead of the client's (see the module docstring), or None."""
     if not policy.lower_output or requested_output_tokens is None or policy.mode in ("off", "reject"):
@@ -129,6 +141,8 @@ def lowered_output_tokens(plan: Plan, *, requested_output_tokens: int | None, po
         return None  # the input cap binds, not the output: a lower output cap cannot help
     most = min(requested_output_tokens, budget.reserve_tokens) - 1
     room = budget.window_tokens - budget.margin_tokens - keep
+    if memory_tokens_for(budget, policy) > 0:
+        room -= memory_room_beside(max(0, keep - budget.tool_tokens))
     if room >= policy.output_floor_tokens:
         return min(room, most)
     # Even the floor does not keep it whole: with the floor, the last resort cuts what it must.

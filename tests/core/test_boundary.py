@@ -13,6 +13,7 @@ from app.core.boundary import (
     Uncertainty,
     keep_tokens,
     lowered_output_tokens,
+    memory_room_beside,
     margin_for_count,
     margin_ratio,
     may_be_over,
@@ -24,6 +25,7 @@ from app.core.boundary import (
 from app.core.budget import Budget, Policy
 from app.core.dialects import CHAT
 from app.core.knowledge import Precision
+from app.core.memory import MEMORY_MAX_TOKENS, memory_tokens_for
 from app.core.plan import Action, Plan
 from tests.core.fakes import SPEC
 
@@ -115,6 +117,22 @@ def test_the_output_cap_comes_down_to_keep_what_must_be_kept() -> None:
     # A plan that fits without cutting into what must be kept needs no lower cap.
     fine = plan(20_000, fits=True, budget=budget, actions=(Action("dropped_turns", 1, 3_000),))
     assert lowered_output_tokens(fine, requested_output_tokens=32_000, policy=POLICY) is None
+
+
+def test_with_summaries_the_lowered_cap_leaves_the_memory_its_room_beside_what_must_be_kept() -> None:
+    budget = Budget(window_tokens=60_000, reserve_tokens=32_000, margin_tokens=3_000, tool_tokens=18_000)
+    last_resort = plan(25_000, fits=True, budget=budget, actions=(Action("last_resort", 1, 5_000),))
+    remembering = Policy(summarize=True)
+    cap = lowered_output_tokens(last_resort, requested_output_tokens=32_000, policy=remembering)
+    assert cap is not None and cap < 60_000 - 3_000 - 30_000  # lower than without the memory
+    # At the lowered cap, what must be kept (30,000 with the tools) fits beside the memory's room.
+    lowered = replace(budget, reserve_tokens=cap)
+    assert 30_000 - 18_000 + memory_tokens_for(lowered, remembering) <= lowered.input_budget_tokens
+    # ... and not at a cap a few tokens higher (the room is the smallest that does, but rounding).
+    higher = replace(budget, reserve_tokens=cap + 3)
+    assert 30_000 - 18_000 + memory_tokens_for(higher, remembering) > higher.input_budget_tokens
+    # A large kept span: the memory's room is capped, so is what the cap gives up for it.
+    assert memory_room_beside(10_000_000) == MEMORY_MAX_TOKENS
 
 
 def test_lowering_respects_the_floor_the_switches_and_the_input_cap() -> None:
