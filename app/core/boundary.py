@@ -49,8 +49,8 @@ import math
 from dataclasses import dataclass
 
 from .budget import Budget, Policy
-from .memory import MEMORY_BUDGET_SHARE, MEMORY_MAX_TOKENS, memory_tokens_for
 from .knowledge import Precision
+from .memory import MEMORY_BUDGET_SHARE, MEMORY_MAX_TOKENS, memory_tokens_for
 from .plan import Plan
 
 UNCERTAINTY_BASE = 0.005
