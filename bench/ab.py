@@ -15,7 +15,9 @@ and every iteration sends the same bytes to all of them in a rotated order. Each
   that route (probed first; a tree without it is left out of that route's rows); CPU per request
   read around every request (one process serves all routes);
 * **route rps** (unless ``--no-rps``): small requests at concurrency 32 per proxy and route,
-  rounds alternating (requests/s).
+  ``2 x targets`` rounds of one batch of ``--rps-requests`` per target, the order rotated round by
+  round so that each target leads two rounds (requests/s of each batch; the table's median is over
+  all of them) and the server's CPU per request over all its batches.
 
 The table gives each figure's median over the rounds (a round's p50 is one sample), and the
 ratios the issues ask: the proxy's added p50 over the raw-aiohttp forwarder's, over each other
@@ -192,14 +194,20 @@ class AB:
     async def rps(self, per_route: dict[str, list[load.Target]]) -> None:
         proxies = [t for targets in per_route.values() for t in targets if not t.name.startswith("direct")]
         bodies = {routes.BY_NAME[n].path: routes.small(n) for n in per_route}
+        # Every target leads a round twice (the rounds rotate the order): none always follows the
+        # same other target, whose leftovers (its process's deferred work, a collection) would
+        # then always fall on the same one.
+        rounds = 2 * len(proxies)
         async with load.new_session(limit=0) as fresh:
             s, _ = await load.run_concurrent_rounds(
-                fresh, proxies, bodies, requests=self.args.rps_requests * 2, concurrency=32, rounds=2,
-                time_limit_s=120, cpu_of=self.cpu_of,
+                fresh, proxies, bodies, requests=self.args.rps_requests * rounds, concurrency=32,
+                rounds=rounds, time_limit_s=180, cpu_of=self.cpu_of,
             )  # fmt: skip
         for name, samples in s.items():
             for value in samples.round_rps:
                 _add(self.figures, f"rps|{name}|req/s", value)
+            if samples.server_cpu_s is not None and samples.latency_s:
+                _add(self.figures, f"rps|{name}|cpu", 1000 * samples.server_cpu_s / len(samples.latency_s))
 
 
 def _median(values: list[float] | None) -> float:
@@ -281,13 +289,17 @@ def markdown(
             "",
             "## Routes: small requests at concurrency 32",
             "",
-            "| proxy route | req/s (median of rounds) | / chat's |",
-            "|---|---|---|",
+            "| proxy route | req/s (median of batches) | / chat's | CPU ms/req | / chat's |",
+            "|---|---|---|---|---|",
         ]
         for key in rps_keys:
             proxy = key.rsplit(" ", 1)[0]
-            value = med(f"rps|{key}|req/s")
-            lines.append(f"| {key} | {value:.0f} | {value / med(f'rps|{proxy} chat|req/s'):.2f}x |")
+            value, cpu = med(f"rps|{key}|req/s"), med(f"rps|{key}|cpu")
+            chat_cpu = med(f"rps|{proxy} chat|cpu")
+            lines.append(
+                f"| {key} | {value:.0f} | {value / med(f'rps|{proxy} chat|req/s'):.2f}x | {cpu:.3f} "
+                f"| {cpu / chat_cpu:.2f}x |"
+            )
     errors = {k: sum(v) for k, v in figures.items() if k.endswith("|errors") and sum(v)}
     if errors:
         lines += ["", "Errors: " + ", ".join(f"{k.rsplit('|', 1)[0]} {v:.0f}" for k, v in errors.items())]
@@ -307,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--small", type=int, default=200, help="small requests per target and round")
     parser.add_argument("--session", type=int, default=20, help="session turns per round (0: none)")
     parser.add_argument("--routes", type=lambda s: s.split(","), default=["chat", "gemini"])
-    parser.add_argument("--rps-requests", type=int, default=1000, help="requests per proxy route and round")
+    parser.add_argument(
+        "--rps-requests", type=int, default=500, help="requests per proxy route and batch (rps rounds)"
+    )
     parser.add_argument("--no-rps", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

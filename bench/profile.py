@@ -7,7 +7,8 @@ this command only (``.venv/bin/pip install py-spy``), not a project dependency.
 
 Scenarios: ``a`` small request, ``b`` ~100K-token session resent with one new message (warm),
 ``b_cold`` the same conversation new every time, ``c`` ~300K tokens into a 128K window (cold),
-``f`` small requests at concurrency 32.
+``f`` small requests at concurrency 32. ``--route gemini`` (or ``responses``, ``messages``) sends
+``a`` and ``f`` as that wire API's small request (``bench.routes``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import uvloop
 
-from bench import load, run, scenarios
+from bench import load, routes, run, scenarios
 from bench.servers import ServerPool
 
 IDLE_LEAVES = ("Condition.wait (threading.py", "Runner.run (asyncio/runners.py", "select (selectors.py")
@@ -64,17 +65,18 @@ def summarize(raw: Path, *, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-async def drive(scenario: str, url: str, n: int) -> None:
-    target = [load.Target("proxy", url)]
+async def drive(scenario: str, url: str, n: int, *, route: str = "chat") -> None:
+    r = routes.BY_NAME[route]
+    target = [load.Target("proxy", url, path=r.path, headers=r.headers)]
     async with load.new_session() as session:
         if scenario == "f":
-            body = scenarios.dumps(scenarios.small_body())
+            body = routes.small(route)
             await load.run_concurrent_rounds(
                 session, target, body, requests=n, concurrency=32, rounds=1, time_limit_s=120
             )
             return
         if scenario == "a":
-            body = scenarios.dumps(scenarios.small_body())
+            body = routes.small(route)
 
             def body_for(i: int) -> bytes:
                 return body
@@ -103,6 +105,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=["a", "b", "b_cold", "c", "f"], default="b")
     parser.add_argument("-n", type=int, default=200, help="requests")
+    parser.add_argument(
+        "--route", choices=[r.name for r in routes.ROUTES], default="chat",
+        help="the wire API of scenarios a and f (bench.routes: the same small request in each shape)",
+    )  # fmt: skip
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--raw", type=Path, default=None, help="keep the raw py-spy output here")
     parser.add_argument("--summarize", type=Path, default=None, help="only summarize this raw file")
@@ -131,7 +137,7 @@ def main() -> None:
         try:
             time.sleep(1.0)
             started = time.perf_counter()
-            uvloop.run(drive(args.scenario, proxy.base_url, args.n))
+            uvloop.run(drive(args.scenario, proxy.base_url, args.n, route=args.route))
             print(f"driven in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         finally:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT

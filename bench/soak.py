@@ -11,8 +11,10 @@ the stream ends with its API's last event: ``data: [DONE]``, ``response.complete
 ``message_stop``), 15% bad requests (malformed JSON, a bad ``X-Context-Budget``, an unknown role,
 a body over ``CTXPROXY_MAX_BODY_BYTES``: each must get its 4xx with an error body). Any other
 answer, or no answer, is an *unexpected error*. Every kind goes to every route of ``--routes``
-(default all three: chat completions, ``/v1/responses``, ``/v1/messages``; request ``n`` goes to
-route ``n % len(routes)``), the same conversations written in each API's shape (``bench/routes.py``).
+(default all four: chat completions, ``/v1/responses``, ``/v1/messages``, Gemini's
+``/v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``, whose last
+chunk carries ``finishReason``; request ``n`` goes to route ``n % len(routes)``), the same
+conversations written in each API's shape (``bench/routes.py``).
 
 Memory is measured the way a leak shows: resident memory (``VmRSS``) of the proxy after a warm-up
 that sends every distinct body once (so the bounded token cache and the allocator pools are
@@ -66,6 +68,8 @@ STREAM_ENDS = {
     "chat": b"data: [DONE]",
     "responses": b'"type":"response.completed"',
     "messages": b"message_stop",
+    # Gemini's last chunk (CRLF-framed SSE; no [DONE]) carries the finish reason.
+    "gemini": b'"finishReason":"STOP"',
 }
 
 
@@ -140,12 +144,22 @@ def in_route(expect: Expect, route: routes.Route) -> Expect:
     if route.name != "chat" and isinstance(chat, dict) and "messages" in chat:
         if any(m["role"] not in ("system", "user", "assistant", "tool") for m in chat["messages"]):
             # An unknown role, in the shape the route's API would carry it.
-            key = "input" if route.name == "responses" else "messages"
-            body = json.dumps({"model": MODEL, key: chat["messages"], "max_tokens": 64}).encode()
+            if route.name == "gemini":
+                contents = [{"role": m["role"], "parts": [{"text": m["content"]}]} for m in chat["messages"]]
+                body = json.dumps({"contents": contents}).encode()
+            else:
+                key = "input" if route.name == "responses" else "messages"
+                body = json.dumps({"model": MODEL, key: chat["messages"], "max_tokens": 64}).encode()
         else:
             body = routes.in_shape(route.name, chat)
+    path = route.path
+    if route.name == "gemini":
+        # The model is in Gemini's path, and so is streaming (an event stream with alt=sse).
+        path = f"/v1beta/models/{MODEL}:" + (
+            "streamGenerateContent?alt=sse" if expect.stream else "generateContent"
+        )
     return Expect(
-        body, expect.status, headers, expect.stream, expect.fitted, path=route.path, stream_end=stream_end
+        body, expect.status, headers, expect.stream, expect.fitted, path=path, stream_end=stream_end
     )
 
 
@@ -184,7 +198,7 @@ async def one(session: aiohttp.ClientSession, base_url: str, kind: str, expect: 
             if resp.status != expect.status:
                 tally.bad(kind, f"{expect.path} status {resp.status}: {data[:150]!r}")
                 return
-            last_event = data.rstrip().rsplit(b"\n\n", 1)[-1]
+            last_event = data.replace(b"\r\n", b"\n").rstrip().rsplit(b"\n\n", 1)[-1]  # CRLF: Gemini
             if expect.stream and expect.stream_end not in last_event:
                 tally.bad(
                     kind, f"{expect.path} stream did not end with {expect.stream_end!r}: {data[-150:]!r}"

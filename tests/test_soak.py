@@ -15,13 +15,21 @@ def test_tiny_soak_run_answers_every_request_as_expected(tmp_path: Path) -> None
         warmup=0,
         distinct=2,
         max_duration_s=120.0,
-        routes=["chat", "responses", "messages"],
+        routes=["chat", "responses", "messages", "gemini"],
     )
     result = soak.run(args)
     tally = result["tally"]
     assert sum(tally.sent.values()) == 120
     assert set(tally.sent) == {"fit", "stream", "long", "bad"}
-    assert dict(tally.routes) == {"/v1/chat/completions": 40, "/v1/responses": 40, "/v1/messages": 40}
+    gemini_streams = sum(1 for n in range(120) if n % 4 == 3 and soak.KINDS[n % len(soak.KINDS)] == "stream")
+    assert dict(tally.routes) == {
+        "/v1/chat/completions": 30,
+        "/v1/responses": 30,
+        "/v1/messages": 30,
+        f"/v1beta/models/{soak.MODEL}:generateContent": 30 - gemini_streams,
+        f"/v1beta/models/{soak.MODEL}:streamGenerateContent?alt=sse": gemini_streams,
+    }
+    assert gemini_streams > 0
     assert sum(tally.unexpected.values()) == 0, tally.examples
     assert sum(result["warm"].unexpected.values()) == 0, result["warm"].examples
     assert tally.ok == tally.sent
@@ -40,8 +48,8 @@ def test_the_mix_is_forty_thirty_fifteen_fifteen() -> None:
 
 
 def test_every_kind_goes_to_every_route_in_its_shape() -> None:
-    pool = soak.build_route_pool(4, ["chat", "responses", "messages"])
-    assert {kind: len(per_route) for kind, per_route in pool.items()} == dict.fromkeys(pool, 3)
+    pool = soak.build_route_pool(4, ["chat", "responses", "messages", "gemini"])
+    assert {kind: len(per_route) for kind, per_route in pool.items()} == dict.fromkeys(pool, 4)
     chat, responses, messages = pool["long"][0][0], pool["long"][1][0], pool["long"][2][0]
     assert (chat.path, responses.path, messages.path) == (
         "/v1/chat/completions",
@@ -55,9 +63,17 @@ def test_every_kind_goes_to_every_route_in_its_shape() -> None:
     assert [e.status for e in pool["bad"][1]] == [400, 400, 400, 413]
     role = pool["bad"][1][2]  # the unknown-role variant, as a Responses body
     assert b'"input"' in role.body and b'"role": "r2"' in role.body and role.path == "/v1/responses"
+    # Gemini: the model and the stream are in the path; the unknown role in its contents.
+    gemini_long, gemini_stream = pool["long"][3][0], pool["stream"][3][0]
+    assert gemini_long.path == f"/v1beta/models/{soak.MODEL}:generateContent"
+    assert b'"contents"' in gemini_long.body and b'"systemInstruction"' in gemini_long.body
+    assert gemini_stream.path == f"/v1beta/models/{soak.MODEL}:streamGenerateContent?alt=sse"
+    gemini_role = pool["bad"][3][2]
+    assert b'"contents"' in gemini_role.body and b'"role": "r2"' in gemini_role.body
     # The first request numbers of the warm-up reach each route in turn.
-    assert [pool[soak.KINDS[n % len(soak.KINDS)]][n % 3][0].path for n in range(3)] == [
+    assert [pool[soak.KINDS[n % len(soak.KINDS)]][n % 4][0].path for n in range(4)] == [
         "/v1/chat/completions",
         "/v1/responses",
         "/v1/messages",
+        f"/v1beta/models/{soak.MODEL}:generateContent",
     ]

@@ -6,6 +6,12 @@ INTERFACE CONTRACT (``tokens.py`` relies on these):
   (strings held by reference, dict key order ignored, ``1``/``1.0``/``True`` apart) and the
   characters its strings hold; None when it is not JSON-shaped. May raise ``RecursionError`` on
   values nested deeper than Python recurses (the caller counts those without caching).
+* ``freeze_counted(message) -> (key, chars) | None``: ``freeze``, except that the top-level
+  reserved keys that never change a count (``ORIGIN_KEY``, ``OPAQUE_KEY``) are left out when
+  their value is not a string (the chat accounting counts an unknown top-level value only when it
+  is a string): the key of a message *as counted*, equal for two messages that count alike
+  for that reason. A dialect's neutral messages carry an origin (a list of index lists), which
+  would otherwise take the nested walk on every request.
 * ``is_plain(value) -> bool``: True for values ``==`` compares exactly (strings, null, lists and
   string-keyed dicts of those); a number or a boolean is not plain.
 * ``is_plain_message(message) -> bool``: ``is_plain``, except that the dialects' reserved keys
@@ -17,7 +23,8 @@ INTERFACE CONTRACT (``tokens.py`` relies on these):
 * ``has_price(message)`` / ``prices_exact(message)``: the message holds a price (message level or a
   content part) / every such price is an ``int`` (not ``True``, not ``1.0``).
 * ``anchor_of(messages)``: the key a conversation is remembered under (its first two messages,
-  frozen), or None; ``messages`` must hold at least two.
+  ``freeze_counted``; what is remembered under it is matched with ``==``), or None; ``messages``
+  must hold at least two.
 * ``common_prefix(messages, remembered, priced=()) -> int``: how many leading messages equal the
   remembered; ``priced`` (ascending indices of remembered messages with prices) are also checked
   with ``prices_exact``.
@@ -39,9 +46,10 @@ PLAIN_MAX_DEPTH = 32
 
 
 def anchor_of(messages: Sequence[Message]) -> Any:
-    """The key a conversation is remembered under: its first two messages, frozen (or None)."""
-    first = freeze(messages[0]) if type(messages[0]) is dict else None
-    second = freeze(messages[1]) if type(messages[1]) is dict else None
+    """The key a conversation is remembered under: its first two messages, frozen as counted (or
+    None)."""
+    first = freeze_counted(messages[0]) if type(messages[0]) is dict else None
+    second = freeze_counted(messages[1]) if type(messages[1]) is dict else None
     if first is None or second is None:
         return None
     return first[0], second[0]
@@ -143,6 +151,30 @@ def prices_exact(message: Any) -> bool:
     return True
 
 
+_COUNT_BLIND = frozenset({ORIGIN_KEY, OPAQUE_KEY})
+
+
+def freeze_counted(message: Any) -> tuple[Any, int] | None:
+    """``freeze(message)`` without the reserved values that never change a count (see the module
+    docstring)."""
+    if type(message) is not dict:
+        return freeze(message)
+    chars = 0
+    blind = False
+    for key, value in message.items():
+        if type(key) is not str:
+            return None
+        if type(value) is str:
+            chars += len(key) + len(value)
+        elif key in _COUNT_BLIND:
+            blind = True
+        else:
+            return _freeze_dict(message, blind=True)
+    if blind:
+        return ("s", *sorted(kv for kv in message.items() if type(kv[1]) is str)), chars
+    return ("s", *sorted(message.items())), chars
+
+
 def freeze(item: Any) -> tuple[Any, int] | None:
     """``(key, chars)``: ``item`` as nested tuples usable as an exact dict key, and the number of
     characters its strings hold; None when it is not JSON-shaped (then it is not cached).
@@ -157,43 +189,69 @@ def freeze(item: Any) -> tuple[Any, int] | None:
         return item, len(item)
     if kind is dict:
         chars = 0
-        strings = True
         for key, value in item.items():
             if type(key) is not str:
                 return None
             if type(value) is str:
                 chars += len(key) + len(value)
             else:
-                strings = False
-                break
-        if strings:
-            # The common message: a flat dict of strings (keys are unique, so the sort never
-            # compares values).
-            return ("s", *sorted(item.items())), chars
-        parts: list[Any] = ["d"]
-        chars = 0
-        for key in sorted(item):
-            if type(key) is not str:
-                return None
-            frozen = freeze(item[key])
-            if frozen is None:
-                return None
-            parts.append(key)
-            parts.append(frozen[0])
-            chars += len(key) + frozen[1]
-        return tuple(parts), chars
+                return _freeze_dict(item)
+        # The common message: a flat dict of strings (keys are unique, so the sort never
+        # compares values).
+        return ("s", *sorted(item.items())), chars
     if kind is list or kind is tuple:
-        parts = ["l"]
-        chars = 0
-        for value in item:
-            frozen = freeze(value)
-            if frozen is None:
-                return None
-            parts.append(frozen[0])
-            chars += frozen[1]
-        return tuple(parts), chars
+        return _freeze_list(item)
     if item is None or kind is bool or kind is int:
         return (kind.__name__, item), 1
     if kind is float:
         return ("float", repr(item)), 1
     return None
+
+
+# The container walks write strings and ints in line and walk a nested list directly: a call per
+# value would cost more than the walk (a neutral message with a dialect's origin, a list of index
+# lists, is frozen on every request, twice).
+def _freeze_dict(item: dict[Any, Any], *, blind: bool = False) -> tuple[Any, int] | None:
+    parts: list[Any] = ["d"]
+    chars = 0
+    for key, value in sorted(item.items()):  # keys are unique: values are never compared
+        if type(key) is not str:
+            return None
+        kind = type(value)
+        if blind and kind is not str and key in _COUNT_BLIND:
+            continue
+        if kind is str:
+            parts += (key, value)
+            chars += len(key) + len(value)
+            continue
+        if value is None or kind is bool or kind is int:
+            parts += (key, (kind.__name__, value))
+            chars += len(key) + 1
+            continue
+        frozen = _freeze_list(value) if kind is list else freeze(value)
+        if frozen is None:
+            return None
+        parts += (key, frozen[0])
+        chars += len(key) + frozen[1]
+    return tuple(parts), chars
+
+
+def _freeze_list(item: list[Any] | tuple[Any, ...]) -> tuple[Any, int] | None:
+    parts: list[Any] = ["l"]
+    chars = 0
+    for value in item:
+        kind = type(value)
+        if kind is str:
+            parts.append(value)
+            chars += len(value)
+            continue
+        if value is None or kind is bool or kind is int:
+            parts.append((kind.__name__, value))
+            chars += 1
+            continue
+        frozen = _freeze_list(value) if kind is list else freeze(value)
+        if frozen is None:
+            return None
+        parts.append(frozen[0])
+        chars += frozen[1]
+    return tuple(parts), chars

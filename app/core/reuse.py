@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from .frozen import freeze
+from .frozen import freeze_counted
 from .messages import Message
 
 DEFAULT_MAX_CONVERSATIONS = 256
@@ -46,12 +46,13 @@ class PrefixReuse:
 
 def _anchor(messages: Sequence[Message], *, model: str, api: str) -> Hashable | None:
     """The conversation's key: model, API and its first two messages, exactly (``frozen``: keys
-    in any order, ``1``/``1.0``/``True`` apart); a message that does not freeze (not JSON-shaped)
+    in any order, ``1``/``1.0``/``True`` apart; ``freeze_counted``: a dialect's origin left out,
+    the same for the same opening); a message that does not freeze (not JSON-shaped)
     is written as JSON instead, values of other types by their ``repr``."""
     opening = []
     for message in messages[:2]:
         try:
-            frozen = freeze(message) if type(message) is dict else None
+            frozen = freeze_counted(message) if type(message) is dict else None
         except RecursionError:  # deeper than Python recurses: json.dumps gives up as well
             return None
         if frozen is None:

@@ -85,6 +85,8 @@ __all__ = [
 ]
 
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Templated paths ``RouteTable.match`` remembers (each a few hundred bytes).
+MATCHED_MAX = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +155,7 @@ def _compile(template: str) -> re.Pattern[str]:
 class RouteTable:
     """Every route of a registry, matched by path (see the module docstring)."""
 
-    __slots__ = ("_dialects", "_literal", "_templates", "routes")
+    __slots__ = ("_dialects", "_literal", "_matched", "_templates", "routes")
 
     def __init__(self, routes: Sequence[tuple[Dialect, Route]]) -> None:
         self.routes = tuple(routes)
@@ -169,6 +171,10 @@ class RouteTable:
                 self._literal[route.template] = (dialect, route)
             else:
                 self._templates.append((_compile(route.template), dialect, route))
+        # Templated paths matched lately (a client sends the same few model paths again and
+        # again): ``(path, raw path)`` -> what the templates gave, bounded, oldest dropped first.
+        # A path with a dot segment is refused every time, never remembered.
+        self._matched: dict[tuple[str, str], tuple[Dialect, Route, Mapping[str, str], Mapping[str, str]]] = {}
 
     @classmethod
     def of(cls, dialects: Mapping[str, Dialect]) -> RouteTable:
@@ -191,6 +197,9 @@ class RouteTable:
         if not self._templates:
             return None
         raw = path if raw_path is None else raw_path
+        seen = self._matched.get((path, raw))
+        if seen is not None:  # the parameters are never mutated (RouteMatch is read only)
+            return RouteMatch(seen[0], seen[1], seen[2], raw, query, seen[3])
         # A dot segment follows a slash, or is percent-encoded: most paths have neither.
         encoded = "%" in raw
         for pattern, dialect, route in self._templates:
@@ -202,6 +211,9 @@ class RouteTable:
                     raise InvalidRequest("The path must not contain '.' or '..' segments.", param=None)
                 raw_params = found.groupdict()
                 params = {k: unquote(v) for k, v in raw_params.items()} if encoded else raw_params
+                if len(self._matched) >= MATCHED_MAX:
+                    self._matched.pop(next(iter(self._matched)), None)
+                self._matched[(path, raw)] = (dialect, route, params, raw_params)
                 return RouteMatch(dialect, route, params, raw, query, raw_params)
         return None
 

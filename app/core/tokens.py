@@ -55,7 +55,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .accounting import ChatAccounting
 from .errors import InvalidRequest
-from .frozen import anchor_of, common_prefix, freeze, has_price, is_plain_message
+from .frozen import anchor_of, common_prefix, freeze, freeze_counted, has_price, is_plain_message
 from .messages import Message
 
 REPLY_PRIMING_TOKENS = 3
@@ -318,7 +318,8 @@ class MessageCounter:
         if self.cache_size == 0 or self.cache_max_chars == 0:
             return (*tally(item), None)
         try:
-            frozen = freeze(item)
+            # A message's key leaves out the reserved values its count never reads (an origin).
+            frozen = freeze_counted(item) if prefix == "m" else freeze(item)
         except RecursionError:  # nested deeper than Python recurses: counted, never cached
             frozen = None
         if frozen is None:

@@ -20,6 +20,8 @@ response headers; ``upstream`` is that waiting time summed over the request's up
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from typing import Any
 
@@ -98,6 +100,37 @@ def _int(value: Any) -> int | None:
 
 
 _access_logger = logging.getLogger("ctxproxy.access")
+# Per (thread, process): the attributes of an access record that do not change between lines.
+_PROTOTYPES: dict[tuple[int, int], dict[str, Any]] = {}
+
+
+def access_record(fields: dict[str, Any]) -> logging.LogRecord:
+    """The ``ctxproxy.access`` record of one request (``record.access = fields``), as
+    ``Logger.makeRecord`` makes it: a copy of one made by ``LogRecord`` itself in this thread and
+    process, with its own time (``LogRecord.__init__`` re-derives the file name, module, thread
+    and process names on every call: most of its cost). A custom record factory
+    (``logging.setLogRecordFactory``) makes every record itself."""
+    if logging.getLogRecordFactory() is not logging.LogRecord:
+        return _access_logger.makeRecord(
+            _access_logger.name, logging.INFO, __file__, 0, "request", (), None, extra={"access": fields}
+        )
+    key = (threading.get_ident(), os.getpid())
+    prototype = _PROTOTYPES.get(key)
+    if prototype is None:
+        made = logging.LogRecord(_access_logger.name, logging.INFO, __file__, 0, "request", (), None)
+        prototype = dict(vars(made))
+        if len(_PROTOTYPES) >= 64:  # threads come and go (a test's servers): keep it bounded
+            _PROTOTYPES.clear()
+        _PROTOTYPES[key] = prototype
+    record = logging.LogRecord.__new__(logging.LogRecord)
+    attributes = record.__dict__
+    attributes.update(prototype)
+    now = time.time()
+    attributes["created"] = now
+    attributes["msecs"] = int((now - int(now)) * 1000) + 0.0
+    attributes["relativeCreated"] = prototype["relativeCreated"] + (now - prototype["created"]) * 1000
+    attributes["access"] = fields
+    return record
 
 
 class ObservabilityMiddleware:
@@ -194,10 +227,7 @@ class ObservabilityMiddleware:
         }
         # ``Logger.info`` without its search of the caller's frame (the line never shows it):
         # the same record otherwise, through the same filters and handlers.
-        line = _access_logger.makeRecord(
-            _access_logger.name, logging.INFO, __file__, 0, "request", (), None, extra={"access": record}
-        )
-        _access_logger.handle(line)
+        _access_logger.handle(access_record(record))
 
     def _record(
         self,

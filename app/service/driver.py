@@ -321,8 +321,13 @@ class Service:
             if isinstance(command, Send):
                 if response is not None:
                     await response.aclose()
-                forwarded = Forwarded.of(request, command.plan)
-                response, command = await self._send(request, exchange, forwarded, pending)
+                if command.plan is None:  # the fast path: the client's bytes, the plan made meanwhile
+                    response, command = await self._send(request, exchange, request.raw, pending)
+                    assert exchange.plan is not None  # finished by _send before any answer is read
+                    forwarded = Forwarded.sent_first(request, exchange.plan)
+                else:
+                    forwarded = Forwarded.of(request, command.plan)
+                    response, command = await self._send(request, exchange, forwarded.content, pending)
                 pending = None
                 continue
             assert response is not None and exchange.plan is not None and forwarded is not None
@@ -346,16 +351,16 @@ class Service:
         self,
         request: ProxyRequest,
         exchange: Exchange,
-        forwarded: Forwarded,
+        content: bytes,
         pending: Pending | None,
     ) -> tuple[UpstreamResponse, Deliver | Replan]:
-        """Send ``forwarded``; finish a fast-path plan; read an error answer the exchange wants."""
+        """Send ``content``; finish a fast-path plan; read an error answer the exchange wants."""
         target = request.route.target
         try:
             response = await self.upstream.send(
                 "POST",
                 target.path,
-                content=forwarded.content,
+                content=content,
                 headers=request.headers,
                 stream=True,
                 base_url=request.base_url,

@@ -197,3 +197,10 @@ class Forwarded:
         if tools > 0:
             messages = (*messages, {"role": "system", "content": None, PRICE_KEY: tools})
         return cls(plan, body, content, {"messages": messages})
+
+    @classmethod
+    def sent_first(cls, request: ProxyRequest, plan: Plan) -> Forwarded:
+        """The fast path's: the client's own bytes went out before ``plan`` (their exact plan) was
+        made. ``of(request, plan)`` when it changed nothing (the tools priced from its budget, not
+        counted again), else ``of(request, None)`` (what was sent is the client's request)."""
+        return cls.of(request, None if plan.changed else plan)

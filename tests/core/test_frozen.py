@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from app.core.conversation import OPAQUE_KEY, ORIGIN_KEY, PRICE_KEY
-from app.core.frozen import has_price, is_plain, is_plain_message, prices_exact
+from app.core.frozen import freeze, freeze_counted, has_price, is_plain, is_plain_message, prices_exact
 from app.core.tokens import MessageCounter
 from tests.core.chat_samples import O200K, call_message, conversation
 
@@ -88,3 +88,30 @@ def test_origin_and_opaque_lookalikes_count_the_same() -> None:
     assert not is_plain_message({"role": "user", "content": "x", ORIGIN_KEY: [[True]]})
     assert not is_plain_message({"role": "user", "content": "x", OPAQUE_KEY: 1})
     assert not is_plain_message({"role": "user", "content": "x", "seed": 1})
+
+
+def test_a_message_counted_keys_leave_out_only_reserved_values_the_count_never_reads() -> None:
+    text = {"role": "user", "content": "hello there"}
+    with_origin = {**text, ORIGIN_KEY: [[0, 0]]}
+    elsewhere = {**text, ORIGIN_KEY: [[3, 1], [4, 0]], OPAQUE_KEY: True}
+    parts = {"role": "user", "content": [{"type": "text", "text": "hi"}], ORIGIN_KEY: [[1, 0]]}
+    assert freeze_counted(with_origin) == freeze_counted(elsewhere) == freeze_counted(text) == freeze(text)
+    assert freeze_counted(parts) == freeze_counted({k: v for k, v in parts.items() if k != ORIGIN_KEY})
+    assert freeze(with_origin) != freeze(text)  # the exact key keeps it
+    # A string is counted wherever it is (an unknown top-level string is text): kept in the key.
+    assert freeze_counted({**text, ORIGIN_KEY: "x"}) != freeze_counted(text)
+    # A price changes the count: never left out.
+    assert freeze_counted({**text, PRICE_KEY: 5}) != freeze_counted(text)
+    mc = MessageCounter(O200K)
+    assert mc.count_message(with_origin) == mc.count_message(elsewhere) == mc.count_message(text)
+    assert mc.count_message({**text, ORIGIN_KEY: "x"}) > mc.count_message(text)
+    assert mc.cache_info().misses == 2  # the origin's variants share one entry
+
+
+def test_freeze_walks_nested_values_to_the_same_keys_as_before() -> None:
+    assert freeze({"b": [[1, 2], ["x", None]], "a": {"c": True, "d": 1.0}}) == (
+        ("d", "a", ("d", "c", ("bool", True), "d", ("float", "1.0")), "b",
+         ("l", ("l", ("int", 1), ("int", 2)), ("l", "x", ("NoneType", None)))),
+        10,
+    )  # fmt: skip
+    assert freeze({"a": [object()]}) is None and freeze([{1: "x"}]) is None

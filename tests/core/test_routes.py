@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from app.core import routes as routes_module
 from app.core.dialects import CHAT, DIALECTS, GEMINI, MESSAGES, RESPONSES
 from app.core.errors import InvalidRequest
 from app.core.routes import (
@@ -79,6 +80,28 @@ def test_a_templated_path_with_a_dot_segment_is_refused(raw: str) -> None:
     )
     with pytest.raises(InvalidRequest, match=r"'\.\.'"):
         table.match(raw.replace("%2e%2e", ".."), raw_path=raw)
+
+
+def test_a_templated_path_matched_again_is_remembered_and_a_dot_segment_refused_each_time() -> None:
+    table = RouteTable.of(REGISTRY)
+    first = table.match("/v1beta/models/a b:count", "x=1", raw_path="/v1beta/models/a%20b:count")
+    again = table.match("/v1beta/models/a b:count", "y=2", raw_path="/v1beta/models/a%20b:count")
+    assert first is not None and again is not None
+    assert (again.route, again.params, again.raw_params, again.path) == (
+        first.route, {"model": "a b"}, {"model": "a%20b"}, "/v1beta/models/a%20b:count"
+    )  # fmt: skip
+    assert (first.query, again.query) == ("x=1", "y=2")  # the query is the request's own
+    # The same decoded path sent otherwise is its own entry: its raw parameters are its own.
+    plain = table.match("/v1beta/models/a b:count", raw_path="/v1beta/models/a b:count")
+    assert plain is not None and plain.raw_params == {"model": "a b"}
+    for i in range(routes_module.MATCHED_MAX + 10):
+        assert table.match(f"/v1beta/models/m{i}:generate") is not None
+    again = table.match("/v1beta/models/a b:count", raw_path="/v1beta/models/a%20b:count")
+    assert again is not None and again.params == {"model": "a b"}  # dropped, matched afresh
+    dotted = RouteTable.of({"t": replace(CHAT, name="t", routes=(Route("/v1beta/{a}/{b}"),))})
+    for _ in range(2):  # never remembered: refused every time
+        with pytest.raises(InvalidRequest):
+            dotted.match("/v1beta/../x", raw_path="/v1beta/%2e%2e/x")
 
 
 def test_literal_routes_go_under_the_base_url() -> None:

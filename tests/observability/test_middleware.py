@@ -16,7 +16,7 @@ from app.core.registry import ModelSpec
 from app.observability import Observability
 from app.observability.context import valid_request_id
 from app.observability.labels import MAX_MODEL_LABELS
-from app.observability.middleware import outcome_of
+from app.observability.middleware import access_record, outcome_of
 from tests.api import UPSTREAM, chat_ok, openai_overflow, proxy, words
 
 CHAT = f"{UPSTREAM}/chat/completions"
@@ -477,3 +477,38 @@ async def test_lm_studio_discovery_has_its_own_endpoint_label() -> None:
         await app.state.service.learner.discovery.wait_idle()
     assert sample(app, "ctxproxy_discovery_total", endpoint="lmstudio_models", result="answered") == 1
     assert sample(app, "ctxproxy_discovery_total", endpoint="models", result="answered") == 1
+
+
+def test_an_access_record_is_the_record_the_logger_makes_with_its_own_time() -> None:
+    access = logging.getLogger("ctxproxy.access")
+    import app.observability.middleware as middleware
+
+    made = access.makeRecord(
+        access.name, logging.INFO, middleware.__file__, 0, "request", (), None, extra={"access": {"a": 1}}
+    )
+    ours = access_record({"a": 1})
+    ours_again = access_record({"b": 2})
+    assert ours is not ours_again and ours_again.access == {"b": 2} and ours.access == {"a": 1}
+    moving = {"created", "msecs", "relativeCreated"}
+    assert {k: v for k, v in vars(ours).items() if k not in moving} == {
+        k: v for k, v in vars(made).items() if k not in moving
+    }
+    assert made.created <= ours.created <= ours_again.created
+    assert abs((ours.relativeCreated - made.relativeCreated) - (ours.created - made.created) * 1000) < 1
+    assert ours.getMessage() == "request" and ours.levelname == "INFO"
+
+
+def test_a_custom_record_factory_makes_the_access_record() -> None:
+    class Custom(logging.LogRecord):
+        pass
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        return Custom(*args, **kwargs)
+
+    original = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(factory)
+    try:
+        record = access_record({"a": 1})
+    finally:
+        logging.setLogRecordFactory(original)
+    assert type(record) is Custom and record.access == {"a": 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -66,3 +67,16 @@ def test_forwarded_counts_a_chat_shaped_body_as_itself_and_others_by_their_neutr
     counted = Forwarded.of(responses, None).counted
     assert not RESPONSES.chat_shaped and counted is not body
     assert counted["messages"][0]["role"] == "user" and len(counted["messages"]) == 2  # + the tools' price
+
+
+def test_what_the_fast_path_sent_first_is_counted_as_the_client_request_with_the_plans_tool_price() -> None:
+    svc = service()
+    body = {"model": "m", "input": "hello", "tools": [{"type": "function", "name": "f", "parameters": {}}]}
+    responses = svc.request(body, RequestOptions(), dialect=RESPONSES)
+    plan = responses.plan()
+    assert not plan.changed and plan.budget.tool_tokens > 0
+    sent = Forwarded.sent_first(responses, plan)
+    assert sent.plan is plan and sent.content == responses.raw and sent.body is responses.body
+    assert sent.counted == Forwarded.of(responses, None).counted  # the same comparison for learning
+    changed = Forwarded.sent_first(svc.request(agent_body(), RequestOptions()), replace(plan, changed=True))
+    assert changed.plan is None  # a plan that changed the request is not what went out
