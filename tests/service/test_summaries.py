@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import re
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -483,17 +485,24 @@ def _app(settings: Settings, transport: httpx.AsyncBaseTransport, window_tokens:
     return create_app(settings, upstream_transport=transport, registry=Registry())
 
 
-async def test_a_messages_request_is_summarized_with_messages_and_its_own_headers() -> None:
-    fake = FakeAnthropic([FakeClaude("claude-test", window_tokens=4000)])
+@contextlib.asynccontextmanager
+async def _messages_proxy(fake: FakeAnthropic) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
+    """The whole app (4,000-token window, cl100k) in front of ``fake``, and a client of it."""
     settings = Settings(
         upstream_base_url="http://upstream.test/v1", upstream_transport="httpx", log_level="WARNING"
     )
     app = _app(settings, httpx.MockTransport(fake.handler), 4000, "cl100k_base")
-    headers = {"x-api-key": "sk-ant-client", "anthropic-version": "2023-06-01"}
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
     ):
+        yield client, app
+
+
+async def test_a_messages_request_is_summarized_with_messages_and_its_own_headers() -> None:
+    fake = FakeAnthropic([FakeClaude("claude-test", window_tokens=4000)])
+    headers = {"x-api-key": "sk-ant-client", "anthropic-version": "2023-06-01"}
+    async with _messages_proxy(fake) as (client, app):
         response = await client.post("/v1/messages", json=_anthropic_body(40), headers=headers)
         stats = app.state.service.summaries.stats()
     assert response.status_code == 200, response.text
@@ -696,15 +705,8 @@ def _sample(metrics_text: str, name: str, **labels: str) -> float:
 
 async def test_summary_calls_and_cache_lookups_are_in_the_metrics_and_on_the_status_page_by_api() -> None:
     fake = FakeAnthropic([FakeClaude("claude-test", window_tokens=4000)])
-    settings = Settings(
-        upstream_base_url="http://upstream.test/v1", upstream_transport="httpx", log_level="WARNING"
-    )
-    app = _app(settings, httpx.MockTransport(fake.handler), 4000, "cl100k_base")
     headers = {"x-api-key": "sk-ant-client", "anthropic-version": "2023-06-01"}
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
-    ):
+    async with _messages_proxy(fake) as (client, app):
         first = await client.post("/v1/messages", json=_anthropic_body(40), headers=headers)
         again = await client.post("/v1/messages", json=_anthropic_body(40), headers=headers)  # cached
         metrics = (await client.get("/metrics")).text
