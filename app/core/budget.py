@@ -168,12 +168,15 @@ def budget_for(
     exact: bool,
     cap_tokens: int | None = None,
     limits: Limits | None = None,
+    output_in_window: bool = True,
 ) -> Budget:
-    """The budget of ``body`` against ``spec`` under ``policy``, with ``limits`` applied."""
+    """The budget of ``body`` against ``spec`` under ``policy``, with ``limits`` applied; no
+    output reserve when the output is not ``output_in_window`` (the upstream limits the input
+    alone)."""
     window = spec.window_tokens
     if limits is not None and limits.window_tokens is not None:
         window = limits.window_tokens
-    reserve = requested_output_tokens(body)
+    reserve = requested_output_tokens(body) if output_in_window else 0
     if reserve is None:
         reserve = (
             policy.reserve_tokens

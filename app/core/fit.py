@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .budget import Budget, Limits, Policy, budget_for
@@ -116,12 +116,17 @@ def _prepare(
     # cap on the conversation, so the budget is the same whatever the wire key was called.
     requested = conversation.requested_output_tokens
     caps = {"max_tokens": requested} if requested is not None else _NO_OUTPUT_CAP
+    # The upstream may limit the input alone (Gemini's inputTokenLimit): then no output reserve.
     budget = budget_for(
-        spec, caps, policy, tool_tokens=tool_tokens, exact=counter.exact, cap_tokens=cap_tokens, limits=limits
+        spec,
+        caps,
+        policy,
+        tool_tokens=tool_tokens,
+        exact=counter.exact,
+        cap_tokens=cap_tokens,
+        limits=limits,
+        output_in_window=dialect.output_in_window,
     )
-    if not dialect.output_in_window:
-        # The upstream limits the input alone (Gemini's inputTokenLimit): no output reserve.
-        budget = replace(budget, reserve_tokens=0)
     return messages, per_message, tool_tokens, budget
 
 

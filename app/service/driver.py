@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.body_memo import BodyMemo
 from ..core.budget import Policy
 from ..core.ceiling import conversation_surely_fits
+from ..core.conversation import Conversation
 from ..core.dialect import Dialect
 from ..core.dialects import DEFAULT_DIALECT
 from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
@@ -153,7 +154,17 @@ class Service:
         conversation = dialect.parse(body, memo=self.parses)
         stream = conversation.stream if match.route.stream is None else match.route.stream
         if conversation.model != model or conversation.stream != stream:
-            conversation = replace(conversation, model=model, stream=stream)
+            # The path's model and stream (Gemini's); the constructor, not ``replace`` (which
+            # walks the fields on every call).
+            conversation = Conversation(
+                model=model,
+                messages=conversation.messages,
+                tool_tokens=conversation.tool_tokens,
+                requested_output_tokens=conversation.requested_output_tokens,
+                stream=stream,
+                fittable=conversation.fittable,
+                unfittable_reason=conversation.unfittable_reason,
+            )
         return ProxyRequest(
             raw=raw,
             body=body,

@@ -200,8 +200,11 @@ class GeminiDialect:
 
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
         """The model is the body's (``models/`` stripped) or ""; the service sets the path's."""
-        model = body_model(body) if isinstance(body, Mapping) else None
-        return parse_gemini(body, model=model or "", stream=False, memo=memo)
+        if not isinstance(body, Mapping):
+            return parse_gemini(body, model="", stream=False, memo=memo)
+        request = counted_request(body)  # once: the model and the parse both read it
+        model = body_model(body, counted=request)
+        return parse_gemini(body, model=model or "", stream=False, memo=memo, counted=request)
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         body = counted_request(body)

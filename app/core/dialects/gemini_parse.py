@@ -6,7 +6,7 @@ INTERFACE CONTRACT (pure, standard library only):
 * ``validate_body(body, *, recalled=NOTHING) -> (contents, system, maxOutputTokens)``: what
   planning relies on, ``InvalidRequest`` naming the field otherwise; a content ``recalled``
   reusable at its index is not checked again (it is strictly equal to one checked before).
-* ``parse_gemini(body, *, model, stream, memo=None) -> Conversation``: the neutral conversation
+* ``parse_gemini(body, *, model, stream, memo=None, counted=None) -> Conversation``: the neutral conversation
   of a body (a ``:countTokens`` body read through ``counted_request``); ``model`` and ``stream``
   come from the request's path. With ``memo`` (``parse_memo``), the neutral messages of a resent
   history's strictly equal leading contents are reused (those of content ``i`` are a pure
@@ -15,7 +15,7 @@ INTERFACE CONTRACT (pure, standard library only):
   upstream, ``UNFITTABLE_CACHED``).
 * ``counted_request(body)``: the ``generateContentRequest`` of a ``:countTokens`` body when it
   has one, else the body itself.
-* ``body_model(body)``: the body's ``model`` (or its ``generateContentRequest``'s) without
+* ``body_model(body, *, counted=None)``: the body's ``model`` (or its ``generateContentRequest``'s) without
   ``models/``, else None (a request without a path: the dry run, the gateway engine).
 """
 
@@ -124,10 +124,16 @@ class _Remembered:
 
 
 def parse_gemini(
-    body: Mapping[str, Any], *, model: str, stream: bool, memo: ParseMemo | None = None
+    body: Mapping[str, Any],
+    *,
+    model: str,
+    stream: bool,
+    memo: ParseMemo | None = None,
+    counted: Mapping[str, Any] | None = None,
 ) -> Conversation:
-    """The neutral conversation of a Gemini body; ``model`` and ``stream`` from the path."""
-    request = counted_request(body)
+    """The neutral conversation of a Gemini body; ``model`` and ``stream`` from the path
+    (``counted``: ``counted_request(body)`` when the caller has it already)."""
+    request = counted_request(body) if counted is None else counted
     previous: _Remembered | None = None
     recalled = NOTHING
     if memo is not None:
@@ -172,11 +178,12 @@ def parse_gemini(
     )
 
 
-def body_model(body: Mapping[str, Any]) -> str | None:
-    """The body's ``model`` (or its ``generateContentRequest``'s), ``models/`` stripped."""
+def body_model(body: Mapping[str, Any], *, counted: Mapping[str, Any] | None = None) -> str | None:
+    """The body's ``model`` (or its ``generateContentRequest``'s), ``models/`` stripped
+    (``counted``: ``counted_request(body)`` when the caller has it already)."""
     named = body.get("model")
     if named is None:
-        inner = counted_request(body)
+        inner = counted_request(body) if counted is None else counted
         named = inner.get("model") if inner is not body else None
     if isinstance(named, str) and named.removeprefix(MODEL_PREFIX):
         return named.removeprefix(MODEL_PREFIX)

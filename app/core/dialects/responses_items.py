@@ -688,6 +688,12 @@ def parse_input(body: Mapping[str, Any], *, memo: ParseMemo | None = None) -> Pa
         kind = _validate_item(i, item)
         kinds.append(kind)
         keys.append(_key_for(kind, item) if kind in OUTPUT_OF_CALL or kind in CALL_OF_OUTPUT else None)
+    if memo is None and all(kind == "message" for kind in kinds):
+        # Role messages only (a short input, not remembered): no calls, outputs or reasoning to
+        # group, so each item is its own message; what the general scan below makes of them.
+        plain = _Builder(raw, None, NOTHING, remember=False)
+        messages.extend([plain.message(i) for i in range(len(raw))])
+        return ParsedInput(tuple(messages), tuple(raw), tuple(kinds), tuple(keys), -1)
     answer_at, late_keys, answers_top = _answers(kinds, keys, previous, limit)
     build = _Builder(raw, previous, recalled, remember=memo is not None)
     made = _parse_items(raw, kinds, keys, answer_at, late_keys, build)
