@@ -223,12 +223,12 @@ class GeminiDialect:
             for declaration in declarations if isinstance(declarations, list) else []:
                 if not isinstance(declaration, Mapping):
                     continue
-                schema = field(declaration, "parametersJsonSchema") or declaration.get("parameters")
+                parameters = field(declaration, "parametersJsonSchema") or declaration.get("parameters")
                 spec: dict[str, Any] = {"name": declaration.get("name")}
                 if isinstance(declaration.get("description"), str):
                     spec["description"] = declaration["description"]
-                if isinstance(schema, Mapping):
-                    spec["parameters"] = schema
+                if isinstance(parameters, Mapping):
+                    spec["parameters"] = parameters
                 shaped.append({"type": "function", "function": spec})
             rest = {
                 k: v for k, v in tool.items() if k not in ("functionDeclarations", "function_declarations")

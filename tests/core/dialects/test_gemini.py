@@ -474,6 +474,12 @@ def test_usage_counting_answers_and_tools() -> None:
     }
     assert GEMINI.tool_tokens(searched, counter) > GEMINI.tool_tokens(with_json, counter)
     assert GEMINI.tool_tokens({"contents": []}, counter) == 0
+    # A function's parameters are priced once: not again as a response schema the body has not.
+    bare = {"tools": [{"functionDeclarations": [{"name": "read", "description": "reads"}]}]}
+    per_schema = GEMINI.tool_tokens(with_json, counter) - GEMINI.tool_tokens(bare, counter)
+    structured = {**with_json, "generationConfig": {"responseJsonSchema": schema}}
+    assert GEMINI.tool_tokens(structured, counter) > GEMINI.tool_tokens(with_json, counter)
+    assert GEMINI.tool_tokens(with_json, counter) < GEMINI.tool_tokens(bare, counter) + 2 * per_schema
 
 
 def test_the_dialect_is_registered_with_its_routes_keys_and_budget_facts() -> None:
