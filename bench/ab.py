@@ -30,7 +30,6 @@ import argparse
 import datetime as dt
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ import uvloop
 
 from bench import load, report, routes, scenarios
 from bench.forwarders import TARGETS as FORWARDER_APPS
-from bench.servers import REPO, Server, ServerPool, free_port, uvicorn_argv
+from bench.servers import REPO, Server, ServerPool, free_port, git_state, uvicorn_argv
 
 FORWARDER = "fwd-aiohttp"  # the floor the ratios are taken against
 HEAD = "proxy"
@@ -67,23 +66,6 @@ def start_proxy(pool: ServerPool, name: str, tree: Path, upstream: Server, model
         ready_path=load.CHAT_PATH,
         ready_body=scenarios.dumps(scenarios.small_body()),
     )
-
-
-def _git(tree: Path) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "log", "-1", "--format=%h %s"], cwd=tree, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "app"],
-            cwd=tree,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (out[:72] or "unknown") + (" + uncommitted app/ changes" if dirty else "")
 
 
 def _add(figures: Figures, key: str, value: float | None) -> None:
@@ -354,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "load_start": load_start,
         "load_end": os.getloadavg()[0],
     }
-    described = {n: _git(t) for n, t in trees.items()}
+    described = {n: git_state(t, subject=True) for n, t in trees.items()}
     text = markdown(ab.figures, proxies=list(trees), forwarders=args.forwarders, trees=described, meta=meta)
     print(text)
     if args.out is not None:

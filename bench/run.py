@@ -16,7 +16,6 @@ import importlib.util
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ import uvloop
 
 from bench import load, report, routes, scenarios
 from bench.forwarders import TARGETS as FORWARDER_APPS
-from bench.servers import REPO, Server, ServerPool, free_port, uvicorn_argv
+from bench.servers import REPO, Server, ServerPool, free_port, git_state, uvicorn_argv
 
 RESULTS_DIR = REPO / "bench" / "results"
 PROXY_TARGET = "proxy"
@@ -120,24 +119,6 @@ def machine_info() -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}",
         "loadavg_at_start": os.getloadavg()[0],
     }
-
-
-def _git_state() -> str:
-    """HEAD, plus a mark when app/ has uncommitted changes (the run measured the working tree)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "app"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + (" + uncommitted app/ changes" if dirty else "")
 
 
 def proxy_available() -> bool:
@@ -627,7 +608,7 @@ def run(
             "plan": asdict(plan),
             "proxy_env": proxy_env,
             "prefill_tokens_per_s": prefill_tokens_per_s,
-            "commit": _git_state(),
+            "commit": git_state(),
             "client": "aiohttp (raw), harness process, uvloop",
             "servers": "uvicorn --workers 1 (uvloop, httptools), each its own process; "
             "fake upstream aiohttp.web",

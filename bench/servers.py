@@ -25,6 +25,26 @@ from pathlib import Path
 from types import TracebackType
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def git_state(tree: Path = REPO, *, subject: bool = False) -> str:
+    """``tree``'s HEAD (short hash, with its subject when asked), plus a mark when its app/ has
+    uncommitted changes (a run measures the working tree)."""
+    fmt = "%h %s" if subject else "%h"
+    try:
+        head = subprocess.run(
+            ["git", "log", "-1", f"--format={fmt}"], cwd=tree, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "app"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head[:72] or "unknown") + (" + uncommitted app/ changes" if dirty else "")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -56,26 +56,8 @@ def context_headers(
     was cut). Window and budget are the ones the forwarded plan was fitted to (a retry's learned
     window, an exact count's margin)."""
     raw = context_raw_headers(plan, retries=retries, warnings=warnings, prefix_reuse=prefix_reuse)
-    return [(_CONTEXT_NAMES[name], value.decode("latin-1")) for name, value in raw]
-
-
-_CONTEXT_NAMES = {
-    name.lower().encode("latin-1"): name
-    for name in (
-        "X-Context-Window",
-        "X-Context-Budget",
-        "X-Context-Tokens-Before",
-        "X-Context-Tokens-After",
-        "X-Context-Count",
-        "X-Context-Actions",
-        "X-Context-Retries",
-        "X-Context-Memory",
-        "X-Context-Output-Lowered",
-        "X-Context-Upstream-Tokens",
-        "X-Context-Warning",
-        "X-Context-Prefix-Reuse",
-    )
-}
+    # Every name is hyphenated words: title case is its display form (x-context-window -> X-Context-Window).
+    return [(name.decode("latin-1").title(), value.decode("latin-1")) for name, value in raw]
 
 
 def context_raw_headers(

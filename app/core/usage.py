@@ -79,6 +79,17 @@ def input_tokens_from_json(
     return extract(payload) if isinstance(payload, dict) else None
 
 
+def _usage_of(raw: bytes, extract: Extract | None) -> int | None:
+    """The prompt tokens of one streamed JSON payload (an SSE line's data, an array element)."""
+    try:
+        payload = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if extract is None:
+        return _prompt_tokens(payload)
+    return extract(payload) if isinstance(payload, dict) else None
+
+
 class SseUsageScanner:
     """Watches an SSE byte stream for usage (see the module contract)."""
 
@@ -124,14 +135,7 @@ class SseUsageScanner:
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"data:") or any(needle not in line for needle in self._needles):
             return
-        try:
-            payload = json.loads(line[5:].strip())
-        except (ValueError, RecursionError):
-            return
-        if self._extract is None:
-            tokens = _prompt_tokens(payload)
-        else:
-            tokens = self._extract(payload) if isinstance(payload, dict) else None
+        tokens = _usage_of(line[5:].strip(), self._extract)
         if tokens is not None:
             self.prompt_tokens = tokens
 
@@ -211,13 +215,6 @@ class JsonArrayUsageScanner:
         self._held = bytearray()
         if len(element) > self._max_element_bytes or any(n not in element for n in self._needles):
             return
-        try:
-            payload = json.loads(element)
-        except (ValueError, RecursionError):
-            return
-        if self._extract is None:
-            tokens = _prompt_tokens(payload)
-        else:
-            tokens = self._extract(payload) if isinstance(payload, dict) else None
+        tokens = _usage_of(element, self._extract)
         if tokens is not None:
             self.prompt_tokens = tokens
