@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -32,15 +33,17 @@ from ..core.dialect import Dialect, ErrorInfo
 from ..core.dialects import DEFAULT_DIALECT
 from ..core.plan import Plan
 from ..core.reuse import PrefixReuse
-from ..observability.context import ACCESS_SCOPE_KEY
+from ..observability.context import ACCESS_SCOPE_KEY, RELAYED_SCOPE_KEY
 from ..service.outcome import Outcome
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
 from ..upstream.errors import UpstreamError, UpstreamTimeout
-from ..upstream.headers import CONTEXT_PREFIX, Header, client_response_raw
+from ..upstream.headers import CONTEXT_PREFIX, REQUEST_ID_HEADER, Header, client_response_raw
 
 logger = logging.getLogger("ctxproxy.stream")
 _CONTEXT_PREFIX = CONTEXT_PREFIX.encode("latin-1")
+_RID = REQUEST_ID_HEADER.lower().encode("latin-1")
+_UPSTREAM_RID = b"x-upstream-" + _RID[2:]
 
 
 def context_headers(
@@ -96,9 +99,16 @@ def access_fields(scope: MutableMapping[str, Any]) -> dict[str, Any]:
 def record_plan(
     scope: MutableMapping[str, Any], plan: Plan, *, retries: int, prefix_reuse: PrefixReuse | None = None
 ) -> None:
+    """The plan's figures into the request's access fields (:func:`plan_fields`)."""
+    access_fields(scope).update(plan_fields(plan, retries=retries, prefix_reuse=prefix_reuse))
+
+
+def plan_fields(plan: Plan, *, retries: int, prefix_reuse: PrefixReuse | None = None) -> dict[str, Any]:
+    """The access fields of a plan (the access line and the metrics read them)."""
+    fields: dict[str, Any] = {}
     if prefix_reuse is not None:
-        access_fields(scope)["prefix_reused_tokens"] = prefix_reuse.reused_tokens
-    access_fields(scope).update(
+        fields["prefix_reused_tokens"] = prefix_reuse.reused_tokens
+    fields.update(
         api=plan.api,
         model=plan.model,
         tokens_before=plan.tokens_before,
@@ -108,6 +118,26 @@ def record_plan(
         count=plan.count_kind,
         actions=plan.actions_header(),
         retries=retries,
+        memory=plan.memory_kind,
+    )
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A fitted response's headers and access fields, made while the upstream worked
+    (``Service.handle(render=)``, :func:`render_ahead`)."""
+
+    raw_headers: list[tuple[bytes, bytes]]
+    fields: dict[str, Any]
+
+
+def render_ahead(plan: Plan, prefix_reuse: PrefixReuse) -> Rendered:
+    """What :func:`fitted_response` and :func:`record_plan` make of ``plan`` answered as it was
+    sent (no retry, no warning but its own)."""
+    return Rendered(
+        context_raw_headers(plan, retries=0, warnings=plan.warnings, prefix_reuse=prefix_reuse),
+        plan_fields(plan, retries=0, prefix_reuse=prefix_reuse),
     )
 
 
@@ -134,7 +164,8 @@ class UpstreamStreamResponse(Response):
         extra += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra_headers]
         ours = {name for name, _ in extra}
         passed = [
-            (name, value)
+            # The upstream's request ID is kept under its own name: X-Request-ID is ours.
+            (_UPSTREAM_RID if name == _RID else name, value)
             for name, value in client_response_raw(upstream.raw_headers)
             if not (extra and (name in ours or name.startswith(_CONTEXT_PREFIX)))
         ]
@@ -146,6 +177,7 @@ class UpstreamStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         access_fields(scope)["upstream_status"] = self.status_code
+        scope[RELAYED_SCOPE_KEY] = True
         if self.upstream.body is not None:
             await self._send_whole(send, self.upstream.body)
             return
@@ -249,18 +281,26 @@ def stream_error_event(exc: UpstreamError, dialect: Dialect = DEFAULT_DIALECT) -
     return dialect.stream_error(stream_error_info(exc))
 
 
-def fitted_response(outcome: Outcome, dialect: Dialect = DEFAULT_DIALECT) -> UpstreamStreamResponse:
-    """The upstream's answer to a fitted request, with our ``X-Context-*`` headers."""
-    return UpstreamStreamResponse(
-        outcome.response,
-        raw_extra=context_raw_headers(
+def fitted_response(
+    outcome: Outcome, dialect: Dialect = DEFAULT_DIALECT, *, scope: MutableMapping[str, Any] | None = None
+) -> UpstreamStreamResponse:
+    """The upstream's answer to a fitted request, with our ``X-Context-*`` headers; the plan's
+    access fields recorded in ``scope`` when given (:func:`record_plan`). What was rendered while
+    the upstream worked (``outcome.rendered``, :func:`render_ahead`) is used as it is."""
+    rendered = outcome.rendered
+    if isinstance(rendered, Rendered):
+        raw_extra, fields = rendered.raw_headers, rendered.fields
+    else:
+        raw_extra = context_raw_headers(
             outcome.plan,
             retries=outcome.retries,
             warnings=outcome.warnings,
             prefix_reuse=outcome.prefix_reuse,
-        ),
-        dialect=dialect,
-    )
+        )
+        fields = plan_fields(outcome.plan, retries=outcome.retries, prefix_reuse=outcome.prefix_reuse)
+    if scope is not None:
+        access_fields(scope).update(fields)
+    return UpstreamStreamResponse(outcome.response, raw_extra=raw_extra, dialect=dialect)
 
 
 access_logger = logging.getLogger("ctxproxy.access")

@@ -46,7 +46,14 @@ from .disconnect import ClientLeft, NoResponse, until_client_leaves
 from .errors import DIALECT_SCOPE_KEY, BodyTooLarge, doubled_prefix, method_not_allowed, unknown_path
 from .headers import API, options_of, parse_context_headers
 from .request_io import decoded_headers, json_response, raw_headers, read_body, receive_body, service_of
-from .responses import UpstreamStreamResponse, access_fields, fitted_response, read_whole, record_plan
+from .responses import (
+    UpstreamStreamResponse,
+    access_fields,
+    fitted_response,
+    read_whole,
+    record_plan,
+    render_ahead,
+)
 
 router = APIRouter()
 
@@ -65,7 +72,7 @@ async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse 
 
     async def answer() -> Outcome:
         # handle parses the body as JSON (a 400 if it is not), whatever its label.
-        outcome = await service.handle(raw, headers, options=options, route=match)
+        outcome = await service.handle(raw, headers, options=options, route=match, render=render_ahead)
         if not outcome.stream:
             await read_whole(outcome.response)
         return outcome
@@ -75,9 +82,9 @@ async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse 
     except ClientLeft:
         access_fields(scope)["client_disconnected"] = True
         return NoResponse()
-    record_plan(scope, outcome.plan, retries=outcome.retries, prefix_reuse=outcome.prefix_reuse)
+    response = fitted_response(outcome, match.dialect, scope=scope)
     access_fields(scope)["stream"] = outcome.stream
-    return fitted_response(outcome, match.dialect)
+    return response
 
 
 def plan_dialect(request: Request, dialects: Mapping[str, Dialect], body: Mapping[str, object]) -> Dialect:

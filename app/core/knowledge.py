@@ -184,6 +184,17 @@ def _locked(method: Callable[Concatenate[Knowledge, _P], _R]) -> Callable[Concat
     return locked
 
 
+def exact_usage_truncated(*, prompt_tokens: int, forwarded_tokens: int, window_tokens: int | None) -> bool:
+    """What :meth:`Knowledge.observe_usage` finds of an exact count (``forwarded_tokens``) that the
+    upstream counted ``prompt_tokens`` for, planned for ``window_tokens``: ``truncated`` or not. A
+    pure function of its arguments (an exact count is never corrected), so it can be known before
+    the observation is recorded."""
+    at_window = window_tokens is not None and prompt_tokens >= window_tokens
+    if at_window:
+        return True
+    return is_truncated(prompt_tokens=prompt_tokens, expected_tokens=forwarded_tokens, calibrated=True)
+
+
 def is_truncated(*, prompt_tokens: int, expected_tokens: int, calibrated: bool) -> bool:
     """True when the upstream's count is far enough below ours that only a cut explains it."""
     if prompt_tokens < 0 or expected_tokens - prompt_tokens < TRUNCATION_MIN_TOKENS:
@@ -515,13 +526,15 @@ class Knowledge:
             changed = True
         return changed
 
-    @_locked
     def take_warning(self, model: str) -> bool:
         entry = self._entries.get(model)
-        if entry is None or not entry.warning:
+        if entry is None or not entry.warning:  # nearly always: no lock taken to say so
             return False
-        entry.warning = False
-        return True
+        with self._lock:
+            if not entry.warning:
+                return False
+            entry.warning = False
+            return True
 
     @staticmethod
     def _sample(

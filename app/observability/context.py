@@ -19,7 +19,11 @@ imports them):
   ``name``: the wire API), recorded before anything can fail. Observability labels a request by
   that name, so a new dialect needs no edit here;
 * :data:`SESSION_SCOPE_KEY`: True when the status page's login (``app.api.login``) found a valid
-  session cookie on the request: the page then offers to sign out.
+  session cookie on the request: the page then offers to sign out;
+* :data:`RELAYED_SCOPE_KEY`: True when the response is an upstream's answer relayed by
+  ``app.api.responses.UpstreamStreamResponse``: its headers need no look (an upstream's
+  ``X-Request-ID`` is already ``X-Upstream-Request-ID``, and our ``X-Context-*`` figures are in
+  the access fields), the middleware only adds ``X-Request-ID``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 ACCESS_SCOPE_KEY = "ctxproxy.access"
 DIALECT_SCOPE_KEY = "ctxproxy.dialect"
 SESSION_SCOPE_KEY = "ctxproxy.status_session"
+RELAYED_SCOPE_KEY = "ctxproxy.relayed"
 
 _VALID_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 

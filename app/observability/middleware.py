@@ -19,6 +19,7 @@ response headers; ``upstream`` is that waiting time summed over the request's up
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -30,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..upstream.headers import REQUEST_ID_HEADER
 from .context import (
     ACCESS_SCOPE_KEY,
+    RELAYED_SCOPE_KEY,
     RequestContext,
     current_request,
     new_request_id,
@@ -176,6 +178,10 @@ class ObservabilityMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 ctx.response_start_s = time.perf_counter()
+                if scope.get(RELAYED_SCOPE_KEY):
+                    message = {**message, "headers": [*message.get("headers", ()), rid_header]}
+                    await send(message)
+                    return
                 headers = []
                 for name, value in message.get("headers") or ():
                     if name and name[0] in _X:  # X-Request-ID and ours: the rest pass untouched
@@ -190,8 +196,8 @@ class ObservabilityMiddleware:
                 message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 if not message.get("more_body", False):
-                    completed = True
-                if ctx.deferred is not None:
+                    completed = True  # the bookkeeping of the calls waits for the write (finally)
+                elif ctx.deferred is not None:
                     await send(message)
                     obs.flush_upstream(ctx)  # the first body byte is out: the calls' bookkeeping
                     return
@@ -201,6 +207,11 @@ class ObservabilityMiddleware:
             obs.request_started()
         try:
             await self.app(scope, receive_timed, send_with_id)
+            if completed:
+                # The server's write of the last bytes may wait for the event loop's next turn
+                # (uvloop writes a turn's queued data after its callbacks): let it go out before
+                # the bookkeeping, which is then off the client's latency.
+                await asyncio.sleep(0)
         finally:
             if tracked:
                 obs.request_finished()

@@ -48,7 +48,7 @@ from ..core.overflow import ContextOverflow
 from ..core.parse_memo import ParseMemo
 from ..core.plan import Plan
 from ..core.registry import ModelSpec
-from ..core.reuse import PrefixMemory
+from ..core.reuse import PrefixMemory, PrefixReuse
 from ..core.routes import KeySlot, RouteMatch
 from ..core.tokens import MessageCounter
 from ..settings import Settings
@@ -57,7 +57,7 @@ from ..upstream.headers import Header
 from .boundary import build_boundary
 from .fastpath import OFFLOAD_MIN_BYTES, Pending, abandon_plan, finish_plan, plan_soon, run_plan, start_plan
 from .learning import Learner
-from .outcome import Outcome, PlanCannotFit, Readiness
+from .outcome import Ahead, Outcome, PlanCannotFit, Readiness, Render
 from .peek import is_event_stream, read_preamble
 from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
 from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
@@ -284,16 +284,19 @@ class Service:
         options: RequestOptions,
         dialect: Dialect = DEFAULT_DIALECT,
         route: RouteMatch | None = None,
+        render: Render | None = None,
     ) -> Outcome:
         """Plan and send one request of ``route`` (else of ``dialect``'s first route); see
-        the module docstring.
+        the module docstring. ``render(plan, prefix_reuse)``: what the caller will make of the
+        answered plan (its response headers), made on the fast path while the upstream works and
+        given back as ``Outcome.rendered`` when that plan is answered as it was.
 
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.
         """
         request = await self.prepare(raw, headers, options=options, dialect=dialect, route=route)
-        return await self.run(request)
+        return await self.run(request, render=render)
 
-    async def run(self, request: ProxyRequest) -> Outcome:
+    async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
         exchange = Exchange(
             dialect=request.dialect,
@@ -308,8 +311,10 @@ class Service:
         # count is finished meanwhile: a large new one's in a thread, a small one's on the loop
         # while the upstream works (a resent large body is cheap to plan: no ceiling walk).
         small = len(request.raw) < OFFLOAD_MIN_BYTES
+        ahead: list[Ahead] = []
         if (small or size_bytes >= OFFLOAD_MIN_BYTES) and self.surely_fits(request):
-            pending = plan_soon(request.plan) if small else start_plan(request.plan)
+            plan_ahead = partial(self._plan_ahead, request, ahead, render)
+            pending = plan_soon(plan_ahead) if small else start_plan(plan_ahead)
             command = exchange.start_unplanned()
         else:
             plan = await run_plan(request.plan, size_bytes=size_bytes)
@@ -328,7 +333,7 @@ class Service:
                     self._learn(request, command.overflow, forwarded, exchange.plan)
                 if command.proven_window_tokens is not None and request.conversation.fittable:
                     self.learner.learn_proven_window(request.model, command.proven_window_tokens)
-                return await self._outcome(request, exchange, forwarded, response)
+                return await self._outcome(request, exchange, forwarded, response, ahead=ahead)
             if isinstance(command, Send):
                 if response is not None:
                     await response.aclose()
@@ -357,6 +362,21 @@ class Service:
                 # request on.
                 self._learn(request, command.overflow, forwarded, sent)
             command = exchange.replanned(retry)
+
+    def _plan_ahead(self, request: ProxyRequest, ahead: list[Ahead], render: Render | None) -> Plan:
+        """The fast path's plan, made while the upstream works, with what a prompt cache could
+        reuse of it (the prefix memory remembers it as sent, which it is) and the caller's
+        rendering of both: none of them waits for the answer, so the answer's way to the client
+        is shorter by all three."""
+        plan = request.plan()
+        reuse = self._prefix_reuse(plan)
+        ahead.append(Ahead(plan, reuse, None if render is None else render(plan, reuse)))
+        return plan
+
+    def _prefix_reuse(self, plan: Plan) -> PrefixReuse:
+        # What an upstream prompt cache could reuse: the previous forwarded request of this
+        # conversation, compared message by message (``X-Context-Prefix-Reuse``).
+        return self.prefixes.observe(plan.messages, plan.message_tokens, model=plan.model, api=plan.api)
 
     async def _send(
         self,
@@ -434,9 +454,18 @@ class Service:
         )
 
     async def _outcome(
-        self, request: ProxyRequest, exchange: Exchange, forwarded: Forwarded, response: UpstreamResponse
+        self,
+        request: ProxyRequest,
+        exchange: Exchange,
+        forwarded: Forwarded,
+        response: UpstreamResponse,
+        *,
+        ahead: Sequence[Ahead] = (),
     ) -> Outcome:
-        """The outcome, after the learner has seen the response (usage, silent truncation)."""
+        """The outcome, after the learner has seen the response (usage, silent truncation);
+        ``ahead``: the fast path's plan, its prefix reuse and rendering, made while the upstream
+        worked (used when that plan is the one answered, the rendering when nothing was added to
+        it: no retry, no warning)."""
         plan = exchange.plan
         assert plan is not None
         if not request.conversation.fittable:
@@ -464,9 +493,13 @@ class Service:
         except BaseException:
             await response.aclose()
             raise
-        # What an upstream prompt cache could reuse: the previous forwarded request of this
-        # conversation, compared message by message (``X-Context-Prefix-Reuse``).
-        reuse = self.prefixes.observe(plan.messages, plan.message_tokens, model=plan.model, api=plan.api)
+        rendered: object | None = None
+        if ahead and ahead[0].plan is plan:
+            reuse = ahead[0].prefix_reuse
+            if not warnings and exchange.retries == 0:
+                rendered = ahead[0].rendered
+        else:
+            reuse = self._prefix_reuse(plan)
         return Outcome(
             plan=plan,
             response=observed,
@@ -474,6 +507,7 @@ class Service:
             stream=request.stream,
             warnings=(*plan.warnings, *warnings),
             prefix_reuse=reuse,
+            rendered=rendered,
         )
 
     async def passthrough(

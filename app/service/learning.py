@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from ..core.estimate import EstimateCounter
-from ..core.knowledge import Knowledge, ModelFacts, UsageVerdict
+from ..core.knowledge import Knowledge, ModelFacts, UsageVerdict, exact_usage_truncated
 from ..core.overflow import ContextOverflow
 from ..core.registry import ModelSpec
 from ..core.tokens import MessageCounter
@@ -313,21 +313,42 @@ class Learner:
                 tokens = prompt_tokens_from_json(answer, loads=load_json)
             else:
                 tokens = input_tokens_from_json(answer, usage, loads=load_json)
-            if tokens is not None:
-                verdict = self._usage(
+            if tokens is None:
+                return response, tuple(warnings)
+            if (
+                counter.exact
+                and forwarded_tokens is not None
+                and not exact_usage_truncated(
+                    prompt_tokens=tokens, forwarded_tokens=forwarded_tokens, window_tokens=window_tokens
+                )
+            ):
+                # Nothing for this response's headers (the verdict of an exact count is known now):
+                # the observation is recorded on the loop's next turn, after the answer's bytes are
+                # written (before a next request of this client can be read).
+                asyncio.get_running_loop().call_soon(
+                    self._usage_later,
                     model,
                     tokens,
-                    counter=counter,
-                    forwarded=forwarded,
-                    streamed=False,
-                    window_tokens=window_tokens,
-                    forwarded_tokens=forwarded_tokens,
-                    on_usage=on_usage,
+                    counter,
+                    window_tokens,
+                    forwarded_tokens,
+                    on_usage,
                 )
-                if verdict.truncated:
-                    self.knowledge.take_warning(model)  # reported on this response
-                    if TRUNCATED_WARNING not in warnings:
-                        warnings.append(TRUNCATED_WARNING)
+                return response, tuple(warnings)
+            verdict = self._usage(
+                model,
+                tokens,
+                counter=counter,
+                forwarded=forwarded,
+                streamed=False,
+                window_tokens=window_tokens,
+                forwarded_tokens=forwarded_tokens,
+                on_usage=on_usage,
+            )
+            if verdict.truncated:
+                self.knowledge.take_warning(model)  # reported on this response
+                if TRUNCATED_WARNING not in warnings:
+                    warnings.append(TRUNCATED_WARNING)
             return response, tuple(warnings)
         if not _identity_encoded(response):
             return response, tuple(warnings)
@@ -356,6 +377,30 @@ class Learner:
                 )
 
         return ObservedResponse(response, on_chunk=scanner.feed, on_end=on_end), tuple(warnings)
+
+    def _usage_later(
+        self,
+        model: str,
+        prompt_tokens: int,
+        counter: MessageCounter,
+        window_tokens: int | None,
+        forwarded_tokens: int,
+        on_usage: Callable[[int], None] | None,
+    ) -> None:
+        """:meth:`_usage` of a response already answered (never raises: a loop callback)."""
+        try:
+            self._usage(
+                model,
+                prompt_tokens,
+                counter=counter,
+                forwarded={},  # an exact count with its total: the body is not tallied again
+                streamed=False,
+                window_tokens=window_tokens,
+                forwarded_tokens=forwarded_tokens,
+                on_usage=on_usage,
+            )
+        except Exception:
+            logger.exception("learning from the usage of %r failed", model)
 
     def _usage(
         self,

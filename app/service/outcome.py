@@ -4,7 +4,7 @@ plan, and readiness.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..core.errors import CannotFit
@@ -22,6 +22,9 @@ class Outcome:
     must be closed by the caller. ``warnings`` are ``X-Context-Warning`` values
     (``upstream-truncated``, see ``app.service.learning``; ``history-upstream``, the plan's).
     ``prefix_reuse``: what an upstream prompt cache could reuse of it (``app.core.reuse``).
+    ``rendered``: the caller's ``render(plan, prefix_reuse)`` made while the upstream worked
+    (``Service.handle``), when the answered plan is that one with nothing added (no retry, no
+    warning); else None.
     """
 
     plan: Plan
@@ -30,6 +33,20 @@ class Outcome:
     stream: bool
     warnings: tuple[str, ...] = ()
     prefix_reuse: PrefixReuse | None = None
+    rendered: object | None = None
+
+
+# What a caller of ``Service.handle`` makes of a plan and its prefix reuse (its response headers).
+Render = Callable[[Plan, PrefixReuse], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """The fast path's plan with what was made of it while the upstream worked."""
+
+    plan: Plan
+    prefix_reuse: PrefixReuse
+    rendered: object | None
 
 
 @dataclass(frozen=True, slots=True)

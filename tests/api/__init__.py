@@ -96,6 +96,19 @@ async def proxy(
             yield client, app
 
 
+DISCOVERY_PATHS = ("/models", "/props", "/api/v0/models")
+
+
+def forwarded_calls(route: Any) -> list[str]:
+    """The paths ``route`` (a respx route) was called with, without the model discovery's own
+    ``GET``s (started with the app, they run whenever the proxy's event loop turns)."""
+    return [
+        call.request.url.path
+        for call in route.calls
+        if not (call.request.method == "GET" and call.request.url.path.endswith(DISCOVERY_PATHS))
+    ]
+
+
 def words(n: int, word: str = "w") -> str:
     return " ".join([word] * n)
 
