@@ -41,11 +41,10 @@ from ..service.outcome import Outcome
 from ..service.report import plan_report
 from ..service.request import parse_body
 from ..upstream.errors import UpstreamError
-from ..upstream.headers import labelled_json
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
 from .errors import DIALECT_SCOPE_KEY, BodyTooLarge, doubled_prefix, method_not_allowed, unknown_path
 from .headers import API, options_of, parse_context_headers
-from .request_io import decoded_headers, json_response, raw_headers, read_body, receive_body, service_of
+from .request_io import json_labelled_headers, json_response, raw_headers, read_body, receive_body, service_of
 from .responses import (
     UpstreamStreamResponse,
     access_fields,
@@ -68,7 +67,7 @@ async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse 
     pairs = scope["headers"]
     options = options_of(pairs)
     raw = await receive_body(request.receive, pairs, limit_bytes=service.settings.max_body_bytes)
-    headers = labelled_json(decoded_headers(pairs))
+    headers = json_labelled_headers(pairs)
 
     async def answer() -> Outcome:
         # handle parses the body as JSON (a 400 if it is not), whatever its label.

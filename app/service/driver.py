@@ -404,12 +404,13 @@ class Service:
             raise
         if pending is not None:
             plan = await finish_plan(pending, response)
-            try:
-                # Nothing is cut here; this only lets summaries prepare the next cut.
-                plan = await self.summarized(request, plan)
-            except BaseException:  # cancelled: nobody else closes it
-                await response.aclose()
-                raise
+            if self.summaries is not None and not self.summaries.idle_for(request, plan):
+                try:
+                    # Nothing is cut here; this only lets summaries prepare the next cut.
+                    plan = await self.summarized(request, plan)
+                except BaseException:  # cancelled: nobody else closes it
+                    await response.aclose()
+                    raise
             exchange.sent(plan)
         body: bytes | None = None
         if exchange.reads_answer(response.status_code):

@@ -296,13 +296,18 @@ class Summaries:
         self._ahead[key] = (dialect.name, ahead) if ahead is not None else None
         return ahead
 
+    def idle_for(self, request: ProxyRequest, plan: Plan) -> bool:
+        """True when :meth:`refine` returns ``plan`` as it is without a look (summaries not
+        wanted, or nothing forgotten and nothing to prepare): the caller need not await it."""
+        if not self.wanted(request.policy, request.options.summarize):
+            return True
+        return plan.memory is None and plan.tokens_after <= self._ahead_threshold(plan)
+
     async def refine(
         self, request: ProxyRequest, plan: Plan, *, cap_tokens: int | None = None, writes: bool = True
     ) -> Plan:
         policy = request.policy
-        if not self.wanted(policy, request.options.summarize):
-            return plan
-        if plan.memory is None and plan.tokens_after <= self._ahead_threshold(plan):
+        if self.idle_for(request, plan):
             return plan  # the common case: nothing forgotten, nothing to prepare
         room = memory_tokens_for(plan.budget, policy)
         if room <= 0:

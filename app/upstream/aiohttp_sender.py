@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import errno
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 
 import aiohttp
 import httpx
@@ -69,8 +69,8 @@ class _AiohttpExchange:
         return self._response.status
 
     @property
-    def raw_headers(self) -> list[WireHeader]:
-        return list(self._response.raw_headers)
+    def raw_headers(self) -> Sequence[WireHeader]:
+        return self._response.raw_headers  # a tuple: nothing to copy
 
     async def chunks(self) -> AsyncIterator[bytes]:
         content = self._response.content

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 
 import httpx
@@ -110,8 +110,8 @@ class UpstreamResponse:
         return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._exchange.raw_headers]
 
     @property
-    def raw_headers(self) -> list[WireHeader]:
-        """The response headers as they came, bytes, in order."""
+    def raw_headers(self) -> Sequence[WireHeader]:
+        """The response headers as they came, bytes, in order (not to be mutated)."""
         return self._exchange.raw_headers
 
     @property
@@ -225,7 +225,7 @@ class WrappedResponse(UpstreamResponse):
         return self._inner.headers
 
     @property
-    def raw_headers(self) -> list[WireHeader]:
+    def raw_headers(self) -> Sequence[WireHeader]:
         return self._inner.raw_headers
 
     @property

@@ -157,14 +157,15 @@ def labelled_json(headers: Iterable[Header]) -> list[Header]:
     charset=utf-8``, ``...+json``) is kept as the client wrote it."""
     pairs = list(headers)
     labels = [value for name, value in pairs if name.lower() == "content-type"]
-    if len(labels) == 1 and _is_json_type(labels[0]):
+    if len(labels) == 1 and is_json_type(labels[0]):
         return pairs
     return [(name, value) for name, value in pairs if name.lower() != "content-type"] + [
         ("Content-Type", "application/json")
     ]
 
 
-def _is_json_type(value: str) -> bool:
+def is_json_type(value: str) -> bool:
+    """``application/json`` or ``application/...+json`` (parameters such as a charset aside)."""
     media = value.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 

@@ -21,7 +21,7 @@ else (no ``User-Agent``, ``Accept-Encoding``... of their own) and never decompre
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Protocol
 
 import httpx
@@ -38,8 +38,8 @@ class Exchange(Protocol):
     def status_code(self) -> int: ...
 
     @property
-    def raw_headers(self) -> list[WireHeader]:
-        """The response headers as sent, in order."""
+    def raw_headers(self) -> Sequence[WireHeader]:
+        """The response headers as sent, in order (not to be mutated)."""
         ...
 
     def chunks(self) -> AsyncIterator[bytes]:
@@ -141,8 +141,8 @@ class HttpxExchange:
         return self._response.status_code
 
     @property
-    def raw_headers(self) -> list[WireHeader]:
-        return list(self._response.headers.raw)
+    def raw_headers(self) -> Sequence[WireHeader]:
+        return self._response.headers.raw
 
     def chunks(self) -> AsyncIterator[bytes]:
         # A transport may hand back an already-read response (test doubles do); its stream still
