@@ -10,15 +10,18 @@ limit_bytes)`` the same straight from the ASGI ``receive`` (the fitted routes' p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive
 
 from ..service.driver import Service
+from ..service.request import RequestOptions
 from ..upstream.headers import Header, is_json_type, labelled_json
 from ..wire import dump_json
 from .errors import BodyTooLarge
+from .headers import NO_OPTIONS, options_of
 
 
 def service_of(request: Request) -> Service:
@@ -35,22 +38,48 @@ def decoded_headers(raw: Sequence[tuple[bytes, bytes]]) -> list[Header]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
 
 
-def json_labelled_headers(raw: Sequence[tuple[bytes, bytes]]) -> list[Header]:
-    """``labelled_json(decoded_headers(raw))`` in one pass when the body is labelled JSON already
-    (one JSON ``Content-Type``: nearly every request)."""
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """What a fitted route reads of a request's ASGI headers, in one pass (:func:`request_head`):
+    ``headers`` decoded and labelled JSON (``labelled_json(decoded_headers(raw))``), ``options``
+    (``app.api.headers.options_of``) and the declared ``Content-Length`` (:func:`declared_length`)."""
+
+    headers: list[Header]
+    options: RequestOptions
+    declared_length: int | None
+
+
+def request_head(raw: Sequence[tuple[bytes, bytes]]) -> RequestHead:
+    """See :class:`RequestHead`; ``InvalidRequest`` for a bad ``X-Context-*`` value."""
     pairs: list[Header] = []
     labels: list[str] = []
+    ours: list[tuple[bytes, bytes]] | None = None
+    declared: int | None = None
+    length_seen = False
     for k, v in raw:
         value = v.decode("latin-1")
-        if len(k) == _CONTENT_TYPE_LENGTH and k.lower() == b"content-type":
-            labels.append(value)
+        size = len(k)
+        if size in (_CONTENT_TYPE_LENGTH, _CONTENT_LENGTH_LENGTH):
+            lower = k.lower()
+            if lower == b"content-type":
+                labels.append(value)
+            elif lower == b"content-length" and not length_seen:
+                length_seen = True
+                text = v.strip()
+                declared = int(text) if text.isdigit() else None
+        elif size > _CONTEXT_PREFIX_LENGTH and k[:_CONTEXT_PREFIX_LENGTH].lower() == _CONTEXT_PREFIX:
+            if ours is None:
+                ours = []
+            ours.append((k.lower(), v))
         pairs.append((k.decode("latin-1"), value))
-    if len(labels) == 1 and is_json_type(labels[0]):
-        return pairs
-    return labelled_json(pairs)
+    headers = pairs if len(labels) == 1 and is_json_type(labels[0]) else labelled_json(pairs)
+    return RequestHead(headers, options_of(ours) if ours is not None else NO_OPTIONS, declared)
 
 
 _CONTENT_TYPE_LENGTH = len(b"content-type")
+_CONTENT_LENGTH_LENGTH = len(b"content-length")
+_CONTEXT_PREFIX = b"x-context-"
+_CONTEXT_PREFIX_LENGTH = len(_CONTEXT_PREFIX)
 
 
 def json_response(data: object, *, status: int = 200) -> Response:
@@ -82,11 +111,14 @@ def declared_length(raw: Sequence[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-async def receive_body(receive: Receive, raw: Sequence[tuple[bytes, bytes]], *, limit_bytes: int) -> bytes:
-    """The whole body read from ``receive`` (``raw``: the request's ASGI headers), as
-    :func:`read_body` reads it: ``BodyTooLarge`` from ``Content-Length`` before reading or while
-    the chunks arrive, starlette's ``ClientDisconnect`` when the client leaves first."""
-    declared = declared_length(raw)
+async def receive_body(
+    receive: Receive, raw: Sequence[tuple[bytes, bytes]], *, limit_bytes: int, head: RequestHead | None = None
+) -> bytes:
+    """The whole body read from ``receive`` (``raw``: the request's ASGI headers, ``head``: what
+    :func:`request_head` read of them), as :func:`read_body` reads it: ``BodyTooLarge`` from
+    ``Content-Length`` before reading or while the chunks arrive, starlette's ``ClientDisconnect``
+    when the client leaves first."""
+    declared = declared_length(raw) if head is None else head.declared_length
     if declared is not None and declared > limit_bytes:
         raise BodyTooLarge(limit_bytes=limit_bytes)
     chunks: list[bytes] = []

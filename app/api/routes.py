@@ -43,8 +43,8 @@ from ..service.request import parse_body
 from ..upstream.errors import UpstreamError
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
 from .errors import DIALECT_SCOPE_KEY, BodyTooLarge, doubled_prefix, method_not_allowed, unknown_path
-from .headers import API, options_of, parse_context_headers
-from .request_io import json_labelled_headers, json_response, raw_headers, read_body, receive_body, service_of
+from .headers import API, parse_context_headers
+from .request_io import json_response, raw_headers, read_body, receive_body, request_head, service_of
 from .responses import (
     UpstreamStreamResponse,
     access_fields,
@@ -65,9 +65,9 @@ async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse 
     scope[DIALECT_SCOPE_KEY] = match.dialect  # our errors from here on are in its shape
     service: Service = scope["app"].state.service
     pairs = scope["headers"]
-    options = options_of(pairs)
-    raw = await receive_body(request.receive, pairs, limit_bytes=service.settings.max_body_bytes)
-    headers = json_labelled_headers(pairs)
+    head = request_head(pairs)
+    options, headers = head.options, head.headers
+    raw = await receive_body(request.receive, pairs, limit_bytes=service.settings.max_body_bytes, head=head)
 
     async def answer() -> Outcome:
         # handle parses the body as JSON (a 400 if it is not), whatever its label.
