@@ -236,6 +236,39 @@ async def test_a_retried_request_resolves_its_model_once_and_sends_the_rendered_
     assert route.calls[1].request.headers["authorization"] == "Bearer k"
 
 
+async def test_the_fast_path_renders_while_the_upstream_works_and_an_answered_retry_is_rendered_after() -> None:
+    """A body the ceiling proves fits goes at once; its prefix reuse and the caller's rendering
+    of the plan (``render``) are made while the upstream works and come back with the answer
+    (``Outcome.rendered``). An answer to a retry (another plan) comes back with none: the caller
+    renders what was answered."""
+    router = respx.Router(assert_all_called=False)
+    route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    svc = service(router)
+    made: list[Any] = []
+
+    def render(plan: Any, reuse: Any) -> tuple[str, int]:
+        made.append((plan, reuse))
+        return ("rendered", plan.tokens_after)
+
+    raw = json.dumps({"model": "m", "messages": conversation(turns=3, size=100)}).encode()
+    outcome = await svc.handle(raw, [], options=RequestOptions(), render=render)
+    await outcome.response.aclose()
+    assert route.calls[0].request.content == raw and not outcome.plan.changed
+    assert made == [(outcome.plan, outcome.prefix_reuse)]
+    assert outcome.rendered == ("rendered", outcome.plan.tokens_after)
+    route.mock(
+        side_effect=[
+            httpx.Response(400, json=openai_overflow(limit=600, prompt=700)),
+            httpx.Response(200, json=chat_ok()),
+        ]
+    )
+    outcome = await svc.handle(raw, [], options=RequestOptions(), render=render)
+    await outcome.response.aclose()
+    assert route.call_count == 3 and outcome.retries == 1 and outcome.plan.changed
+    assert len(made) == 2 and made[1][0] is not outcome.plan  # rendered for the first send only
+    assert outcome.rendered is None and outcome.prefix_reuse is not None
+
+
 def test_the_request_value_is_made_once_with_everything_planning_needs() -> None:
     svc = service(respx.Router())
     body = {"model": "m", "messages": conversation(turns=1, size=5), "stream": True}

@@ -3,6 +3,7 @@ the X-Context-Count and X-Context-Warning headers, learning from context errors,
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -13,8 +14,8 @@ from app.core.estimate import EstimateCounter
 from app.core.overflow import ContextOverflow
 from app.core.registry import ModelSpec
 from app.core.tokens import MessageCounter
-from app.service.learning import Learner
-from tests.api import UPSTREAM, proxy
+from app.service.learning import TRUNCATED_WARNING, Learner
+from tests.api import UPSTREAM, WordCounter, proxy
 from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
 
 CHAT = f"{UPSTREAM}/chat/completions"
@@ -357,6 +358,40 @@ async def test_usage_reaches_the_on_usage_hook_unless_it_is_a_truncation() -> No
             on_usage=seen.append,
         )
     assert seen == [fixed + text]
+
+
+async def test_an_exact_counts_usage_is_recorded_after_the_answer_and_a_cut_at_once() -> None:
+    # An exact count's verdict is known from the numbers alone: a usage that says nothing for the
+    # response's headers is recorded on the loop's next turn (after the answer is written); one
+    # that says the upstream cut the prompt is recorded at once and warns on this very response.
+    counter = MessageCounter(WordCounter())
+    learner = Learner()
+    seen: list[int] = []
+
+    async def observe(prompt: int, forwarded_tokens: int) -> tuple[str, ...]:
+        _, warnings = await learner.observe(
+            Answer(usage_response(prompt).json()),  # type: ignore[arg-type]
+            model=MODEL,
+            counter=counter,
+            forwarded={},
+            stream=False,
+            window_tokens=100_000,
+            forwarded_tokens=forwarded_tokens,
+            on_usage=seen.append,
+        )
+        return warnings
+
+    assert await observe(5_000, 5_000) == ()
+    assert seen == [] and learner.knowledge.facts(MODEL) is None  # not yet: after the answer
+    await asyncio.sleep(0)
+    assert seen == [5_000]
+    facts = learner.knowledge.facts(MODEL)
+    assert facts is not None and facts.truncations == 0
+    assert await observe(100, 6_000) == (TRUNCATED_WARNING,)  # far below ours: a silent cut, now
+    assert seen == [5_000]
+    facts = learner.knowledge.facts(MODEL)
+    assert facts is not None and facts.truncations == 1
+    assert await observe(100_000, 90_000) == (TRUNCATED_WARNING,)  # at the window: a cut too
 
 
 def test_a_proven_window_after_an_error_without_numbers_is_learned() -> None:
