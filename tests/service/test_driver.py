@@ -242,7 +242,8 @@ async def test_the_fast_path_renders_while_the_upstream_works_and_an_answered_re
     (``Outcome.rendered``). An answer to a retry (another plan) comes back with none: the caller
     renders what was answered."""
     router = respx.Router(assert_all_called=False)
-    route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
+    answer = {k: v for k, v in chat_ok().items() if k != "usage"}  # no usage: no warning either
+    route = router.post(CHAT).mock(return_value=httpx.Response(200, json=answer))
     svc = service(router)
     made: list[Any] = []
 
@@ -250,7 +251,7 @@ async def test_the_fast_path_renders_while_the_upstream_works_and_an_answered_re
         made.append((plan, reuse))
         return ("rendered", plan.tokens_after)
 
-    raw = json.dumps({"model": "m", "messages": conversation(turns=3, size=100)}).encode()
+    raw = json.dumps({"model": "m", "messages": conversation(turns=4, size=20)}).encode()  # ~210 tokens
     outcome = await svc.handle(raw, [], options=RequestOptions(), render=render)
     await outcome.response.aclose()
     assert route.calls[0].request.content == raw and not outcome.plan.changed
@@ -258,8 +259,8 @@ async def test_the_fast_path_renders_while_the_upstream_works_and_an_answered_re
     assert outcome.rendered == ("rendered", outcome.plan.tokens_after)
     route.mock(
         side_effect=[
-            httpx.Response(400, json=openai_overflow(limit=600, prompt=700)),
-            httpx.Response(200, json=chat_ok()),
+            httpx.Response(400, json=openai_overflow(limit=150, prompt=220)),
+            httpx.Response(200, json=answer),
         ]
     )
     outcome = await svc.handle(raw, [], options=RequestOptions(), render=render)
