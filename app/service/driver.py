@@ -142,13 +142,16 @@ class Service:
         headers: Sequence[Header] = (),
         dialect: Dialect = DEFAULT_DIALECT,
         route: RouteMatch | None = None,
+        model: str | None = None,
     ) -> ProxyRequest:
         """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad model first, then
         for what the dialect refuses in the conversation. ``route`` (else ``dialect``'s first
-        route) gives the dialect, the path's parameters and where the request goes."""
+        route) gives the dialect, the path's parameters and where the request goes; ``model``: the
+        route dialect's ``model_of`` the body, when the caller read it already."""
         match = route if route is not None else RouteMatch.first(dialect)
         dialect = match.dialect
-        model = dialect.model_of(body, match.params)
+        if model is None:
+            model = dialect.model_of(body, match.params)
         table_spec = dialect.refine_spec(self.registry.resolve(model), headers)
         spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
         conversation = dialect.parse(body, memo=self.parses)
@@ -195,7 +198,7 @@ class Service:
         body = parse_body(raw, memo=self.bodies, key=match.dialect.items_key)
         model = match.dialect.model_of(body, match.params)
         await self.learner.discover(model, self.upstream.base_url_for(model))
-        return self.request(body, options, raw=raw, headers=headers, route=match)
+        return self.request(body, options, raw=raw, headers=headers, route=match, model=model)
 
     def plan(
         self,

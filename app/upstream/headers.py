@@ -43,6 +43,7 @@ REQUEST_ID_HEADER = "X-Request-ID"
 # "100 Continue" when the body is read. Forwarded, ``Expect: 100-continue`` would make a client
 # library hold the body back until the upstream says 100, which not every server does.
 ANSWERED_HERE: frozenset[str] = frozenset({"expect"})
+_NOT_SENT = HOP_BY_HOP | ANSWERED_HERE
 
 
 def _connection_tokens(headers: list[Header]) -> set[str]:
@@ -95,21 +96,26 @@ def upstream_request_headers(
     chosen slot (``key_slot``, else the one the client used, in its headers or its ``query``, else
     the first) when that is a header; ``request_id`` replaces every client ``X-Request-ID`` (the
     upstream sees the ID of our logs and of the client's response)."""
-    pairs = _end_to_end(headers)
+    pairs = list(headers)
+    lowers = [name.lower() for name, _ in pairs]  # once: every rule below is on the lowercase name
+    listed = _connection_tokens(pairs) if "connection" in lowers else None
+    dropped = HOP_BY_HOP if listed is None else HOP_BY_HOP | listed
+    not_sent = _NOT_SENT if listed is None else _NOT_SENT | listed
     replaced: set[str] = set()
     slot: KeySlot | None = None
     if api_key is not None:
         replaced = {s.name for s in key_slots if not s.in_query}
-        slot = _chosen_slot(pairs, query, key_slot=key_slot, key_slots=key_slots)
+        end_to_end = [pair for pair, lower in zip(pairs, lowers, strict=True) if lower not in dropped]
+        slot = _chosen_slot(end_to_end, query, key_slot=key_slot, key_slots=key_slots)
         if not slot.in_query:
             replaced.add(slot.name)
     if request_id is not None:
         replaced.add("x-request-id")
-    kept: list[Header] = []
-    for name, value in pairs:
-        lower = name.lower()
-        if not (lower.startswith(CONTEXT_PREFIX) or lower in ANSWERED_HERE or lower in replaced):
-            kept.append((name, value))
+    kept = [
+        pair
+        for pair, lower in zip(pairs, lowers, strict=True)
+        if not (lower in not_sent or lower in replaced or lower.startswith(CONTEXT_PREFIX))
+    ]
     if api_key is not None and slot is not None and not slot.in_query:
         kept.append((_header_name(slot.name), slot.value(api_key)))
     if request_id is not None:
