@@ -10,7 +10,7 @@ from starlette.requests import ClientDisconnect
 
 from app.api.errors import BodyTooLarge
 from app.api.headers import NO_OPTIONS, options_of
-from app.api.request_io import decoded_headers, declared_length, receive_body, request_head
+from app.api.request_io import declared_length, decoded_headers, receive_body, request_head
 from app.core.errors import InvalidRequest
 from app.upstream.headers import labelled_json
 

@@ -236,7 +236,7 @@ async def test_a_retried_request_resolves_its_model_once_and_sends_the_rendered_
     assert route.calls[1].request.headers["authorization"] == "Bearer k"
 
 
-async def test_the_fast_path_renders_while_the_upstream_works_and_an_answered_retry_is_rendered_after() -> None:
+async def test_the_fast_path_renders_while_the_upstream_works_an_answered_retry_after() -> None:
     """A body the ceiling proves fits goes at once; its prefix reuse and the caller's rendering
     of the plan (``render``) are made while the upstream works and come back with the answer
     (``Outcome.rendered``). An answer to a retry (another plan) comes back with none: the caller
