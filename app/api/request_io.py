@@ -18,7 +18,7 @@ from starlette.types import Receive
 
 from ..service.driver import Service
 from ..service.request import RequestOptions
-from ..upstream.headers import Header, is_json_type, labelled_json
+from ..upstream.headers import CONTEXT_PREFIX, Header, is_json_type, labelled_json
 from ..wire import dump_json
 from .errors import BodyTooLarge
 from .headers import NO_OPTIONS, options_of
@@ -65,8 +65,7 @@ def request_head(raw: Sequence[tuple[bytes, bytes]]) -> RequestHead:
                 labels.append(value)
             elif lower == b"content-length" and not length_seen:
                 length_seen = True
-                text = v.strip()
-                declared = int(text) if text.isdigit() else None
+                declared = _length(v)
         elif size > _CONTEXT_PREFIX_LENGTH and k[:_CONTEXT_PREFIX_LENGTH].lower() == _CONTEXT_PREFIX:
             if ours is None:
                 ours = []
@@ -78,7 +77,7 @@ def request_head(raw: Sequence[tuple[bytes, bytes]]) -> RequestHead:
 
 _CONTENT_TYPE_LENGTH = len(b"content-type")
 _CONTENT_LENGTH_LENGTH = len(b"content-length")
-_CONTEXT_PREFIX = b"x-context-"
+_CONTEXT_PREFIX = CONTEXT_PREFIX.encode("latin-1")
 _CONTEXT_PREFIX_LENGTH = len(_CONTEXT_PREFIX)
 
 
@@ -106,9 +105,14 @@ def declared_length(raw: Sequence[tuple[bytes, bytes]]) -> int | None:
     """The first ``Content-Length`` when it is plain digits, else None."""
     for name, value in raw:
         if name.lower() == b"content-length":
-            text = value.strip()
-            return int(text) if text.isdigit() else None
+            return _length(value)
     return None
+
+
+def _length(value: bytes) -> int | None:
+    """A ``Content-Length`` value when it is plain digits (spaces around allowed), else None."""
+    text = value.strip()
+    return int(text) if text.isdigit() else None
 
 
 async def receive_body(

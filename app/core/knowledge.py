@@ -189,10 +189,14 @@ def exact_usage_truncated(*, prompt_tokens: int, forwarded_tokens: int, window_t
     upstream counted ``prompt_tokens`` for, planned for ``window_tokens``: ``truncated`` or not. A
     pure function of its arguments (an exact count is never corrected), so it can be known before
     the observation is recorded."""
-    at_window = window_tokens is not None and prompt_tokens >= window_tokens
-    if at_window:
-        return True
-    return is_truncated(prompt_tokens=prompt_tokens, expected_tokens=forwarded_tokens, calibrated=True)
+    return reaches_window(prompt_tokens, window_tokens) or is_truncated(
+        prompt_tokens=prompt_tokens, expected_tokens=forwarded_tokens, calibrated=True
+    )
+
+
+def reaches_window(prompt_tokens: int, window_tokens: int | None) -> bool:
+    """The upstream counted the whole window planned for (None: that window was a guess)."""
+    return window_tokens is not None and prompt_tokens >= window_tokens
 
 
 def is_truncated(*, prompt_tokens: int, expected_tokens: int, calibrated: bool) -> bool:
@@ -362,7 +366,7 @@ class Knowledge:
         else:
             expected = fixed_tokens + round(text_tokens * (factor if factor is not None else 1.0))
             calibrated = len(entry.samples) >= CALIBRATED_MIN_SAMPLES
-        at_window = window_tokens is not None and prompt_tokens >= window_tokens
+        at_window = reaches_window(prompt_tokens, window_tokens)
         far_below = is_truncated(prompt_tokens=prompt_tokens, expected_tokens=expected, calibrated=calibrated)
         if at_window or far_below:
             entry.truncations += 1

@@ -61,10 +61,7 @@ def _prompt_tokens(payload: Any) -> int | None:
 def prompt_tokens_from_json(body: bytes, *, loads: Callable[[bytes], Any] = json.loads) -> int | None:
     if not body or len(body) > MAX_JSON_BYTES or b'"prompt_tokens"' not in body:
         return None
-    try:
-        return _prompt_tokens(loads(body))
-    except (ValueError, RecursionError):
-        return None
+    return _usage_of(body, None, loads=loads)
 
 
 def input_tokens_from_json(
@@ -72,17 +69,16 @@ def input_tokens_from_json(
 ) -> int | None:
     if not body or len(body) > MAX_JSON_BYTES or USAGE_KEY_START not in body:
         return None
-    try:
-        payload = loads(body)
-    except (ValueError, RecursionError):
-        return None
-    return extract(payload) if isinstance(payload, dict) else None
+    return _usage_of(body, extract, loads=loads)
 
 
-def _usage_of(raw: bytes, extract: Extract | None) -> int | None:
-    """The prompt tokens of one streamed JSON payload (an SSE line's data, an array element)."""
+def _usage_of(
+    raw: bytes, extract: Extract | None, *, loads: Callable[[bytes], Any] = json.loads
+) -> int | None:
+    """The prompt tokens of one JSON payload (a whole answer, an SSE line's data, an array
+    element): ``extract``'s, else chat's ``usage.prompt_tokens``; None when there are none."""
     try:
-        payload = json.loads(raw)
+        payload = loads(raw)
     except (ValueError, RecursionError):
         return None
     if extract is None:

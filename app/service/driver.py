@@ -336,7 +336,9 @@ class Service:
                     self._learn(request, command.overflow, forwarded, exchange.plan)
                 if command.proven_window_tokens is not None and request.conversation.fittable:
                     self.learner.learn_proven_window(request.model, command.proven_window_tokens)
-                return await self._outcome(request, exchange, forwarded, response, ahead=ahead)
+                return await self._outcome(
+                    request, exchange, forwarded, response, ahead=ahead[0] if ahead else None
+                )
             if isinstance(command, Send):
                 if response is not None:
                     await response.aclose()
@@ -464,7 +466,7 @@ class Service:
         forwarded: Forwarded,
         response: UpstreamResponse,
         *,
-        ahead: Sequence[Ahead] = (),
+        ahead: Ahead | None = None,
     ) -> Outcome:
         """The outcome, after the learner has seen the response (usage, silent truncation);
         ``ahead``: the fast path's plan, its prefix reuse and rendering, made while the upstream
@@ -498,10 +500,10 @@ class Service:
             await response.aclose()
             raise
         rendered: object | None = None
-        if ahead and ahead[0].plan is plan:
-            reuse = ahead[0].prefix_reuse
+        if ahead is not None and ahead.plan is plan:
+            reuse = ahead.prefix_reuse
             if not warnings and exchange.retries == 0:
-                rendered = ahead[0].rendered
+                rendered = ahead.rendered
         else:
             reuse = self._prefix_reuse(plan)
         return Outcome(

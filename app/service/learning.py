@@ -49,6 +49,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ..core.estimate import EstimateCounter
@@ -150,6 +151,14 @@ def _identity_encoded(response: UpstreamResponse) -> bool:
         name.lower() != "content-encoding" or value.strip().lower() in ("", "identity")
         for name, value in response.headers
     )
+
+
+def _quietly(record: Callable[[], object], model: str) -> None:
+    """``record()`` as a loop callback: a failure is logged, never raised into the loop."""
+    try:
+        record()
+    except Exception:
+        logger.exception("learning from the usage of %r failed", model)
 
 
 class Learner:
@@ -315,6 +324,17 @@ class Learner:
                 tokens = input_tokens_from_json(answer, usage, loads=load_json)
             if tokens is None:
                 return response, tuple(warnings)
+            record = partial(
+                self._usage,
+                model,
+                tokens,
+                counter=counter,
+                forwarded=forwarded,
+                streamed=False,
+                window_tokens=window_tokens,
+                forwarded_tokens=forwarded_tokens,
+                on_usage=on_usage,
+            )
             if (
                 counter.exact
                 and forwarded_tokens is not None
@@ -325,26 +345,9 @@ class Learner:
                 # Nothing for this response's headers (the verdict of an exact count is known now):
                 # the observation is recorded on the loop's next turn, after the answer's bytes are
                 # written (before a next request of this client can be read).
-                asyncio.get_running_loop().call_soon(
-                    self._usage_later,
-                    model,
-                    tokens,
-                    counter,
-                    window_tokens,
-                    forwarded_tokens,
-                    on_usage,
-                )
+                asyncio.get_running_loop().call_soon(_quietly, record, model)
                 return response, tuple(warnings)
-            verdict = self._usage(
-                model,
-                tokens,
-                counter=counter,
-                forwarded=forwarded,
-                streamed=False,
-                window_tokens=window_tokens,
-                forwarded_tokens=forwarded_tokens,
-                on_usage=on_usage,
-            )
+            verdict = record()
             if verdict.truncated:
                 self.knowledge.take_warning(model)  # reported on this response
                 if TRUNCATED_WARNING not in warnings:
@@ -377,30 +380,6 @@ class Learner:
                 )
 
         return ObservedResponse(response, on_chunk=scanner.feed, on_end=on_end), tuple(warnings)
-
-    def _usage_later(
-        self,
-        model: str,
-        prompt_tokens: int,
-        counter: MessageCounter,
-        window_tokens: int | None,
-        forwarded_tokens: int,
-        on_usage: Callable[[int], None] | None,
-    ) -> None:
-        """:meth:`_usage` of a response already answered (never raises: a loop callback)."""
-        try:
-            self._usage(
-                model,
-                prompt_tokens,
-                counter=counter,
-                forwarded={},  # an exact count with its total: the body is not tallied again
-                streamed=False,
-                window_tokens=window_tokens,
-                forwarded_tokens=forwarded_tokens,
-                on_usage=on_usage,
-            )
-        except Exception:
-            logger.exception("learning from the usage of %r failed", model)
 
     def _usage(
         self,

@@ -98,13 +98,13 @@ def upstream_request_headers(
     upstream sees the ID of our logs and of the client's response)."""
     pairs = list(headers)
     lowers = [name.lower() for name, _ in pairs]  # once: every rule below is on the lowercase name
-    listed = _connection_tokens(pairs) if "connection" in lowers else None
-    dropped = HOP_BY_HOP if listed is None else HOP_BY_HOP | listed
-    not_sent = _NOT_SENT if listed is None else _NOT_SENT | listed
+    listed = _connection_tokens(pairs) if "connection" in lowers else set()
+    not_sent = _NOT_SENT | listed if listed else _NOT_SENT
     replaced: set[str] = set()
     slot: KeySlot | None = None
     if api_key is not None:
         replaced = {s.name for s in key_slots if not s.in_query}
+        dropped = HOP_BY_HOP | listed
         end_to_end = [pair for pair, lower in zip(pairs, lowers, strict=True) if lower not in dropped]
         slot = _chosen_slot(end_to_end, query, key_slot=key_slot, key_slots=key_slots)
         if not slot.in_query:
