@@ -3,7 +3,9 @@
 ``.venv/bin/python -m bench.ab --tree base=/tmp/base [--rounds 5] [--out FILE]``
 
 Where ``bench.run`` compares two commits by alternating whole runs (before, after, before, ...),
-this puts every proxy in one run: the fake upstream, the raw-aiohttp forwarder, this tree's proxy
+this puts every proxy in one run: the fake upstream, the raw-aiohttp forwarder, the stack floor
+(``bench.forwarders.ctxproxy_floor``: this tree's app with its service bypassed; ``--forwarders``
+picks others), this tree's proxy
 (``proxy``) and one proxy per ``--tree NAME=DIR`` (``DIR``: a checkout with its own ``.venv``, e.g.
 ``git worktree add /tmp/base COMMIT && (cd /tmp/base && bash .ci/setup)``), each its own process,
 and every iteration sends the same bytes to all of them in a rotated order. Each round measures:
@@ -40,10 +42,11 @@ from typing import Any
 import uvloop
 
 from bench import load, report, routes, scenarios
-from bench.forwarders import TARGETS as FORWARDER_APPS
+from bench.forwarders import STACK_FLOOR, TARGETS
 from bench.servers import REPO, Server, ServerPool, free_port, git_state, uvicorn_argv
 
 FORWARDER = "fwd-aiohttp"  # the floor the ratios are taken against
+FORWARDER_APPS = {**TARGETS, **STACK_FLOOR}
 HEAD = "proxy"
 Figures = dict[str, list[float]]
 
@@ -235,6 +238,16 @@ def markdown(
         )
     ]
     lines += ["", f"`{HEAD}` / {FORWARDER} added p50, per round: {', '.join(per_round)}."]
+    floor = next(iter(STACK_FLOOR))
+    if floor in forwarders:
+        # The stack alone (the proxy's app with its service bypassed): what is left of the
+        # proxy's added latency is what the fitting costs on the critical path.
+        h50, s50 = med(f"small|{HEAD}|added p50"), med(f"small|{floor}|added p50")
+        lines.append(
+            f"`{floor}` (the proxy's own stack, service bypassed) / {FORWARDER} added p50: "
+            f"{s50 / f50:.2f}x; `{HEAD}` - `{floor}`: {h50 - s50:.3f} ms, "
+            f"{(h50 - s50) / f50:.2f}x {FORWARDER}'s added p50 (the fitting's share)."
+        )
     for other in proxies[1:]:
         ratios = [
             f"{p / o:.2f}"
@@ -294,8 +307,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--tree", action="append", default=[], metavar="NAME=DIR", help="another proxy's checkout"
     )
     parser.add_argument(
-        "--forwarders", type=lambda s: s.split(","), default=[FORWARDER, "fwd-httpx-aiohttp"],
-        help=f"forwarders beside the proxies ({FORWARDER} always)",
+        "--forwarders", type=lambda s: s.split(","), default=[FORWARDER, *STACK_FLOOR],
+        help=f"forwarders beside the proxies ({FORWARDER} always; also: {', '.join(FORWARDER_APPS)})",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--small", type=int, default=200, help="small requests per target and round")
