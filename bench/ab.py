@@ -43,7 +43,7 @@ import uvloop
 
 from bench import load, report, routes, scenarios
 from bench.forwarders import STACK_FLOOR, TARGETS
-from bench.servers import REPO, Server, ServerPool, free_port, git_state, uvicorn_argv
+from bench.servers import REPO, Server, ServerPool, free_port, git_state, process_tree, uvicorn_argv
 
 FORWARDER = "fwd-aiohttp"  # the floor the ratios are taken against
 FORWARDER_APPS = {**TARGETS, **STACK_FLOOR}
@@ -195,6 +195,28 @@ class AB:
                 _add(self.figures, f"rps|{name}|cpu", 1000 * samples.server_cpu_s / len(samples.latency_s))
 
 
+def pin_upstream(pool: ServerPool, upstream: Server) -> str | None:
+    """``--pin``: the fake upstream's threads on the last CPU, everything else here (this client,
+    every other server) on the rest, as if the upstream were another machine: its work no longer
+    competes for a CPU with what a target does while it waits. A description, or None with fewer
+    than two CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    own, rest = {cpus[-1]}, set(cpus[:-1])
+
+    def pin(pid: int, where: set[int]) -> None:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.sched_setaffinity(int(task.name), where)
+
+    for server in pool.servers.values():
+        for pid in process_tree(server.pid):
+            pin(pid, own if server is upstream else rest)
+    pin(os.getpid(), rest)
+    others = f"{min(rest)}-{max(rest)}" if len(rest) > 1 else f"{min(rest)}"
+    return f"the fake upstream on CPU {cpus[-1]}, the client and the servers under test on CPU {others}"
+
+
 def _median(values: list[float] | None) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -217,7 +239,7 @@ def markdown(
         f"{meta['load_end']:.2f} at the end. Trees: "
         + "; ".join(f"`{n}` = {trees[n]}" for n in proxies)
         + ". Medians over the rounds of each round's figure (ms; CPU = the server process's own CPU "
-        "per request).",
+        "per request)." + (f" Pinned: {meta['pinned']}." if meta.get("pinned") else ""),
         "",
         "## Small chat request (scenario (a))",
         "",
@@ -318,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--rps-requests", type=int, default=500, help="requests per proxy route and batch (rps rounds)"
     )
     parser.add_argument("--no-rps", action="store_true")
+    parser.add_argument(
+        "--pin", action="store_true",
+        help="the fake upstream alone on the last CPU, the client and the servers under test on the others",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     args.forwarders = list(dict.fromkeys([FORWARDER, *args.forwarders]))
@@ -338,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name, tree in trees.items():
             start_proxy(pool, name, tree, upstream, models)
         pool.wait_ready(timeout_s=90)
+        pinned = pin_upstream(pool, upstream) if args.pin else None
         ab = AB(pool, list(trees), args)
         started = time.perf_counter()
         uvloop.run(ab.run())
@@ -348,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "machine": f"{os.cpu_count()} CPUs",
         "load_start": load_start,
         "load_end": os.getloadavg()[0],
+        "pinned": pinned,
     }
     described = {n: git_state(t, subject=True) for n, t in trees.items()}
     text = markdown(ab.figures, proxies=list(trees), forwarders=args.forwarders, trees=described, meta=meta)

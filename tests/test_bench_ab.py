@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bench import ab
+import os
+from pathlib import Path
+
+from bench import ab, run
+from bench.servers import ServerPool
 
 
 def _meta() -> dict[str, object]:
@@ -58,3 +62,39 @@ def test_without_the_floor_there_is_no_split() -> None:
 
 def test_the_floor_is_a_default_forwarder() -> None:
     assert "stack-floor" in ab.FORWARDER_APPS
+
+
+def test_a_pinned_run_says_where_the_upstream_ran() -> None:
+    meta = {**_meta(), "pinned": "the fake upstream on CPU 1, the client and the servers under test on CPU 0"}
+    text = ab.markdown(
+        _figures(floor=False),
+        proxies=["proxy"],
+        forwarders=["fwd-aiohttp"],
+        trees={"proxy": "HEAD"},
+        meta=meta,
+    )
+    assert "Pinned: the fake upstream on CPU 1, the client and the servers under test on CPU 0." in text
+    assert "Pinned" not in ab.markdown(
+        _figures(floor=False),
+        proxies=["proxy"],
+        forwarders=["fwd-aiohttp"],
+        trees={"proxy": "HEAD"},
+        meta=_meta(),
+    )
+
+
+def test_pinning_puts_the_upstream_alone_on_the_last_cpu(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        assert ab.pin_upstream(ServerPool(tmp_path), None) is None  # type: ignore[arg-type]
+        return
+    with ServerPool(tmp_path) as pool:
+        upstream = run.start_fake_upstream(pool)
+        pool.wait_ready(["upstream"], timeout_s=20)
+        try:
+            described = ab.pin_upstream(pool, upstream)
+            assert os.sched_getaffinity(upstream.pid) == {cpus[-1]}
+            assert os.sched_getaffinity(0) == set(cpus[:-1])
+        finally:
+            os.sched_setaffinity(0, cpus)  # the rest of the test run keeps every CPU
+    assert described is not None and f"the fake upstream on CPU {cpus[-1]}" in described
