@@ -315,6 +315,16 @@ class Learner:
             warnings.append(TRUNCATED_WARNING)
         if response.status_code != 200:
             return response, tuple(warnings)
+        # Recorded with the upstream's prompt tokens and whether they came from a stream.
+        usage_of = partial(
+            self._usage,
+            model,
+            counter=counter,
+            forwarded=forwarded,
+            window_tokens=window_tokens,
+            forwarded_tokens=forwarded_tokens,
+            on_usage=on_usage,
+        )
         if not stream:
             await response.aread()
             answer = response.decoded_body()
@@ -324,17 +334,7 @@ class Learner:
                 tokens = input_tokens_from_json(answer, usage, loads=load_json)
             if tokens is None:
                 return response, tuple(warnings)
-            record = partial(
-                self._usage,
-                model,
-                tokens,
-                counter=counter,
-                forwarded=forwarded,
-                streamed=False,
-                window_tokens=window_tokens,
-                forwarded_tokens=forwarded_tokens,
-                on_usage=on_usage,
-            )
+            record = partial(usage_of, tokens, streamed=False)
             if (
                 counter.exact
                 and forwarded_tokens is not None
@@ -368,16 +368,7 @@ class Learner:
 
         def on_end() -> None:
             if scanner.prompt_tokens is not None:
-                self._usage(
-                    model,
-                    scanner.prompt_tokens,
-                    counter=counter,
-                    forwarded=forwarded,
-                    streamed=True,
-                    window_tokens=window_tokens,
-                    forwarded_tokens=forwarded_tokens,
-                    on_usage=on_usage,
-                )
+                usage_of(scanner.prompt_tokens, streamed=True)
 
         return ObservedResponse(response, on_chunk=scanner.feed, on_end=on_end), tuple(warnings)
 

@@ -104,9 +104,7 @@ def upstream_request_headers(
     slot: KeySlot | None = None
     if api_key is not None:
         replaced = {s.name for s in key_slots if not s.in_query}
-        dropped = HOP_BY_HOP | listed
-        end_to_end = [pair for pair, lower in zip(pairs, lowers, strict=True) if lower not in dropped]
-        slot = _chosen_slot(end_to_end, query, key_slot=key_slot, key_slots=key_slots)
+        slot = _chosen_slot(_end_to_end(pairs), query, key_slot=key_slot, key_slots=key_slots)
         if not slot.in_query:
             replaced.add(slot.name)
     if request_id is not None:
