@@ -85,7 +85,6 @@ class ChatDialect:
     routes: tuple[Route, ...] = (Route("/v1/chat/completions", upstream="chat/completions"),)
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "messages"
-    chat_shaped: bool = True
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     # OpenAI's usage chunk (``stream_options.include_usage``); every other chunk says ``"usage":
@@ -117,6 +116,13 @@ class ChatDialect:
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         return counter.count_tools(body)
+
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        """The body itself: it is the chat accounting's own shape (its tools counted as text)."""
+        return body
 
     def render(
         self,
