@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.budget import request_budget
 from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
+from ..core.exchange import refusal_reason
 from ..core.plan import Plan
 from ..core.routes import RouteMatch
 from ..upstream.headers import Header
@@ -57,7 +58,6 @@ DEFAULT_ASIDE_SHARE = 0.10
 """Share of the window left for what a gateway keeps aside when nobody says how much: a coding
 agent's system prompt and tools are ~15-20K tokens, about 10% of a 128-200K window."""
 
-_REASON = "shortening the conversation as far as the policy allows does not bring it under"
 
 @dataclass(frozen=True, slots=True)
 class Compressed:
@@ -162,7 +162,7 @@ class Compressor:
         request = replace(request, options=replace(options, budget_tokens=cap_tokens))
         request, plan = await service.decide(request, size_bytes=size_bytes)
         if not plan.fits:
-            raise PlanCannotFit(plan, reason=_REASON)
+            raise PlanCannotFit(plan, reason=refusal_reason(plan, mode=request.policy.mode))
         if not plan.changed:
             return Compressed(plan, dialect, messages, body, b"", aside_tokens=aside)
         fitted = plan.body(body)
@@ -178,7 +178,7 @@ class Compressor:
         request = await service.prepare(raw, headers, options=options, route=route)
         request, plan = await service.decide(request)
         if not plan.fits:
-            raise PlanCannotFit(plan, reason=_REASON)
+            raise PlanCannotFit(plan, reason=refusal_reason(plan, mode=request.policy.mode))
         if not plan.changed:
             items = request.body.get(dialect.items_key) or []
             return Compressed(plan, dialect, items, request.body, raw)
