@@ -97,33 +97,6 @@ class StructureGuardWarning(RuntimeWarning):
     fell back (see the module docstring)."""
 
 
-def _prepare(
-    body: Mapping[str, Any],
-    conversation: Conversation,
-    *,
-    dialect: Dialect,
-    spec: ModelSpec,
-    policy: Policy,
-    counter: MessageCounter,
-    cap_tokens: int | None,
-    limits: Limits | None = None,
-) -> tuple[tuple[Message, ...], tuple[int, ...], int, Budget]:
-    messages = conversation.messages
-    per_message = counter.count_messages(messages)
-    budget = request_budget(
-        body,
-        conversation,
-        dialect=dialect,
-        spec=spec,
-        policy=policy,
-        counter=counter,
-        exact=counter.exact,
-        cap_tokens=cap_tokens,
-        limits=limits,
-    )
-    return messages, per_message, budget.tool_tokens, budget
-
-
 def new_problems(
     body: Mapping[str, Any], messages: Sequence[Message], *, dialect: Dialect, source: Sequence[Message]
 ) -> list[str]:
@@ -241,16 +214,20 @@ def plan_request(
     ahead-of-time summaries prepare.
     """
     parsed = dialect.parse(body) if conversation is None else conversation
-    messages, per_message, tool_tokens, budget = _prepare(
+    messages = parsed.messages
+    per_message = counter.count_messages(messages)
+    budget = request_budget(
         body,
         parsed,
         dialect=dialect,
         spec=spec,
         policy=policy,
         counter=counter,
+        exact=counter.exact,
         cap_tokens=cap_tokens,
         limits=limits,
     )
+    tool_tokens = budget.tool_tokens
     requested = parsed.requested_output_tokens
     output_cap = limits.output_cap_tokens if limits is not None else None
     lowered = (

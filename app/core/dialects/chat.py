@@ -2,8 +2,9 @@
 
 ``CHAT`` serves ``POST /v1/chat/completions`` (sent to ``chat/completions`` under the upstream base
 URL; the body's ``stream`` chooses streaming), takes the client's key as ``Authorization: Bearer``
-and has no counting endpoint of its own. It is also the registry's default (``DEFAULT_DIALECT``):
-bodies that name no API and routes of no dialect speak it.
+and has no counting endpoint of its own. It is no default: the composition root (``app.main``)
+chooses it to speak for routes of no dialect, and the dry run's detection falls back to it as the
+registry's first. Its body is the chat accounting's own shape (``accounting_view``: the body).
 
 ``CHAT`` parses ``body["messages"]`` by ``messages.validate_messages`` (the same list, no copy of a
 message), counts ``tools``/``functions`` by the chat accounting, renders by replacing ``messages``
