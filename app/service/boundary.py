@@ -1,8 +1,9 @@
 """Fit to the last token: find the upstream's exact count near the boundary, lower an output cap
 that leaves no room, and remember what the upstream counted (the work around ``app.core.boundary``).
 
-``Boundary(*, learner, counts=None, exact=True, lower_output=True, asks=None)`` (one per
-``Service``; an offline door makes its own: no counts, ``asks`` what the proxy's settings say):
+``Boundary(*, learner, counts=None, exact=True, lower_output=True, asking=None)`` (one per
+``Service``; an offline door makes its own: no ``counts``, and ``asking`` whether the proxy's
+settings ask the counting endpoints, default: ``counts`` given):
 
 * ``policy_for(policy) -> Policy``: the request's policy, lowering off when the setting is (a
   request's ``X-Context-Lower-Output: on`` does not turn on what the operator turned off).
@@ -136,7 +137,7 @@ class Boundary:
         exact: bool = True,
         lower_output: bool = True,
         anchors: AnchorMemory | None = None,
-        asks: bool | None = None,
+        asking: bool | None = None,
     ) -> None:
         self.learner = learner
         self.counts = counts
@@ -144,7 +145,7 @@ class Boundary:
         self.lower_output = lower_output
         # Whether the proxy asks counting endpoints (an offline door has no ``counts`` of its own
         # but says what the proxy would do).
-        self.asking = counts is not None if asks is None else asks
+        self.asking = counts is not None if asking is None else asking
         self.anchors = anchors if anchors is not None else AnchorMemory()
         self.stats: Counter[str] = Counter()
 

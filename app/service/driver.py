@@ -89,7 +89,6 @@ class Service(Planner):
             vocabularies=vocabularies,
             # Near the boundary: exact counts, lowered output caps, anchors (app.service.boundary).
             boundary=build_boundary(settings, learner=learner, upstream=upstream),
-            learner=learner,
             summarize=settings.summarize if summaries is not None else None,
             base_url_for=upstream.base_url_for,
         )

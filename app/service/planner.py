@@ -1,11 +1,11 @@
 """The request value of a body, made one way for every door, and the dry run of its decision.
 
-``Planner(*, policy, registry, vocabularies, boundary, learner=None, summarize=None,
-base_url_for=None)`` holds what a request value is made from: the operator's ``policy`` (refined
-per request by its options), the model table (``registry``), the vocabularies, what the proxy
-learned (``learner``: windows, calibration), the ``boundary`` (``app.service.boundary``), whether
-summaries exist (``summarize``: the operator's switch, None for a door with no summaries at all)
-and where a model's requests go (``base_url_for``). The live ``Service`` is a planner with an
+``Planner(*, policy, registry, vocabularies, boundary, summarize=None, base_url_for=None,
+offline=False)`` holds what a request value is made from: the operator's ``policy`` (refined
+per request by its options), the model table (``registry``), the vocabularies, the ``boundary``
+(``app.service.boundary``) and what the proxy learned (its ``learner``: windows, calibration),
+whether summaries exist (``summarize``: the operator's switch, None for a door with no summaries
+at all) and where a model's requests go (``base_url_for``). The live ``Service`` is a planner with an
 upstream; a door outside the proxy's process (``ctxproxy plan``, ``ctxproxy.fit``) makes its own
 with :func:`offline_planner`, so every door gets the same request value for the same inputs:
 
@@ -51,14 +51,13 @@ class Planner:
         registry: ModelResolver,
         vocabularies: Vocabularies,
         boundary: Boundary,
-        learner: Learner | None = None,
         summarize: bool | None = None,
         base_url_for: Callable[[str | None], str] | None = None,
         offline: bool = False,
     ) -> None:
         self.registry = registry
         self.vocabularies = vocabularies
-        self.learner = learner if learner is not None else boundary.learner
+        self.learner = boundary.learner
         self.boundary = boundary
         self.summarize = summarize
         self.offline = offline
@@ -173,19 +172,17 @@ def offline_planner(
     proxy's settings it mirrors given (``summarize``: the operator's summaries switch, None: no
     summaries; ``boundary_exact``, ``lower_output``, ``upstream_count``: the settings of the same
     names)."""
-    learner = Learner()
     boundary = Boundary(
-        learner=learner,
+        learner=Learner(),
         exact=boundary_exact,
         lower_output=lower_output,
-        asks=boundary_exact and upstream_count,
+        asking=boundary_exact and upstream_count,
     )
     return Planner(
         policy=policy,
         registry=registry,
         vocabularies=vocabularies,
         boundary=boundary,
-        learner=learner,
         summarize=summarize,
         offline=True,
     )
