@@ -34,7 +34,7 @@ from ..core.errors import InvalidRequest
 from ..core.routes import RouteMatch, RouteTable
 from ..service.compress import Compressed, Compressor, compress_answer, messages_api
 from ..service.request import parse_body
-from ..wire import dump_json
+from ..wire import dump_document
 from .errors import DIALECT_SCOPE_KEY
 from .headers import API, parse_context_headers
 from .request_io import raw_headers, read_body, service_of
@@ -104,7 +104,7 @@ async def compress(request: Request) -> Response:
     )
     record_plan(request.scope, result.plan, retries=0)
     extra = {ASIDE: str(result.aside_tokens)}
-    return _answer(result, dump_json(compress_answer(result)), extra=extra)
+    return _answer(result, dump_document(compress_answer(result)), extra=extra)
 
 
 async def compact(request: Request, path: str) -> Response:

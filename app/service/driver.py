@@ -146,15 +146,18 @@ class Service:
     ) -> ProxyRequest:
         """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad model first, then
         for what the dialect refuses in the conversation. ``route`` (else ``dialect``'s first
-        route) gives the dialect, the path's parameters and where the request goes; ``model``: the
-        route dialect's ``model_of`` the body, when the caller read it already."""
+        route) gives the dialect, the path's parameters and where the request goes, and its kind
+        what the body must have (``Dialect.parse``; without a route, a bare conversation's);
+        ``model``: the route dialect's ``model_of`` the body, when the caller read it already."""
         match = route if route is not None else RouteMatch.first(dialect)
         dialect = match.dialect
         if model is None:
             model = dialect.model_of(body, match.params)
         table_spec = dialect.refine_spec(self.registry.resolve(model), headers)
         spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
-        conversation = dialect.parse(body, memo=self.parses)
+        # A bare conversation (no route: the gateway's messages contract) has no route's requirements.
+        kind = match.route.kind if route is not None else None
+        conversation = dialect.parse(body, memo=self.parses, kind=kind)
         stream = conversation.stream if match.route.stream is None else match.route.stream
         if conversation.model != model or conversation.stream != stream:
             # The path's model and stream (Gemini's); the constructor, not ``replace`` (which
@@ -208,9 +211,11 @@ class Service:
         dialect: Dialect = DEFAULT_DIALECT,
         headers: Sequence[Header] = (),
     ) -> Plan:
-        """The plan for ``body`` (no I/O, no summaries); ``InvalidRequest`` on a bad body. Never
-        raises ``CannotFit``: the dry run reports ``fits=False``."""
-        return self.request(body, options, dialect=dialect, headers=headers).plan()
+        """The plan for ``body`` (no I/O, no summaries) as ``dialect``'s route would make it;
+        ``InvalidRequest`` on a bad body, as the route refuses it. Never raises ``CannotFit``: the
+        dry run reports ``fits=False``."""
+        route = RouteMatch.first(dialect)
+        return self.request(body, options, dialect=dialect, headers=headers, route=route).plan()
 
     def plan_raw(self, raw: bytes, options: RequestOptions, *, dialect: Dialect = DEFAULT_DIALECT) -> Plan:
         return self.plan(parse_body(raw), options, dialect=dialect)

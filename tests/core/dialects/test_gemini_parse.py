@@ -37,9 +37,13 @@ SYSTEM = {"parts": [{"text": "You are a CLI agent."}]}
             {"contents": [{"parts": [{"functionResponse": {"response": {}}}]}]},
             "contents[0].parts[0].functionResponse",
         ),
-        ({"contents": [], "systemInstruction": "be nice"}, "systemInstruction"),
-        ({"contents": [], "generationConfig": {"maxOutputTokens": 0}}, "generationConfig.maxOutputTokens"),
-        ({"contents": [], "tools": {"functionDeclarations": []}}, "tools"),
+        ({"contents": [user("x")], "systemInstruction": "be nice"}, "systemInstruction"),
+        (
+            {"contents": [user("x")], "generationConfig": {"maxOutputTokens": 0}},
+            "generationConfig.maxOutputTokens",
+        ),
+        ({"contents": [user("x")], "tools": {"functionDeclarations": []}}, "tools"),
+        ({"contents": []}, "contents"),
     ],
 )
 def test_bad_bodies_are_invalid_requests_naming_the_field(request_body: dict[str, Any], param: str) -> None:
