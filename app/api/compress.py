@@ -84,13 +84,15 @@ async def compress(request: Request) -> Response:
     service = service_of(request)
     options = parse_context_headers(request.headers)
     aside = _aside_tokens(request)
+    dialects: Mapping[str, Dialect] = request.app.state.dialects
+    named = request.query_params.get("api") or request.headers.get(API)
+    if named is not None:  # a body that is not JSON gets the named API's error
+        request.scope[DIALECT_SCOPE_KEY] = messages_api((), named=named, headers={}, dialects=dialects)
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
     body = parse_body(raw)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' must be an array of message objects.", param="messages")
-    dialects: Mapping[str, Dialect] = request.app.state.dialects
-    named = request.query_params.get("api") or request.headers.get(API)
     dialect = messages_api(messages, named=named, headers=request.headers, dialects=dialects)
     request.scope[DIALECT_SCOPE_KEY] = dialect  # our errors from here on are in its shape
     result = await _compressor(request).compress_messages(

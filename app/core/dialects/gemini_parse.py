@@ -7,13 +7,13 @@ INTERFACE CONTRACT (pure, standard library only):
   what planning relies on and every field the proxy reads, ``InvalidRequest`` naming the field in
   Google's words otherwise (``kind``: the route's, ``Dialect.parse``); a content ``recalled``
   reusable at its index is not checked again (it is strictly equal to one checked before).
-* ``parse_gemini(body, *, model, stream, memo=None, counted=None, kind=None) -> Conversation``: the neutral conversation
-  of a body (a ``:countTokens`` body read through ``counted_request``); ``model`` and ``stream``
-  come from the request's path. With ``memo`` (``parse_memo``), the neutral messages of a resent
-  history's strictly equal leading contents are reused (those of content ``i`` are a pure
-  function of ``i``, it and the content before it: ``gemini_wire.content_messages``); the result
-  equals a fresh parse. A body with ``cachedContent`` is not fittable (part of its prompt lives
-  upstream, ``UNFITTABLE_CACHED``).
+* ``parse_gemini(body, *, model, stream, memo=None, counted=None, kind=None) -> Conversation``:
+  the neutral conversation of a body (a ``:countTokens`` body read through ``counted_request``);
+  ``model`` and ``stream`` come from the request's path. With ``memo`` (``parse_memo``), the
+  neutral messages of a resent history's strictly equal leading contents are reused (those of
+  content ``i`` are a pure function of ``i``, it and the content before it:
+  ``gemini_wire.content_messages``); the result equals a fresh parse. A body with
+  ``cachedContent`` is not fittable (part of its prompt lives upstream, ``UNFITTABLE_CACHED``).
 * ``counted_request(body)``: the ``generateContentRequest`` of a ``:countTokens`` body when it
   has one, else the body itself.
 * ``body_model(body, *, counted=None)``: the body's ``model`` (or its ``generateContentRequest``'s) without
