@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
         description="HTTP reverse proxy that keeps every LLM request (OpenAI Chat Completions and "
-        "Responses, Anthropic Messages) inside the model's context window.",
+        "Responses, Anthropic Messages, Google Gemini's generateContent) inside the model's context window.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -252,9 +252,11 @@ def _read_body(path: Path) -> dict[str, Any]:
         text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    from .service.request import load_json
+
     try:
-        body = json.loads(text)
-    except ValueError as exc:
+        body = load_json(text.encode("utf-8", "surrogatepass"))  # RFC 8259, as the proxy reads bodies
+    except (ValueError, RecursionError) as exc:
         raise CliError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise CliError(f"{path} must hold a JSON object (a request body of one of the wire APIs)")
@@ -299,7 +301,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise CliError(f"invalid request{where}: {exc.message}") from exc
     report = plan_report(plan, body)
     if not args.json:
-        print(format_plan(report))
+        print(format_plan(report, detected=args.api is None))
         return 0 if plan.fits else 1
     if args.no_body:
         del report["body"]
@@ -307,8 +309,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def format_plan(report: dict[str, Any]) -> str:
-    """A plan (``plan_report``) for people: the model, the budget, before -> after, what was done."""
+def counted_as(report: dict[str, Any]) -> str:
+    """How the plan's tokens were counted, in words: exact (with which vocabulary) or estimated."""
+    count = report["count"]
+    if count == "exact":
+        return f"exact count ({report['spec']['encoding']})"
+    if count == "calibrated":
+        return "estimated count, calibrated by the upstream's usage"
+    return "estimated count (no public tokenizer)"
+
+
+def format_plan(report: dict[str, Any], *, detected: bool = True) -> str:
+    """A plan (``plan_report``) for people: the API (``detected`` from the body, else named), the
+    model, the budget, before -> after, what was done."""
     spec, budget = report["spec"], report["budget"]
     before, after = report["tokens_before"], report["tokens_after"]
     if not report["fits"]:
@@ -319,9 +332,11 @@ def format_plan(report: dict[str, Any]) -> str:
         )
     else:
         verdict = "fits as it is: forwarded byte for byte"
+    chosen = "detected from the body; --api to name another" if detected else "--api"
     lines = [
+        f"api      {report['api']} ({chosen})",
         f"model    {report['model']} -> {spec['name']} ({spec['source']}): window {spec['window_tokens']:,}, "
-        f"{spec['encoding']} ({report['count']} count)",
+        f"{counted_as(report)}",
         f"budget   {budget['input_budget_tokens']:,} input tokens (reserve {budget['reserve_tokens']:,} for "
         f"the answer, margin {budget['margin_tokens']:,}"
         + (f", cap {budget['cap_tokens']:,}" if budget["cap_tokens"] else "")
@@ -417,25 +432,36 @@ def _proxy_models(url: str, *, timeout_s: float) -> int:
 
     if not url.startswith(("http://", "https://")):
         raise CliError(f"--proxy must start with http:// or https://, got {url!r}")
+    where = f"{url.rstrip('/')}/v1/context/models"
     try:
-        response = httpx.get(f"{url.rstrip('/')}/v1/context/models", timeout=timeout_s)
-        response.raise_for_status()
-        rows = response.json()["data"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        print(f"ctxproxy: could not read {url}/v1/context/models: {exc}", file=sys.stderr)
+        response = httpx.get(where, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        print(f"ctxproxy: could not reach {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    specs = [
-        ModelSpec(
-            name=row["model"],
-            window_tokens=row["window_tokens"],
-            max_output_tokens=row["max_output_tokens"],
-            encoding=row["encoding"],
-            source=row["sources"].get("window", ""),
-            sources=tuple(row["sources"].items()),
-            correction=row["correction"] if row["correction"] is not None else 1.0,
-        )
-        for row in rows
-    ]
+    not_ours = f"ctxproxy: {url} does not look like ctxproxy: GET {where} answered"
+    if response.status_code == 401:
+        why = "a proxy with CTXPROXY_API_KEYS wants a key, which --proxy does not send"
+        print(f"ctxproxy: GET {where} answered 401: {why}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        print(f"{not_ours} HTTP {response.status_code}, not ctxproxy's model report", file=sys.stderr)
+        return 1
+    try:
+        specs = [
+            ModelSpec(
+                name=row["model"],
+                window_tokens=row["window_tokens"],
+                max_output_tokens=row["max_output_tokens"],
+                encoding=row["encoding"],
+                source=row["sources"].get("window", ""),
+                sources=tuple(row["sources"].items()),
+                correction=row["correction"] if row["correction"] is not None else 1.0,
+            )
+            for row in response.json()["data"]
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        print(f"{not_ours} something that is not ctxproxy's model report", file=sys.stderr)
+        return 1
     if not specs:
         print(f"{url} knows no model yet (none discovered, none used)", file=sys.stderr)
         return 1
@@ -455,7 +481,7 @@ async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -
     knowledge = Knowledge()
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         upstream = UpstreamClient(http, base_url=base_url, api_key=settings.upstream_key())
-        discovery = Discovery(upstream, knowledge, timeout_s=timeout_s)
+        discovery = Discovery(upstream, knowledge, timeout_s=timeout_s, retry_after_s=None)  # one shot
         try:
             ids = await discovery.discover_listed(base_url)
             await discovery.wait_idle()
