@@ -14,7 +14,8 @@
 Settings come from the environment (``CTXPROXY_*``, see ``app.settings``); the flags override the few
 they name. ``plan`` never touches the network, nor does ``models`` without ``--upstream`` or
 ``--proxy``. Exit codes: 0 ok, 1 the command ran but failed (``plan`` of a request that cannot fit,
-a demo turn that failed, ``models --upstream/--proxy`` that found no model), 2 bad usage or bad input.
+a demo turn that failed, ``models --upstream/--proxy`` that found no model), 2 bad usage or bad input
+(``serve`` on a port in use included: checked before anything starts).
 """
 
 from __future__ import annotations
@@ -176,6 +177,23 @@ def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (in use, no such address), or None when it can.
+    Bound the way uvicorn binds (``SO_REUSEADDR``: a port in ``TIME_WAIT`` is free), then let go."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
@@ -185,8 +203,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(warn=False)  # the app logs them, with its start-up lines
     # Everything create_app would stop on, checked here where it can be one clean line and exit
-    # code 2 (uvicorn would print a traceback and exit 3).
+    # code 2 (uvicorn would print a traceback and exit 3): the model table, and the port (uvicorn
+    # would start the whole app, then exit 3 on "address already in use").
     _registry(None, warn=False)
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    taken = port_taken(host, port)
+    if taken is not None:
+        hint = "another server there? choose one with --port or CTXPROXY_PORT"
+        raise CliError(f"cannot listen on {host}:{port}: {taken} ({hint})")
     # On SIGTERM uvicorn stops accepting, drains in-flight requests for up to the grace period,
     # then re-raises the signal to whatever handler was there before it: with this one, a stop
     # that was asked for ends with exit code 0 instead of death by signal.
@@ -204,8 +229,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             uvicorn.run(
                 f"{__package__}.main:create_app",
                 factory=True,
-                host=args.host or settings.host,
-                port=args.port if args.port is not None else settings.port,
+                host=host,
+                port=port,
                 workers=args.workers,
                 log_level=settings.log_level.lower(),
                 access_log=False,  # ctxproxy.access logs every request, with its request ID

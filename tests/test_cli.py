@@ -195,6 +195,38 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
     assert "usage: ctxproxy" in capsys.readouterr().err
 
 
+PORT_TAKEN = cli.port_taken
+
+
+@pytest.fixture(autouse=True)
+def any_port_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve`` checks its port before it starts; the tests of what it starts (uvicorn.run
+    replaced) must not depend on which ports this machine has in use: that check has its own."""
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)
+
+
+def test_serve_with_its_port_in_use_says_so_in_one_line_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    import uvicorn
+
+    monkeypatch.setattr(cli, "port_taken", PORT_TAKEN)
+    calls: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append(k))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["serve", "--host", "127.0.0.1", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert calls == []  # nothing started
+    assert err.startswith(f"ctxproxy: error: cannot listen on 127.0.0.1:{port}: ") and "in use" in err
+    assert len(err.strip().splitlines()) == 1
+    assert PORT_TAKEN("127.0.0.1", port) is None  # free again once the other server is gone
+
+
 def test_serve_runs_the_app_factory(monkeypatch: pytest.MonkeyPatch) -> None:
     import uvicorn
 

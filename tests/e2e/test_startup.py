@@ -88,3 +88,24 @@ def test_the_start_up_lines_name_the_upstream_and_never_a_key() -> None:
     assert "INFO ctxproxy.startup model table: built-in" in err
     for secret in ("pw-in-url", "sk-operator-secret", "client-secret"):
         assert secret not in err
+
+
+def test_serve_on_a_port_in_use_exits_2_with_one_line_before_starting_anything() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "serve", "--port", str(port)],
+            cwd=REPO,
+            env=environment(CTXPROXY_UPSTREAM_BASE_URL="http://127.0.0.1:9/v1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ctxproxy: error: cannot listen on 127.0.0.1:{port}")
+    assert "Started server process" not in done.stderr and "Traceback" not in done.stderr
