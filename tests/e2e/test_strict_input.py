@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,8 +105,10 @@ class Probe:
     http: httpx.Client
 
 
-@pytest.fixture(scope="module")
-def probe() -> Iterator[Probe]:
+@contextmanager
+def probe_stack() -> Iterator[tuple[str, Recorder, httpx.Client]]:
+    """The recording upstream and the proxy in front of it, both real servers on loopback:
+    ``(proxy URL, recorder, an HTTP client of the proxy)``."""
     recorder = Recorder()
     upstream = Starlette(routes=[Route("/{path:path}", recorder.handle, methods=["GET", "POST"])])
     with (
@@ -113,6 +116,12 @@ def probe() -> Iterator[Probe]:
         serve_proxy(upstream_url, **PROXY_SETTINGS) as url,
         httpx.Client(base_url=url, timeout=30) as http,
     ):
+        yield url, recorder, http
+
+
+@pytest.fixture(scope="module")
+def probe() -> Iterator[Probe]:
+    with probe_stack() as (url, recorder, http):
         clients = (
             openai.OpenAI(api_key="sk-probe", base_url=url, max_retries=0),
             anthropic.Anthropic(api_key="sk-ant-probe", base_url=url, max_retries=0),
@@ -199,13 +208,7 @@ def test_an_escaped_lone_surrogate_is_json_and_goes_byte_for_byte(probe: Probe) 
 def report() -> list[dict[str, Any]]:
     """Every case's route and answer, for a person (``python -m tests.e2e.test_strict_input``)."""
     rows: list[dict[str, Any]] = []
-    recorder = Recorder()
-    upstream = Starlette(routes=[Route("/{path:path}", recorder.handle, methods=["GET", "POST"])])
-    with (
-        serve_app(upstream, lifespan="off") as upstream_url,
-        serve_proxy(upstream_url, **PROXY_SETTINGS) as url,
-        httpx.Client(base_url=url, timeout=30) as http,
-    ):
+    with probe_stack() as (_url, recorder, http):
         for case, path in CASES:
             headers = {"Content-Type": "application/json", "Authorization": "Bearer k", "x-api-key": "k"}
             answer = http.post(path, content=case.raw, headers=headers)
