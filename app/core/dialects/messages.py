@@ -10,6 +10,12 @@ an auth token). A body is recognised by an ``anthropic-version`` header, a top-l
 or an Anthropic content block (``tool_use``, ``tool_result``, thinking). The ``anthropic-beta``
 header refines the model spec (``window_from_beta``).
 
+Validation (``validate_body``) checks every field the proxy reads as Anthropic does, in its words
+(``model: Field required`` for a missing field, ``max_tokens: Input should be a valid integer``
+for one of another type: a present field is never called missing); ``max_tokens`` (an integer of
+at least 1) is required on ``/v1/messages`` only (``kind="fit"``), an enabled thinking budget is
+an integer of at least 1,024, ``messages`` is not empty.
+
 Parsing (``parse``) maps the body onto neutral messages (``app.core.conversation``):
 
 * ``max_tokens`` (required by ``/v1/messages``, absent from a ``count_tokens`` body) is the output
