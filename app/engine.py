@@ -104,11 +104,16 @@ def _planner(models_file: str | Path | None) -> Planner:
 
 
 def _request(
-    body: Mapping[str, Any], api: str | None, options: RequestOptions, models_file: str | Path | None
+    body: Mapping[str, Any],
+    api: str | None,
+    options: RequestOptions,
+    models_file: str | Path | None,
+    *,
+    bare: bool = False,
 ) -> tuple[Planner, ProxyRequest]:
     dialect = _dialect(api, body)
     planner = _planner(models_file)
-    return planner, planner.request(body, options, route=RouteMatch.first(dialect))
+    return planner, planner.request(body, options, route=RouteMatch.first(dialect), bare=bare)
 
 
 def fit(
@@ -162,5 +167,6 @@ def fit(
 def count(body: Mapping[str, Any], *, api: str | None = None, models_file: str | Path | None = None) -> int:
     """Input tokens of ``body`` as its model counts them (conversation, reply priming, tools):
     the ``tokens_before`` of :func:`fit`, without fitting anything (``api`` detected when None)."""
-    _, request = _request(body, api, RequestOptions(mode="off"), models_file)
+    # A count holds the body to no route's requirements (Anthropic's max_tokens), as counting does.
+    _, request = _request(body, api, RequestOptions(mode="off"), models_file, bare=True)
     return request.plan().tokens_before

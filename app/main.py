@@ -38,9 +38,10 @@ from .observability import router as observability_router
 from .observability.observer import discovery_call, discovery_result
 from .service.discovery import Discovery
 from .service.driver import Service
-from .service.knowledge_share import KnowledgeShare
+from .service.knowledge_share import KnowledgeShare, SharedCache
 from .service.learning import Learner
 from .service.ports import ModelResolver, Vocabularies
+from .service.sessions import Sessions
 from .service.worker_store import WorkerStore
 from .settings import Settings, load_settings, unknown_variables
 from .upstream.client import UpstreamClient
@@ -111,6 +112,18 @@ def load_model_registry(settings: Settings) -> ModelResolver:
     return registry
 
 
+def shared_store(settings: Settings, cache: Any, *, name: str) -> SharedCache | None:
+    """Where what one process keeps reaches the others: ``cache`` when it is shared (the summary
+    cache on Redis: every replica), else files in ``settings.worker_dir`` under ``name`` (the
+    workers of one ``ctxproxy serve --workers N``), else None (one process alone)."""
+    if cache is not None and getattr(cache, "backend", "memory") != "memory":
+        shared: SharedCache = cache
+        return shared
+    if settings.worker_dir is not None:
+        return WorkerStore(settings.worker_dir / name)
+    return None
+
+
 def build_learner(
     settings: Settings,
     upstream: UpstreamClient,
@@ -120,15 +133,16 @@ def build_learner(
 ) -> Learner:
     """The model knowledge (in memory) and, unless disabled, discovery over ``upstream`` (a client
     of its own, out of the chat traffic's upstream metrics; its calls go to the discovery metric).
-    A shared ``cache`` (the summary cache when it is Redis) shares what is learned between replicas;
-    without one, the workers of one ``ctxproxy serve --workers N`` share it through files in
-    ``settings.worker_dir`` (quickly: they are on one host)."""
+    What is learned is shared through :func:`shared_store`: between replicas through a shared
+    ``cache`` (the summary cache when it is Redis), else between the workers of one ``ctxproxy
+    serve --workers N`` through files in ``settings.worker_dir`` (quickly: they are on one host)."""
     knowledge = Knowledge()
-    shared = cache is not None and getattr(cache, "backend", "memory") != "memory"
-    share = KnowledgeShare(cache, knowledge) if shared else None
-    if share is None and settings.worker_dir is not None:
-        store = WorkerStore(settings.worker_dir / "knowledge")
+    store = shared_store(settings, cache, name="knowledge")
+    share = None
+    if isinstance(store, WorkerStore):
         share = KnowledgeShare(store, knowledge, publish_delay_s=0.2, refresh_every_s=1.0, timeout_s=0.2)
+    elif store is not None:
+        share = KnowledgeShare(store, knowledge)
     if not settings.discovery:
         return Learner(knowledge=knowledge, share=share)
 
@@ -346,6 +360,7 @@ def create_app(
     table = RouteTable.of(apis)  # ValueError for a registry whose routes clash
     slots = key_slots(apis.values())
     observability = Observability.from_settings(settings, apis=tuple(apis), counting=CountingPaths(table))
+    sessions = Sessions()  # the status page's logins; shared once the cache exists (lifespan)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -403,6 +418,9 @@ def create_app(
                 learner=learner,
             )
             observability.use_knowledge(learner.knowledge.discovered)
+            session_store = shared_store(settings, summaries.cache, name="sessions")
+            if session_store is not None:
+                sessions.share(session_store)
             if learner.discovery is not None:
                 learner.discovery.start()
             freeze_startup_heap()
@@ -435,6 +453,6 @@ def create_app(
     if settings.proxy_api_keys():
         keys = settings.proxy_api_keys()
         app.add_middleware(ProxyKeyMiddleware, keys=keys, slots=slots, table=table, granted=session_granted)
-        app.add_middleware(StatusLogin, keys=settings.proxy_api_keys())  # a person's way in
+        app.add_middleware(StatusLogin, keys=keys, sessions=sessions)  # a person's way in
     app.add_middleware(ObservabilityMiddleware, observability=observability, access_log=True)
     return app

@@ -36,7 +36,7 @@ from ..core.errors import InvalidRequest
 from ..core.routes import RouteMatch, RouteTable
 from ..service.compress import Compressed, Compressor, compress_answer, messages_api
 from ..service.request import parse_body
-from ..wire import dump_json
+from ..wire import dump_document
 from .errors import DIALECT_SCOPE_KEY
 from .headers import API, parse_context_headers
 from .request_io import raw_headers, read_body, service_of
@@ -86,13 +86,15 @@ async def compress(request: Request) -> Response:
     service = service_of(request)
     options = parse_context_headers(request.headers)
     aside = _aside_tokens(request)
+    dialects: Mapping[str, Dialect] = request.app.state.dialects
+    named = request.query_params.get("api") or request.headers.get(API)
+    if named is not None:  # a body that is not JSON gets the named API's error
+        request.scope[DIALECT_SCOPE_KEY] = messages_api((), named=named, headers={}, dialects=dialects)
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
     body = parse_body(raw)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' must be an array of message objects.", param="messages")
-    dialects: Mapping[str, Dialect] = request.app.state.dialects
-    named = request.query_params.get("api") or request.headers.get(API)
     dialect = messages_api(messages, named=named, headers=request.headers, dialects=dialects)
     request.scope[DIALECT_SCOPE_KEY] = dialect  # our errors from here on are in its shape
     result = await _compressor(request).compress_messages(
@@ -106,7 +108,7 @@ async def compress(request: Request) -> Response:
     )
     record_plan(request.scope, result.plan, retries=0)
     extra = {ASIDE: str(result.aside_tokens)}
-    return _answer(result, dump_json(compress_answer(result)), extra=extra)
+    return _answer(result, dump_document(compress_answer(result)), extra=extra)
 
 
 async def compact(request: Request, path: str) -> Response:

@@ -47,7 +47,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -67,6 +66,7 @@ from ..upstream.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from ..wire import dump_json
 from .responses import context_headers, record_plan
 
 logger = logging.getLogger("ctxproxy.errors")
@@ -123,7 +123,7 @@ def render_info(info: ErrorInfo, dialect: Dialect, *, json_stream: bool = False)
     request asked for a JSON-array stream: the array's form when the dialect has one)."""
     body = dialect.json_stream_error(info, started=False) if json_stream else None
     if body is None:
-        body = orjson.dumps(dialect.error_body(info))
+        body = dump_json(dialect.error_body(info))  # a client's string in it may hold a lone surrogate
     return Response(body, status_code=info.status, media_type="application/json")
 
 

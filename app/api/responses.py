@@ -56,7 +56,9 @@ def context_headers(
     ``X-Context-Upstream-Tokens``, the upstream's own count of the whole request when the plan was
     decided by it; ``X-Context-Memory``: ``summary``, ``note`` or ``none``, what stands in for what
     was cut). Window and budget are the ones the forwarded plan was fitted to (a retry's learned
-    window, an exact count's margin)."""
+    window, an exact count's margin). A plan that does not fit (the request is refused: nothing
+    is forwarded) has no ``X-Context-Tokens-After``; the refusal's message says how far the plan
+    got."""
     raw = context_raw_headers(plan, retries=retries, warnings=warnings, prefix_reuse=prefix_reuse)
     # Every name is hyphenated words: title case is its display form (x-context-window -> X-Context-Window).
     return [(name.decode("latin-1").title(), value.decode("latin-1")) for name, value in raw]
@@ -71,7 +73,10 @@ def context_raw_headers(
         (b"x-context-window", b"%d" % plan.budget.window_tokens),
         (b"x-context-budget", b"%d" % request_budget_tokens(plan.budget)),
         (b"x-context-tokens-before", b"%d" % plan.tokens_before),
-        (b"x-context-tokens-after", b"%d" % plan.tokens_after),
+    ]
+    if plan.fits:  # else nothing was forwarded: no figure of what was
+        headers.append((b"x-context-tokens-after", b"%d" % plan.tokens_after))
+    headers += [
         (b"x-context-count", plan.count_kind.encode("latin-1")),
         (b"x-context-actions", plan.actions_header().encode("latin-1")),
         (b"x-context-retries", b"%d" % retries),

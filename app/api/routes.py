@@ -94,23 +94,33 @@ async def fitted(request: Request, match: RouteMatch) -> UpstreamStreamResponse 
     return response
 
 
-def plan_dialect(request: Request, dialects: Mapping[str, Dialect], body: Mapping[str, object]) -> Dialect:
-    """The API of a dry-run body (see the module docstring)."""
+def named_dialect(request: Request, dialects: Mapping[str, Dialect]) -> Dialect | None:
+    """The API a dry run names (``?api=`` or ``X-Context-Api``), None when it names none."""
     named = request.query_params.get("api") or request.headers.get(API)
     if named is None:
-        return detect(dialects, body, request.headers)
+        return None
     key = named.strip().lower()
     if key not in dialects:
         raise InvalidRequest(f"Unknown api {named!r}; known: {', '.join(sorted(dialects))}.", param="api")
     return dialects[key]
 
 
+def plan_dialect(request: Request, dialects: Mapping[str, Dialect], body: Mapping[str, object]) -> Dialect:
+    """The API of a dry-run body (see the module docstring)."""
+    named = named_dialect(request, dialects)
+    return named if named is not None else detect(dialects, body, request.headers)
+
+
 async def context_plan(request: Request) -> Response:
     service = service_of(request)
     options = parse_context_headers(request.headers)
+    dialects: Mapping[str, Dialect] = request.app.state.dialects
+    named = named_dialect(request, dialects)
+    if named is not None:
+        request.scope[DIALECT_SCOPE_KEY] = named  # a body that is not JSON: that API's error
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
     body = parse_body(raw)
-    dialect = plan_dialect(request, request.app.state.dialects, body)
+    dialect = named if named is not None else detect(dialects, body, request.headers)
     request.scope[DIALECT_SCOPE_KEY] = dialect
     # The live route's request value and its decision, without I/O (``Planner.dry_run``): what
     # the upstream would have told the proxy is named among the estimates.

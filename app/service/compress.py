@@ -138,7 +138,7 @@ class Compressor:
         body = {"model": model, dialect.items_key: messages}
         service = self.service
         await service.learner.discover(model, service.upstream.base_url_for(model))
-        request = service.request(body, options, headers=headers, route=RouteMatch.first(dialect))
+        request = service.request(body, options, headers=headers, route=RouteMatch.first(dialect), bare=True)
         aside = aside_tokens_for(
             request.spec.window_tokens,
             requested=aside_tokens,

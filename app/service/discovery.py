@@ -1,6 +1,7 @@
 """Ask the upstream what it knows about its models' windows (the I/O half of ``app.core.discovered``).
 
-``Discovery(upstream, knowledge, *, timeout_s=1.5, retry_after_s=300.0, on_call=None)``; the app
+``Discovery(upstream, knowledge, *, timeout_s=1.5, retry_after_s=300.0, on_call=None)``
+(``retry_after_s=None``: a one-shot discovery, never asked again: the CLI's); the app
 gives it an ``UpstreamClient`` of its own over the chat client's sender (same pool, without the
 instrumentation: out of the chat traffic's upstream metrics) and reports each call through
 ``on_call(method, path, status)`` (``status`` None: unreachable) to the discovery metric:
@@ -36,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -108,7 +110,7 @@ class Discovery:
         knowledge: Knowledge,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+        retry_after_s: float | None = DEFAULT_RETRY_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
         on_call: Callable[[str, str, int | None], None] | None = None,
     ) -> None:
@@ -116,7 +118,7 @@ class Discovery:
         self._on_call = on_call
         self.knowledge = knowledge
         self.timeout_s = timeout_s
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = math.inf if retry_after_s is None else retry_after_s
         self._clock = clock
         self._bases: dict[str, _Base] = {}
         self._models: OrderedDict[tuple[str, str], tuple[asyncio.Task[bool], float]] = OrderedDict()
@@ -326,14 +328,15 @@ class Discovery:
             )
         except Exception as exc:  # UpstreamError, or a broken transport: unreachable, for discovery
             self._report(method, join_url(base_url, path), None)
+            why = (safe_url(base_url), method, path, type(exc).__name__)
+            if math.isinf(self.retry_after_s):  # one shot: nothing comes later to speak of
+                self._log_once(f"fail:{base.url}", "model discovery could not reach %s (%s %s: %s)", *why)
+                return None, None
             self._log_once(
                 f"fail:{base.url}",
                 "model discovery could not reach %s (%s %s: %s); windows come from the model "
                 "table until it answers (asked again in %.0f s at the earliest)",
-                safe_url(base_url),
-                method,
-                path,
-                type(exc).__name__,
+                *why,
                 self.retry_after_s,
             )
             return None, None

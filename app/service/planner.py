@@ -112,16 +112,19 @@ class Planner:
         raw: bytes = b"",
         headers: Sequence[Header] = (),
         model: str | None = None,
+        bare: bool = False,
     ) -> ProxyRequest:
         """The request value of ``body`` on ``route`` (no I/O; see the module docstring): the
-        route gives the dialect, the path's parameters and where the request goes; ``model``: the
+        route gives the dialect, the path's parameters and where the request goes, and its kind
+        what the body must have (``Dialect.parse``); ``bare``: a bare conversation (the gateway's
+        messages contract, ``ctxproxy.count``), held to no route's requirements; ``model``: the
         dialect's ``model_of`` the body, when the caller read it already."""
         dialect = route.dialect
         if model is None:
             model = dialect.model_of(body, route.params)
         table_spec = dialect.refine_spec(self.registry.resolve(model), headers)
         spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
-        conversation = dialect.parse(body, memo=self.parses)
+        conversation = dialect.parse(body, memo=self.parses, kind=None if bare else route.route.kind)
         stream = conversation.stream if route.route.stream is None else route.route.stream
         if conversation.model != model or conversation.stream != stream:
             # The path's model and stream (Gemini's); the constructor, not ``replace`` (which

@@ -59,7 +59,7 @@ import orjson
 
 from ..compaction.ahead import AheadOfTime
 from ..compaction.cache import SummaryCache, cache_from_url
-from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError
+from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError, window_problem
 from ..core.budget import Policy
 from ..core.dialect import Dialect
 from ..core.fit import next_cut_headroom
@@ -264,6 +264,12 @@ class Summaries:
             # Its window limits the input alone (Gemini's inputTokenLimit): the summary's prompt may
             # fill it, the reply is not counted against it (the summarizer keeps it off the window).
             window += reply
+        problem = window_problem(window, reply, count_text)
+        if problem is not None:
+            # No warning: a request that leaves no room for a summary call (a tiny prompt with a
+            # huge output cap on a small window) just has none, and builds no summarizer.
+            logger.debug("no summaries for this request to %r: %s", model, problem)
+            return None
         key = (dialect.name, model, base_url, reply, window)
         if key in self._ahead:
             found = self._ahead[key]

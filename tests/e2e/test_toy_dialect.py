@@ -35,7 +35,7 @@ from app.core.messages import Message
 from app.core.overflow import ContextOverflow
 from app.core.parse_memo import ParseMemo
 from app.core.registry import ModelSpec
-from app.core.routes import KeySlot, Route
+from app.core.routes import KeySlot, Route, RouteKind
 from app.core.tokens import MessageCounter
 from app.demo import serve_in_thread
 from app.main import create_app
@@ -91,7 +91,9 @@ class ToyDialect:
         tokens = answer.get("tokens")
         return tokens if type(tokens) is int and tokens > 0 else None
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation:
         turns = body.get("turns")
         if not isinstance(turns, list) or not turns:
             raise InvalidRequest("'turns' must be a non-empty array.", param="turns")

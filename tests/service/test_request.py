@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -10,13 +11,15 @@ import httpx
 import pytest
 import respx
 
+from app.core.body_memo import BodyMemo
 from app.core.dialects import CHAT, RESPONSES
+from app.core.errors import InvalidJson
 from app.core.fit import StructureGuardWarning
 from app.core.messages import Message
 from app.core.plan import StrategyResult
 from app.core.routes import RouteMatch
 from app.service.driver import Service
-from app.service.request import Forwarded, RequestOptions
+from app.service.request import Forwarded, RequestOptions, load_json, parse_body
 from app.upstream.client import UpstreamClient
 from tests.api import UPSTREAM, OneModelRegistry, WordVocabularies, make_settings, words
 
@@ -86,3 +89,67 @@ def test_what_the_fast_path_sent_first_is_counted_as_the_client_request_with_the
     chat = svc.request(agent_body(), RequestOptions(), route=CHAT_ROUTE)
     changed = Forwarded.sent_first(chat, replace(plan, changed=True))
     assert changed.plan is None  # a plan that changed the request is not what went out
+
+
+@pytest.mark.parametrize(
+    ("raw", "token"),
+    [
+        (b'{"model": "m", "temperature": NaN}', True),
+        (b'{"model": "m", "temperature": Infinity}', True),
+        (b'{"model": "m", "temperature": -Infinity}', True),
+        (b'{"model": "m", "temperature": 1e400}', False),
+        (b'{"model": "m", "temperature": -1E+999}', False),
+        (b'{"model": "m", "seed": 1' + b"0" * 400 + b"}", False),  # an integer over a double
+        # With an escaped lone surrogate (orjson refuses it, the standard library decides): the same.
+        (b'{"model": "m\\ud800", "temperature": NaN}', True),
+        (b'{"model": "m\\ud800", "temperature": 1e400}', False),
+        (b'{"model": "m\\ud800", "seed": 1' + b"0" * 400 + b"}", False),
+    ],
+)
+def test_what_rfc_8259_leaves_out_is_refused_as_invalid_json(raw: bytes, token: bool) -> None:
+    with pytest.raises(InvalidJson) as refused:
+        parse_body(raw)
+    assert refused.value.unexpected_token is token
+    with pytest.raises(ValueError):  # the JSON readers of answers catch ValueError
+        load_json(raw)
+
+
+def test_an_invalid_json_error_says_where_and_shows_the_place() -> None:
+    raw = b'{"model": "m",\n "messages": [], "temperature": NaN, "top_p": 1}'
+    with pytest.raises(InvalidJson) as refused:
+        parse_body(raw)
+    error = refused.value
+    assert (error.line, error.column) == (2, 33) and raw.decode()[error.offset :].startswith("NaN")
+    line, caret = error.excerpt.split("\n")
+    assert line[caret.index("^") :].startswith("NaN")
+    assert error.message == f"{error.reason}: line 2 column 33 (char {error.offset})"
+
+
+def test_what_json_allows_is_taken_as_before() -> None:
+    assert parse_body(b'{"a": "\\ud800", "b": 1e308, "c": -0.0, "d": 18446744073709551615}') == {
+        "a": "\ud800",
+        "b": 1e308,
+        "c": -0.0,
+        "d": 18446744073709551615,
+    }
+    assert parse_body('{"a": 1}'.encode("utf-16")) == {"a": 1}  # the standard library's encodings
+
+
+def test_a_resent_body_is_held_to_the_same_rule_by_the_memo() -> None:
+    bodies = BodyMemo(min_bytes=0, min_reuse_bytes=0)
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": words(40)} for i in range(9)]
+    first = json.dumps({"model": "m", "messages": history, "top_p": 1}).encode()
+    remembered = parse_body(first, memo=bodies, key="messages")
+
+    def grown(element: bytes, tail: bytes = b'"top_p": 1}') -> bytes:
+        return first.replace(b"]", b", " + element + b"]").replace(b'"top_p": 1}', tail)
+
+    valid = parse_body(grown(b'{"role": "user", "content": "x"}'), memo=bodies, key="messages")
+    assert valid["messages"][0] is remembered["messages"][0]  # the memo's partial parse took it
+    for raw in (
+        grown(b'{"role": "user", "content": "x", "weight": NaN}'),  # in a new element
+        grown(b'{"role": "user", "content": "x", "weight": 1e400}'),
+        grown(b'{"role": "user", "content": "x"}', b'"top_p": -Infinity}'),  # after the array
+    ):
+        with pytest.raises(InvalidJson):
+            parse_body(raw, memo=bodies, key="messages")

@@ -66,7 +66,7 @@ from urllib.parse import unquote
 
 from ..conversation import Conversation, priced_view
 from ..dialect import ErrorInfo, Headers, SummaryCall
-from ..endpoints import KeySlot, Route, UpstreamTarget
+from ..endpoints import KeySlot, Route, RouteKind, UpstreamTarget
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
@@ -112,8 +112,21 @@ def status_name(status: int) -> str:
     return "INTERNAL" if status >= 500 else "INVALID_ARGUMENT" if status == 413 else "FAILED_PRECONDITION"
 
 
+def _invalid_json(error: ErrorInfo) -> str:
+    """Google's answer to a body that is not JSON: ``Invalid JSON payload received. Unexpected
+    token.`` and the text around the place, a caret under it."""
+    found = error.json_error
+    if found is None:
+        return f"Invalid JSON payload received. {error.message}"
+    said = found.reason
+    reason = "Unexpected token." if found.unexpected_token else f"{said[:1].upper()}{said[1:]}."
+    return f"Invalid JSON payload received. {reason}" + (f"\n{found.excerpt}" if found.excerpt else "")
+
+
 def _message(error: ErrorInfo) -> str:
     tokens, limit, window = error.tokens, error.limit_tokens, error.window_tokens
+    if error.code == "invalid_json":
+        return _invalid_json(error)
     if error.code != "context_length_exceeded" or tokens is None or limit is None:
         return error.message
     allowed = window if window is not None and tokens > window else limit
@@ -198,13 +211,15 @@ class GeminiDialect:
         """``{"totalTokens": N, ...}``."""
         return positive_count(answer, "totalTokens")
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation:
         """The model is the body's (``models/`` stripped) or ""; the service sets the path's."""
         if not isinstance(body, Mapping):
-            return parse_gemini(body, model="", stream=False, memo=memo)
+            return parse_gemini(body, model="", stream=False, memo=memo, kind=kind)
         request = counted_request(body)  # once: the model and the parse both read it
         model = body_model(body, counted=request)
-        return parse_gemini(body, model=model or "", stream=False, memo=memo, counted=request)
+        return parse_gemini(body, model=model or "", stream=False, memo=memo, counted=request, kind=kind)
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         body = counted_request(body)

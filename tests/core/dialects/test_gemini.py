@@ -177,7 +177,8 @@ def test_the_model_and_the_stream_come_from_the_path_and_cached_content_is_not_f
     conversation = parse_gemini(request, model="gemini-2.5-flash", stream=True)
     assert conversation.model == "gemini-2.5-flash" and conversation.stream is True
     assert not conversation.fittable and conversation.unfittable_reason == UNFITTABLE_CACHED
-    assert GEMINI.parse({"model": "models/gemini-x", "contents": []}).model == "gemini-x"
+    assert GEMINI.parse({"model": "models/gemini-x", "contents": [user("x")]}).model == "gemini-x"
+    assert GEMINI.parse({"model": "models/gemini-x", "contents": []}, kind="count").messages == ()
     inner = {"model": "models/g", "contents": [user("x")]}
     assert counted_request({"generateContentRequest": inner}) is inner
     assert counted_request({"contents": []}) == {"contents": []}

@@ -478,3 +478,29 @@ def test_a_summary_is_asked_with_instructions_and_input_not_stored() -> None:
     assert RESPONSES.summary_text(answer) == "- one\n- two"
     assert RESPONSES.summary_text({"output": [{"type": "reasoning"}]}) is None
     assert RESPONSES.summary_text({}) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (0, "Expected a value >= 16, but got 0 instead."),
+        (15, "Expected a value >= 16, but got 15 instead."),
+        ("16", "expected an integer, but got a string instead."),
+        (16.0, "expected an integer, but got a decimal number instead."),
+    ],
+)
+def test_max_output_tokens_is_an_integer_of_at_least_16(value: object, words: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        RESPONSES.parse({"model": "m", "input": "hi", "max_output_tokens": value})
+    assert words in refused.value.message and refused.value.param == "max_output_tokens"
+    least = RESPONSES.parse({"model": "m", "input": "hi", "max_output_tokens": 16})
+    assert least.requested_output_tokens == 16
+
+
+def test_a_field_of_the_wrong_type_is_named_with_both_types() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        RESPONSES.parse({"model": "m", "input": 5})
+    assert refused.value.message == (
+        "Invalid type for 'input': expected a string or an array, but got an integer instead."
+    )
+    assert refused.value.code == "invalid_type"
