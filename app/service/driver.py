@@ -50,6 +50,7 @@ from ..core.plan import Plan
 from ..core.registry import ModelSpec
 from ..core.reuse import PrefixMemory, PrefixReuse
 from ..core.routes import KeySlot, RouteMatch
+from ..core.tenant import tenant_of
 from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
@@ -179,6 +180,7 @@ class Service:
             counter=self.counter_for_spec(spec),
             base_url=self.upstream.base_url_for(model),
             options=options,
+            tenant=tenant_of(headers, match.query, dialect.key_slots),
             headers=tuple(headers),
             calibrated=self.learner.calibrated(spec),
         )

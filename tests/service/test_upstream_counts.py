@@ -15,6 +15,7 @@ from app.core.dialect import Dialect
 from app.core.dialects import CHAT, MESSAGES, RESPONSES
 from app.core.registry import ModelSpec
 from app.core.routes import RouteMatch
+from app.core.tenant import key_hash
 from app.core.tokens import MessageCounter
 from app.service.request import ProxyRequest, RequestOptions
 from app.service.upstream_counts import UpstreamCounts
@@ -37,6 +38,7 @@ def request_of(body: dict[str, Any], dialect: Dialect = MESSAGES) -> ProxyReques
         counter=MessageCounter(WordCounter()),
         base_url=UPSTREAM,
         options=RequestOptions(),
+        tenant=key_hash("client-key"),
         headers=(("x-api-key", "client-key"), ("anthropic-version", "2023-06-01"), ("content-length", "999")),
     )
 
