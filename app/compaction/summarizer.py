@@ -196,11 +196,10 @@ class Summarizer:
         self.last_error = cause
         permanent = isinstance(exc, SummaryError) and exc.permanent
         name = self._off_key() if permanent else "fail:" + key
-        # The failures in a row outlive each back-off (so the next one doubles), not forever.
-        raw = await cache.get("tries:" + name)
-        attempts = int(raw) + 1 if raw and raw.isdigit() else 1
+        # The failures in a row outlive each back-off (so the next one doubles), not forever;
+        # counted atomically, so failures on two replicas at once are two.
+        attempts = await cache.incr("tries:" + name, ttl_s=4 * self.retry_max_s)
         ttl_s = min(self.retry_max_s, self.retry_after_s * 2 ** (attempts - 1))
-        await cache.set("tries:" + name, str(attempts), ttl_s=4 * self.retry_max_s)
         await cache.set(name, json.dumps({"attempts": attempts, "cause": cause}), ttl_s=ttl_s)
         if permanent:
             logger.warning(
@@ -269,14 +268,8 @@ class Summarizer:
         return 0, None
 
     async def _extend_chain(self, span: Sequence[Message], key: str, cache: SummaryCache) -> None:
-        name = self.chain_key(span)
-        raw = await cache.get(name)
-        try:
-            chain = [[int(n), str(k)] for n, k in json.loads(raw)] if raw else []
-        except (ValueError, TypeError):
-            chain = []
-        entries = [[len(span), key], *(e for e in chain if e[1] != key)][:CHAIN_LENGTH]
-        await cache.set(name, json.dumps(entries))
+        # One atomic merge: a span another replica added meanwhile stays in the chain.
+        await cache.merge_chain(self.chain_key(span), len(span), key, limit=CHAIN_LENGTH)
 
     async def _summarize_logged(
         self, messages: Sequence[Message], previous: str | None
