@@ -2,8 +2,10 @@
 
 INTERFACE CONTRACT (the summarizer, ahead-of-time compaction and the service rely on these):
 
-* ``summary_key(span_messages, *, summarizer_model, prompt_version) -> str``: hex sha256 over a
-  canonical JSON of the exact span plus the model and prompt version; ``prefix_keys(blocks, ...)``
+* ``summary_key(span_messages, *, summarizer_model, prompt_version, tenant) -> str``: hex sha256
+  over a canonical JSON of the exact span plus the model, the prompt version and the tenant
+  (``app.core.tenant``: a summary is its owner's; a hit never tells one client what another
+  sent, by a header or by its speed); ``prefix_keys(blocks, ...)``
   gives the keys of blocks ``0..j`` for every ``j`` in one pass (``prefix_keys(b)[j] ==
   summary_key(concat(b[:j+1]))``).
 * ``SummaryCache`` protocol: ``async get(key) -> str | None``, ``async set(key, value, *,
@@ -25,8 +27,9 @@ INTERFACE CONTRACT (the summarizer, ahead-of-time compaction and the service rel
   prefix="ctxproxy:summary:", *, max_entries=..., retry_after_s=..., ...)`` and
   ``cache_from_url(url, *, ttl_s, max_entries) -> SummaryCache``.
 
-The caches hold summaries only: the key is a hash (the span's text cannot be read back from it),
-the value is the summary text. Prompts and API keys are never stored.
+The caches hold summaries and the state around them (chains of span keys, back-offs, failure
+counts): the key is a hash (the span's text or a client's key cannot be read back from it), the
+value a summary text or numbers. Prompts and API keys are never stored.
 
 Nothing here raises on purpose; a Redis failure is logged once (logger ``ctxproxy.compaction``)
 and the cache carries on in memory until a retry after ``retry_after_s`` succeeds.
@@ -47,7 +50,7 @@ from typing import Any, Protocol
 
 logger = logging.getLogger("ctxproxy.compaction")
 
-KEY_SCHEME = 1
+KEY_SCHEME = 2
 Clock = Callable[[], float]
 
 
@@ -57,33 +60,39 @@ def _canonical(value: object) -> bytes:
     )
 
 
-def _key_hasher(summarizer_model: str, prompt_version: str) -> Any:
+def _key_hasher(summarizer_model: str, prompt_version: str, tenant: str) -> Any:
     hasher = hashlib.sha256()
-    header = {"scheme": KEY_SCHEME, "model": summarizer_model, "prompt_version": prompt_version}
+    header = {
+        "scheme": KEY_SCHEME,
+        "model": summarizer_model,
+        "prompt_version": prompt_version,
+        "tenant": tenant,
+    }
     hasher.update(_canonical(header) + b"\n")
     return hasher
 
 
 def summary_key(
-    span_messages: Iterable[Mapping[str, Any]], *, summarizer_model: str, prompt_version: str
+    span_messages: Iterable[Mapping[str, Any]], *, summarizer_model: str, prompt_version: str, tenant: str
 ) -> str:
-    """The cache key of a summary of exactly ``span_messages`` by that model and prompt version.
+    """The cache key of ``tenant``'s summary of exactly ``span_messages`` by that model and prompt
+    version.
 
     Every key and value of every message counts (a changed tool argument is a different span); the
     canonical JSON sorts keys, so dict ordering does not. Newline-separated encodings make the
     hash of a span the same whether computed at once or block by block (``prefix_keys``).
     """
-    hasher = _key_hasher(summarizer_model, prompt_version)
+    hasher = _key_hasher(summarizer_model, prompt_version, tenant)
     for message in span_messages:
         hasher.update(_canonical(message) + b"\n")
     return str(hasher.hexdigest())
 
 
 def prefix_keys(
-    blocks: Sequence[Sequence[Mapping[str, Any]]], *, summarizer_model: str, prompt_version: str
+    blocks: Sequence[Sequence[Mapping[str, Any]]], *, summarizer_model: str, prompt_version: str, tenant: str
 ) -> list[str]:
     """``keys[j]`` = ``summary_key`` of blocks ``0..j`` concatenated, for every ``j``, in one pass."""
-    hasher = _key_hasher(summarizer_model, prompt_version)
+    hasher = _key_hasher(summarizer_model, prompt_version, tenant)
     keys: list[str] = []
     for block in blocks:
         for message in block:

@@ -36,8 +36,13 @@ class FakeClock:
         return self.now
 
 
-def _key(span: list[dict[str, object]], *, model: str = MODEL, version: str = VERSION) -> str:
-    return summary_key(span, summarizer_model=model, prompt_version=version)
+TENANT = "t-alice"
+
+
+def _key(
+    span: list[dict[str, object]], *, model: str = MODEL, version: str = VERSION, tenant: str = TENANT
+) -> str:
+    return summary_key(span, summarizer_model=model, prompt_version=version, tenant=tenant)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -47,13 +52,14 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 # keys
 
 
-def test_key_is_a_sha256_that_depends_on_span_model_and_prompt_version() -> None:
+def test_key_is_a_sha256_that_depends_on_span_model_prompt_version_and_tenant() -> None:
     span = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     key = _key(span)
     assert len(key) == 64 and all(c in "0123456789abcdef" for c in key)
     assert _key([dict(m) for m in span]) == key
     assert _key(span, model="other") != key
     assert _key(span, version="handoff-v2") != key
+    assert _key(span, tenant="t-bob") != key
     assert _key([span[0], {"role": "assistant", "content": "hello!"}]) != key
     assert _key(span[:1]) != key
     assert _key([*span, {"role": "user", "content": ""}]) != key
@@ -81,7 +87,7 @@ _messages = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_messages, min_size=1, max_size=5))
 def test_prefix_keys_equal_keys_of_the_concatenated_prefixes(blocks: list[list[dict[str, str]]]) -> None:
-    keys = prefix_keys(blocks, summarizer_model=MODEL, prompt_version=VERSION)
+    keys = prefix_keys(blocks, summarizer_model=MODEL, prompt_version=VERSION, tenant=TENANT)
     assert len(keys) == len(blocks)
     for j in range(len(blocks)):
         flat = [m for block in blocks[: j + 1] for m in block]
@@ -376,7 +382,8 @@ def test_merged_chain_is_what_the_redis_script_computes() -> None:
 
 
 async def test_two_replicas_racing_on_one_redis_lose_no_update(redis_server: RedisServer) -> None:
-    a, b = RedisCache(redis_server.url, ttl_s=60), RedisCache(redis_server.url, ttl_s=60)
+    # A generous timeout: a hundred connections open at once on a busy machine.
+    a, b = (RedisCache(redis_server.url, ttl_s=60, socket_timeout_s=5.0) for _ in range(2))
     try:
         counts = await asyncio.gather(*(cache.incr("tries:x", ttl_s=30) for cache in [a, b] * 100))
         assert sorted(counts) == list(range(1, 201))  # every increment seen once, none lost
