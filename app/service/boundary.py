@@ -135,6 +135,7 @@ class Boundary:
         # its next request will be compared with.
         return partial(
             self._remember,
+            request.tenant,
             request.model,
             plan.messages,
             plan.message_tokens,
@@ -229,6 +230,7 @@ class Boundary:
             request.model,
             messages,
             message_tokens,
+            tenant=request.tenant,
             context=context_of(request.body, request.dialect.items_key),
             exact=request.counter.exact,
         )
@@ -284,6 +286,7 @@ class Boundary:
 
     def _remember(
         self,
+        tenant: str,
         model: str,
         messages: tuple[Message, ...],
         message_tokens: tuple[int, ...],
@@ -295,6 +298,7 @@ class Boundary:
             model,
             messages,
             message_tokens,
+            tenant=tenant,
             context=context,
             counted_tokens=counted_tokens,
             upstream_tokens=upstream_tokens,

@@ -376,14 +376,16 @@ class Service:
         rendering of both: none of them waits for the answer, so the answer's way to the client
         is shorter by all three."""
         plan = request.plan()
-        reuse = self._prefix_reuse(plan)
+        reuse = self._prefix_reuse(request, plan)
         ahead.append(Ahead(plan, reuse, None if render is None else render(plan, reuse)))
         return plan
 
-    def _prefix_reuse(self, plan: Plan) -> PrefixReuse:
+    def _prefix_reuse(self, request: ProxyRequest, plan: Plan) -> PrefixReuse:
         # What an upstream prompt cache could reuse: the previous forwarded request of this
-        # conversation, compared message by message (``X-Context-Prefix-Reuse``).
-        return self.prefixes.observe(plan.messages, plan.message_tokens, model=plan.model, api=plan.api)
+        # client's conversation, compared message by message (``X-Context-Prefix-Reuse``).
+        return self.prefixes.observe(
+            plan.messages, plan.message_tokens, model=plan.model, api=plan.api, tenant=request.tenant
+        )
 
     async def _send(
         self,
@@ -507,7 +509,7 @@ class Service:
             if not warnings and exchange.retries == 0:
                 rendered = ahead.rendered
         else:
-            reuse = self._prefix_reuse(plan)
+            reuse = self._prefix_reuse(request, plan)
         return Outcome(
             plan=plan,
             response=observed,
