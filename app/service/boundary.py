@@ -151,7 +151,9 @@ class Boundary:
         policy, budget = request.policy, plan.budget
         exact = request.counter.exact
         u = uncertainty(
-            self.learner.knowledge.precision(request.model, exact=exact), policy=policy, exact=exact
+            self.learner.knowledge.precision(request.model, tenant=request.tenant, exact=exact),
+            policy=policy,
+            exact=exact,
         )
         tokens = plan.tokens_before
         room = room_tokens(budget, policy)
@@ -201,7 +203,7 @@ class Boundary:
         policy's margin: their levels (``context.level_starts``) are a function of the budget, and
         the requests around a cut must see the same ones."""
         budget, policy = plan.budget, request.policy
-        precision = self.learner.knowledge.precision(request.model, exact=exact)
+        precision = self.learner.knowledge.precision(request.model, tenant=request.tenant, exact=exact)
         if precision is None:
             return None
         ratio = margin_ratio(precision, policy=policy, exact=exact)
@@ -253,7 +255,11 @@ class Boundary:
             return None
         self.stats["counted"] += 1
         self.learner.learn_from_count(
-            request.model, tokens, counter=request.counter, counted=Forwarded.of(request, None).counted
+            request.model,
+            tokens,
+            tenant=request.tenant,
+            counter=request.counter,
+            counted=Forwarded.of(request, None).counted,
         )
         return UpstreamCount(tokens, tokens, "upstream")
 

@@ -42,6 +42,7 @@ from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
 from ..core.plan import Plan
 from ..core.routes import RouteMatch
+from ..core.tenant import tenant_of
 from ..upstream.headers import Header
 from .fastpath import run_plan
 from .outcome import PlanCannotFit
@@ -55,6 +56,7 @@ DEFAULT_ASIDE_SHARE = 0.10
 agent's system prompt and tools are ~15-20K tokens, about 10% of a 128-200K window."""
 
 _REASON = "shortening the conversation as far as the policy allows does not bring it under"
+
 
 @dataclass(frozen=True, slots=True)
 class Compressed:
@@ -134,8 +136,9 @@ class Compressor:
             raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
         body = {"model": model, dialect.items_key: messages}
         service = self.service
-        await service.learner.discover(model, service.upstream.base_url_for(model))
-        request = service.request(body, options, headers=headers, dialect=dialect)
+        tenant = tenant_of(headers, "", dialect.key_slots)
+        await service.learner.discover(model, service.upstream.base_url_for(model), tenant=tenant)
+        request = service.request(body, options, headers=headers, dialect=dialect, tenant=tenant)
         aside = aside_tokens_for(
             request.spec.window_tokens,
             requested=aside_tokens,

@@ -128,9 +128,10 @@ class Service:
             return self._remembering
         return replace(policy, summarize=True)
 
-    def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
-        """The counter to plan ``spec`` with (per model, calibrated, for the estimate)."""
-        return self.learner.counter(spec, self.counter)
+    def counter_for_spec(self, spec: ModelSpec, *, tenant: str) -> MessageCounter:
+        """The counter to plan ``spec`` with for ``tenant`` (per model and tenant, calibrated, for
+        the estimate)."""
+        return self.learner.counter(spec, self.counter, tenant=tenant)
 
     # -- the request value --------------------------------------------------------------------
 
@@ -144,17 +145,21 @@ class Service:
         dialect: Dialect = DEFAULT_DIALECT,
         route: RouteMatch | None = None,
         model: str | None = None,
+        tenant: str | None = None,
     ) -> ProxyRequest:
         """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad model first, then
         for what the dialect refuses in the conversation. ``route`` (else ``dialect``'s first
         route) gives the dialect, the path's parameters and where the request goes; ``model``: the
-        route dialect's ``model_of`` the body, when the caller read it already."""
+        route dialect's ``model_of`` the body, and ``tenant``: ``tenant_of`` its headers and query,
+        when the caller worked them out already."""
         match = route if route is not None else RouteMatch.first(dialect)
         dialect = match.dialect
         if model is None:
             model = dialect.model_of(body, match.params)
+        if tenant is None:
+            tenant = tenant_of(headers, match.query, dialect.key_slots)
         table_spec = dialect.refine_spec(self.registry.resolve(model), headers)
-        spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
+        spec = self.learner.effective(table_spec, tenant=tenant, header_window_tokens=options.window_tokens)
         conversation = dialect.parse(body, memo=self.parses)
         stream = conversation.stream if match.route.stream is None else match.route.stream
         if conversation.model != model or conversation.stream != stream:
@@ -177,10 +182,10 @@ class Service:
             conversation=conversation,
             spec=spec,
             policy=self.boundary.policy_for(self.policy(options)),
-            counter=self.counter_for_spec(spec),
+            counter=self.counter_for_spec(spec, tenant=tenant),
             base_url=self.upstream.base_url_for(model),
             options=options,
-            tenant=tenant_of(headers, match.query, dialect.key_slots),
+            tenant=tenant,
             headers=tuple(headers),
             calibrated=self.learner.calibrated(spec),
         )
@@ -199,8 +204,9 @@ class Service:
         match = route if route is not None else RouteMatch.first(dialect)
         body = parse_body(raw, memo=self.bodies, key=match.dialect.items_key)
         model = match.dialect.model_of(body, match.params)
-        await self.learner.discover(model, self.upstream.base_url_for(model))
-        return self.request(body, options, raw=raw, headers=headers, route=match, model=model)
+        tenant = tenant_of(headers, match.query, match.dialect.key_slots)
+        await self.learner.discover(model, self.upstream.base_url_for(model), tenant=tenant)
+        return self.request(body, options, raw=raw, headers=headers, route=match, model=model, tenant=tenant)
 
     def plan(
         self,
@@ -235,12 +241,17 @@ class Service:
         """The upstream's own count of ``request`` (its counting endpoint answered ``input_tokens``)
         calibrates the model's estimate, as a response's usage would. True when it did."""
         return self.learner.learn_from_count(
-            plan.model, input_tokens, counter=request.counter, counted=Forwarded.of(request, plan).counted
+            plan.model,
+            input_tokens,
+            tenant=request.tenant,
+            counter=request.counter,
+            counted=Forwarded.of(request, plan).counted,
         )
 
-    def models_report(self) -> list[dict[str, Any]]:
-        """What the proxy knows about every model it has seen or discovered (``app.service.learning``)."""
-        return self.learner.report(self.registry.resolve)
+    def models_report(self, *, tenant: str) -> list[dict[str, Any]]:
+        """What the proxy knows about every model it discovered or ``tenant`` used
+        (``app.service.learning``)."""
+        return self.learner.report(self.registry.resolve, tenant=tenant)
 
     # -- the request path ---------------------------------------------------------------------
 
@@ -337,7 +348,9 @@ class Service:
                 if command.overflow is not None:
                     self._learn(request, command.overflow, forwarded, exchange.plan)
                 if command.proven_window_tokens is not None and request.conversation.fittable:
-                    self.learner.learn_proven_window(request.model, command.proven_window_tokens)
+                    self.learner.learn_proven_window(
+                        request.model, command.proven_window_tokens, tenant=request.tenant
+                    )
                 return await self._outcome(
                     request, exchange, forwarded, response, ahead=ahead[0] if ahead else None
                 )
@@ -457,6 +470,7 @@ class Service:
         self.learner.learn_from_overflow(
             request.model,
             overflow,
+            tenant=request.tenant,
             counter=request.counter,
             forwarded=forwarded.counted,
             sent_tokens=sent.tokens_after,
@@ -491,6 +505,7 @@ class Service:
             observed, warnings = await self.learner.observe(
                 response,
                 model=plan.model,
+                tenant=request.tenant,
                 counter=request.counter,
                 forwarded=forwarded.counted,
                 stream=request.stream,
