@@ -63,6 +63,7 @@ class AheadOfTime:
         self.lock_ttl_s = lock_ttl_s
         self.poll_interval_s = poll_interval_s
         self._semaphore = semaphore if semaphore is not None else asyncio.Semaphore(max_concurrency)
+        # span key -> its task, while it runs: at most max_pending (schedule refuses more).
         self._tasks: dict[str, asyncio.Task[str | None]] = {}
         self._closed = False
         self._counts = {"scheduled": 0, "deduplicated": 0, "rejected": 0, "done": 0, "failed": 0}

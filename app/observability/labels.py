@@ -124,7 +124,7 @@ class TokenSet:
 
     def __init__(self, cap: int = MAX_TOKEN_VALUES) -> None:
         self._cap = cap
-        self._seen: set[str] = set()
+        self._seen: set[str] = set()  # at most cap values, then OTHER
         self._lock = threading.Lock()
 
     def __call__(self, value: object) -> str:
@@ -188,6 +188,8 @@ class ModelLabels:
         self._routes = sorted((r for r in routes if r), key=len, reverse=True)
         self._discovered = discovered
         self._max = max_labels
+        # Bounded: at most max_labels labels issued (then OTHER); 4 * max_labels names memoized,
+        # past that a name is resolved each time.
         self._issued: set[str] = set()
         self._memo: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -256,6 +258,7 @@ class UpstreamLabels:
         for base in bases:
             self._origins.setdefault(_origin(base), display_url(base))
         self.labels: tuple[str, ...] = tuple(dict.fromkeys(display_url(b) for b in bases))
+        # URL -> label; bounded: MAX_UPSTREAM_MEMO URLs, past that a URL is matched each time.
         self._memo: dict[str, str] = {}
 
     def __call__(self, url: str | None) -> str:

@@ -116,8 +116,12 @@ class Discovery:
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
         self._clock = clock
+        # One per configured upstream base URL (the operator's, a closed set).
         self._bases: dict[str, _Base] = {}
+        # (base URL, model) -> its discovery; the model is the client's: at most
+        # MAX_TRACKED_MODELS, the least recently used out (a running one is cancelled).
         self._models: OrderedDict[tuple[str, str], tuple[asyncio.Task[bool], float]] = OrderedDict()
+        # What was logged once: a few keys per base URL (never a model name).
         self._logged: set[str] = set()
         self._closed = False
 

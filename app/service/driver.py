@@ -92,7 +92,7 @@ class Service:
         self.required_encodings = tuple(required_encodings)
         self._policy = settings.fit_policy()
         self._remembering: Policy | None = None  # the operator's policy with summaries wanted
-        self._counters: dict[str, MessageCounter] = {}
+        self._counters: dict[str, MessageCounter] = {}  # per encoding: the model table's, a closed set
         self.summaries = summaries
         self.learner = learner if learner is not None else Learner()
         self.prefixes = PrefixMemory()

@@ -63,6 +63,7 @@ class UpstreamCounts:
         self.max_entries = max(1, max_entries)
         self.unsupported_s = unsupported_s
         self._clock = clock
+        # Both bounded by max_entries, the least recently used (refused) out (module docstring).
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._unsupported: OrderedDict[tuple[str, str], float] = OrderedDict()
         self.calls = 0

@@ -734,6 +734,32 @@ async def test_a_gemini_summary_may_fill_the_input_limit_as_its_reply_is_not_cou
     assert on_gemini.input_budget_tokens == 7000  # the prompt alone within it
 
 
+async def test_one_summarizer_per_model_whatever_the_sizes_and_a_bounded_number_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.service.summaries as module
+
+    monkeypatch.setattr(module, "MAX_SUMMARIZERS", 3)
+    fake = fake_upstream()
+    async with proxy(fake, summary_ahead_ratio=1.0) as (client, app):
+        summaries = summaries_of(app)
+        for cap in (50, 120, 300):  # the client's output cap changes the reply and the window
+            body = chat(tagged(conversation(12), f"cap{cap}"), max_tokens=cap)
+            response = await client.post(CHAT, json=body)
+            assert response.headers["x-context-memory"] == "summary"
+        assert len(summaries._ahead) == 1
+        service = app.state.service
+        for i in range(6):  # six more model names (the request model writes the summaries)
+            request = service.request(
+                chat([{"role": "user", "content": "hi"}], model=f"m-{i}"), parse_context_headers({})
+            )
+            assert summaries.ahead_for(request, reply_tokens=200) is not None
+        stats = summaries.stats()
+    assert len(summaries._ahead) == 3
+    assert set(summaries._ahead) == {("chat", f"m-{i}", summaries.upstream.base_url) for i in (3, 4, 5)}
+    assert stats["calls"] == fake.summary_calls >= 3  # the dropped summarizer's calls still counted
+
+
 def _sample(metrics_text: str, name: str, **labels: str) -> float:
     """One sample of the Prometheus text exposition (0 when absent)."""
     wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
