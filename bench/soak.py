@@ -31,7 +31,8 @@ the same), its own ``max_tokens`` (32 to 511); the over-long ones are cut and su
 are on by default), so the summarizers, the summary cache, the learned knowledge, the anchors, the
 discovery's and the labels' memos all see a new key each time. The warm-up then sends
 ``CHURN_WARMUP`` such requests (more than any per-key map holds, so every bound is reached) before
-the run, and the run passes when the resident memory grew by at most ``CHURN_RSS_TOLERANCE``.
+the run (unless ``--warmup`` says otherwise), and the run passes when the resident memory grew by
+at most ``CHURN_RSS_TOLERANCE``.
 
 Writes the table to ``bench/results/soak.md`` (``--churn``: ``soak-churn.md``); ``--readme`` also
 puts it in README.md between the ``<!-- SOAK:START -->`` and ``<!-- SOAK:END -->`` markers
@@ -400,9 +401,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         deadline = time.monotonic() + args.max_duration_s
         # Every distinct body of every route once (request n: kind n % 20, route n % routes); with
         # --churn, more new keys than any bounded map holds.
-        warm_count = max(args.warmup, len(KINDS) * args.distinct * len(names))
-        if churn is not None:
-            warm_count = max(warm_count, CHURN_WARMUP)
+        warmup = args.warmup or (CHURN_WARMUP if churn is not None else 0)
+        warm_count = max(warmup, len(KINDS) * args.distinct * len(names))
         warm = asyncio.run(
             drive(
                 url,
