@@ -58,13 +58,20 @@ def learn(knowledge: Knowledge, *, limit: int, prompt: int) -> None:
     knowledge.observe_overflow(MODEL, overflow, fixed_tokens=10, text_tokens=1000, exact=False, tenant=T)
 
 
-async def test_what_a_replica_shares_is_its_tenants_only() -> None:
-    cache = CountingCache()
+async def published_by_a(cache: CountingCache) -> tuple[KnowledgeShare, Knowledge, KnowledgeShare]:
+    """Replica A learned a 4096-token window (and a 1.3 sample) for T and published it; replica B
+    is new. Returns A's share, B's knowledge and B's share."""
     a, share_a = replica(cache)
     b, share_b = replica(cache)
     learn(a, limit=4096, prompt=1310)
     share_a.changed(MODEL, tenant=T)
     await asyncio.sleep(0.01)
+    return share_a, b, share_b
+
+
+async def test_what_a_replica_shares_is_its_tenants_only() -> None:
+    cache = CountingCache()
+    share_a, b, share_b = await published_by_a(cache)
     await share_b.sync(MODEL, tenant="t-bob")
     assert b.effective(SPEC, tenant="t-bob").window_tokens == 8192  # bob learned nothing
     assert await cache.get(share_key(MODEL, "t-bob")) is None
@@ -104,11 +111,7 @@ async def test_two_replicas_publishing_at_once_lose_nothing() -> None:
 
 async def test_a_new_replica_takes_what_another_learned() -> None:
     cache = CountingCache()
-    a, share_a = replica(cache)
-    b, share_b = replica(cache)
-    learn(a, limit=4096, prompt=1310)
-    share_a.changed(MODEL, tenant=T)
-    await asyncio.sleep(0.01)
+    share_a, b, share_b = await published_by_a(cache)
     assert cache.writes == 1
     stored = json.loads(await cache.get(share_key(MODEL, T)) or "{}")
     assert set(stored) == {"model", "learned_window_tokens", "learned_from", "samples", "factor_source"}
