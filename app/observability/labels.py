@@ -173,7 +173,9 @@ class ModelLabels:
     the configured upstream route keys; ``discovered(model)`` is truthy when the upstream itself
     reported the model (``app.core.knowledge.Knowledge.discovered``): its name is then its own
     label (cut to ``MODEL_LABEL_MAX_CHARS``), within the same cap as every other label. Results
-    are memoized in a bounded dict; ``other`` is not, while names may still be discovered.
+    are memoized in a bounded dict; ``other`` is not, while names may still be discovered. Labels
+    are issued first come: one client's many model names may fill them (the others' are then
+    ``other``), which changes the operator's metrics, never an answer to a client.
     """
 
     def __init__(
