@@ -3,15 +3,17 @@
 INTERFACE CONTRACT (the service relies on these):
 
 * ``AheadOfTime(summarizer, cache, *, max_concurrency=2, max_pending=64, lock_ttl_s=60.0,
-  poll_interval_s=0.1, semaphore=None)``; pass one ``asyncio.Semaphore`` to several instances
-  (one per summarizer model) to bound their summaries together (``max_concurrency`` is then
-  ignored).
+  poll_interval_s=0.1, semaphore=None, backlog=None)``; pass one ``asyncio.Semaphore`` to
+  several instances (one per summarizer) to bound their running summaries together
+  (``max_concurrency`` is then ignored), and one ``Backlog`` to bound their pending ones together
+  (``max_pending`` is then ignored): a task holds its span (a conversation) until it ends, so
+  work that arrives faster than it is done must be refused, not queued without end.
 * ``schedule(span, job) -> bool``: synchronous, call it from a running event loop. Starts a
   background task that makes sure ``cache`` holds ``job.tenant``'s summary of ``span``
   (``memory_for``, sized by ``job``) and returns True; returns False when a task for the same
-  span and tenant is already in flight in this process, when ``max_pending`` tasks are pending
-  (the bound of the task map: a task leaves it when it ends), after ``aclose()``, or outside an
-  event loop. The task checks
+  span and tenant is already in flight in this process, when the backlog is full (``max_pending``
+  tasks pending, or the shared ``Backlog``'s limit: the bound of the task map; a task leaves it
+  when it ends), after ``aclose()``, or outside an event loop. The task checks
   the cache first (a cached span costs no call), takes the cache's lock on the span's key (so
   one replica summarizes while the others poll the cache for it) and runs at most
   ``max_concurrency`` summaries at a time.
@@ -40,6 +42,19 @@ logger = logging.getLogger("ctxproxy.compaction")
 Span = tuple[Message, ...]
 
 
+class Backlog:
+    """The summaries pending in one or more ``AheadOfTime`` (scheduled, not finished): at most
+    ``limit`` together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.pending = 0
+
+    @property
+    def full(self) -> bool:
+        return self.pending >= self.limit
+
+
 class AheadOfTime:
     """Background summaries, deduplicated per span key in-process and across replicas."""
 
@@ -53,6 +68,7 @@ class AheadOfTime:
         lock_ttl_s: float = 60.0,
         poll_interval_s: float = 0.1,
         semaphore: asyncio.Semaphore | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -63,7 +79,8 @@ class AheadOfTime:
         self.lock_ttl_s = lock_ttl_s
         self.poll_interval_s = poll_interval_s
         self._semaphore = semaphore if semaphore is not None else asyncio.Semaphore(max_concurrency)
-        # span key -> its task, while it runs: at most max_pending (schedule refuses more).
+        self._backlog = backlog if backlog is not None else Backlog(max_pending)
+        # span key -> its task, while it runs: bounded by the backlog (schedule refuses more).
         self._tasks: dict[str, asyncio.Task[str | None]] = {}
         self._closed = False
         self._counts = {"scheduled": 0, "deduplicated": 0, "rejected": 0, "done": 0, "failed": 0}
@@ -97,17 +114,19 @@ class AheadOfTime:
         if key in self._tasks:
             self._counts["deduplicated"] += 1
             return False
-        if len(self._tasks) >= self.max_pending:
+        if self._backlog.full:
             self._counts["rejected"] += 1
-            logger.debug("ahead-of-time summary not scheduled: %d already pending", len(self._tasks))
+            logger.debug("ahead-of-time summary not scheduled: %d already pending", self._backlog.pending)
             return False
         task = loop.create_task(self._run(key, tuple(span), job), name=f"ctxproxy-summary-{key[:12]}")
         self._tasks[key] = task
+        self._backlog.pending += 1
         self._counts["scheduled"] += 1
         task.add_done_callback(lambda finished: self._finished(key, finished))
         return True
 
     def _finished(self, key: str, task: asyncio.Task[str | None]) -> None:
+        self._backlog.pending -= 1
         if self._tasks.get(key) is task:
             del self._tasks[key]
         if task.cancelled():

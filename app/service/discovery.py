@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -175,7 +176,9 @@ class Discovery:
             base = self._bases[base_url] = _Base(base_url)
         stale = base.task is not None and base.task.done() and not base.reached
         if base.task is None or (stale and self._clock() - base.done_at >= self.retry_after_s):
-            base.task = asyncio.create_task(self._discover_base(base_url, base))
+            base.task = asyncio.create_task(
+                self._discover_base(base_url, base), context=contextvars.Context()
+            )
         return base.task
 
     def _model_task(self, model: str, base_url: str) -> asyncio.Task[bool]:
@@ -187,7 +190,9 @@ class Discovery:
             retry = task.done() and not task.cancelled() and task.exception() is None and not task.result()
             if not retry or self._clock() - started < self.retry_after_s:
                 return task
-        task = asyncio.create_task(self._discover_model(model, base_url))
+        # In a context of its own: the request that started it would stay referenced (its scope,
+        # headers) as long as the finished task is kept, up to MAX_TRACKED_MODELS of them.
+        task = asyncio.create_task(self._discover_model(model, base_url), context=contextvars.Context())
         self._models[key] = (task, self._clock())
         while len(self._models) > MAX_TRACKED_MODELS:
             _, (old, _) = self._models.popitem(last=False)

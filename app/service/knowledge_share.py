@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -119,7 +120,7 @@ class KnowledgeShare:
         key = (kind, *subject)
         if key in self._tasks or len(self._tasks) >= MAX_TASKS:
             return  # already on its way, or too much at once: the next call asks again
-        task = asyncio.create_task(work())
+        task = asyncio.create_task(work(), context=contextvars.Context())  # no request's context kept
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._tasks.pop(key, None))
 

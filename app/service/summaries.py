@@ -33,7 +33,10 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   the operator's when it replaces it), a route the upstream lacks (404, 405) for the summarizer.
 * Bounded: one summarizer (with its ``AheadOfTime``) per summary API, model and upstream, at most
   ``MAX_SUMMARIZERS`` (the least recently used idle one goes first; its counters stay in
-  ``stats``); the reply and the window of each call travel with it (``SummaryJob``).
+  ``stats``); the reply and the window of each call travel with it (``SummaryJob``). At most
+  ``MAX_PENDING_SUMMARIES`` summaries are pending in all of them together (a ``Backlog``): work
+  that arrives faster than ``summary_concurrency`` calls do it is refused (the note stands in),
+  not queued without end.
 * The summary call speaks the request's own wire API (``Dialect.summary_request`` /
   ``summary_text``) on the request model's upstream, with the client's headers and query
   parameters the dialect names (its key where the client put it, ``anthropic-version``) held only
@@ -66,7 +69,7 @@ from urllib.parse import unquote_plus
 
 import orjson
 
-from ..compaction.ahead import AheadOfTime
+from ..compaction.ahead import AheadOfTime, Backlog
 from ..compaction.cache import SummaryCache, cache_from_url
 from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError, SummaryJob
 from ..core.budget import Policy
@@ -96,6 +99,9 @@ REPLY_SHARE = 0.85
 ESTIMATE_MARGIN = 0.1
 # Summarizers kept (one per summary API, model and upstream; the model may be the client's).
 MAX_SUMMARIZERS = 64
+# Summaries pending (scheduled, in line or ahead of time, not finished) in all summarizers
+# together: each holds its conversation until it ends; past this, the note stands in.
+MAX_PENDING_SUMMARIES = 64
 
 _carried: ContextVar[tuple[Header, ...]] = ContextVar("ctxproxy_summary_headers", default=())
 _carried_query: ContextVar[str] = ContextVar("ctxproxy_summary_query", default="")
@@ -194,9 +200,11 @@ class Summaries:
             settings.cache_url, ttl_s=settings.cache_ttl_s, max_entries=settings.cache_max_entries
         )
         self._semaphore = asyncio.Semaphore(settings.summary_concurrency)
+        self._backlog = Backlog(MAX_PENDING_SUMMARIES)
         # (summary API, model, upstream) -> its background worker, None when it cannot be made (so
         # that is logged once). Bounded: MAX_SUMMARIZERS, the least recently used idle one dropped
-        # first (one with work in flight stays until it is idle); what it counted moves to _retired.
+        # first (one with work in flight stays until it is idle, and the shared backlog allows at
+        # most MAX_PENDING_SUMMARIES such); what it counted moves to _retired.
         self._ahead: OrderedDict[tuple[str, str, str], AheadOfTime | None] = OrderedDict()
         # Per registered API name (a closed set): the events, and the calls of dropped summarizers.
         self._events: dict[str, dict[str, int]] = {}
@@ -311,6 +319,7 @@ class Summaries:
                 max_concurrency=self.settings.summary_concurrency,
                 lock_ttl_s=2 * BACKGROUND_TIMEOUT_S,
                 semaphore=self._semaphore,
+                backlog=self._backlog,
             )
         self._keep(key, ahead)
         return ahead, job

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.compaction.ahead import AheadOfTime
+from app.compaction.ahead import AheadOfTime, Backlog
 from app.compaction.cache import MemoryCache, RedisCache
 from app.compaction.summarizer import Summarizer, SummaryJob
 from tests.compaction.conftest import RedisServer
@@ -126,6 +126,23 @@ async def test_pending_work_is_bounded() -> None:
         assert ahead.stats()["rejected"] == 1
     finally:
         await ahead.aclose()
+
+
+async def test_a_shared_backlog_bounds_the_pending_work_of_every_summarizer_together() -> None:
+    backlog = Backlog(3)
+    cache = MemoryCache(100, 600)
+    llm = SlowLLM(delay_s=0.05)
+    one, two = (AheadOfTime(summarizer_for(llm), cache, backlog=backlog) for _ in range(2))
+    try:
+        assert [one.schedule(span(i), JOB) for i in range(2)] == [True, True]
+        assert [two.schedule(span(i), JOB) for i in range(10, 12)] == [True, False]  # 3 in all
+        assert backlog.pending == 3 and backlog.full
+        await asyncio.gather(*(a.wait_for(span(i), TENANT, 5) for a, i in [(one, 0), (one, 1), (two, 10)]))
+        assert backlog.pending == 0 and two.schedule(span(11), JOB)
+    finally:
+        await one.aclose()
+        await two.aclose()
+    assert backlog.pending == 0  # a cancelled task leaves the backlog too
 
 
 async def test_wait_for_times_out_without_stopping_the_work() -> None:
