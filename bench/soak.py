@@ -78,6 +78,7 @@ KEY_HEADERS = ("Authorization", "x-api-key", "x-goog-api-key")
 FD_TOLERANCE = 2
 KEEPALIVE_S = 2.0
 SETTLE_S = KEEPALIVE_S + 3.0
+IDLE_MAX_S = 60.0
 
 
 # What the last event of a good stream holds, per route.
@@ -305,8 +306,19 @@ def fd_count(pid: int) -> int:
         return -1
 
 
-def settle(server: Server, seconds: float = SETTLE_S) -> tuple[int, int]:
+def settle(server: Server, seconds: float = SETTLE_S, *, idle_fds: int | None = None) -> tuple[int, int]:
+    """RSS and file descriptors after ``seconds``; with ``idle_fds``, and then until the proxy is
+    back to that many descriptors (``FD_TOLERANCE`` more) or ``IDLE_MAX_S`` more have passed: with
+    ``--churn`` its background summaries (a bounded backlog, ``summary_concurrency`` at a time)
+    still hold upstream connections for a while after the last answer."""
     time.sleep(seconds)
+    deadline = time.monotonic() + IDLE_MAX_S
+    while (
+        idle_fds is not None
+        and fd_count(server.pid) > idle_fds + FD_TOLERANCE
+        and time.monotonic() < deadline
+    ):
+        time.sleep(1.0)
     return server.rss_kib(), fd_count(server.pid)
 
 
@@ -415,7 +427,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 names=names,
             )
         )
-        rss_warm, fd_warm = settle(proxy)
+        idle = fd_start if churn is not None else None
+        rss_warm, fd_warm = settle(proxy, idle_fds=idle)
         began = time.monotonic()
         tally = asyncio.run(
             drive(
@@ -430,7 +443,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         )
         duration_s = time.monotonic() - began
-        rss_after, fd_after = settle(proxy)
+        rss_after, fd_after = settle(proxy, idle_fds=idle)
         alive = proxy.proc.poll() is None
     failures: list[str] = []
     sent = sum(tally.sent.values())
