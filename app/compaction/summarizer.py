@@ -41,11 +41,12 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
     of ``span`` its chain has a summary of (``(0, None)`` when none).
   - ``await blocked(key, cache, job) -> str | None``: why the span under ``key`` is not asked
     for now (its back-off, the job's credential's, the summarizer's), else None.
-  - ``span_key(span, tenant)``; ``prompt_tokens(messages, count_text)``; counters ``calls``,
+  - ``span_key(span, tenant)``; counters ``calls``,
     ``failures``, ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got),
     ``last_error``; ``on_call`` (keyword, optional): told ``(outcome, tokens_in, tokens_out)``
     of every call (:data:`CallHook`; never allowed to fail the summary).
 
+* ``prompt_tokens(messages, count_text) -> int``: the input tokens of a summary request.
 * ``PrefetchedSummaries(mapping, *, summarizer_model, tenant, prompt_version=PROMPT_VERSION)``:
   the synchronous ``app.core.fit.SummaryProvider`` the engine calls; answers ``summary_for(span)``
   from ``mapping`` (span key of ``tenant`` -> summary) that the service filled beforehand, records the keys it
@@ -199,10 +200,6 @@ class Summarizer:
         self.last_error = ""
         # Bounded: LOGGED_SPANS_MAX keys, the least recently logged forgotten first.
         self._logged: OrderedDict[str, None] = OrderedDict()
-
-    @staticmethod
-    def prompt_tokens(messages: Sequence[Mapping[str, Any]], count_text: CountText) -> int:
-        return prompt_tokens(messages, count_text)
 
     def span_key(self, span: Sequence[Message], tenant: str) -> str:
         return summary_key(
