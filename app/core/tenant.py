@@ -49,7 +49,9 @@ def credential_in(headers: Sequence[tuple[str, str]], query: str, slots: Sequenc
         if slot.in_query:
             values = _query_values(query, slot.name) if query else []
         else:
-            values = [value for name, value in headers if name.lower() == slot.name]
+            # The length first: most headers are not this one, and it costs no lowercase copy.
+            size = len(slot.name)
+            values = [value for name, value in headers if len(name) == size and name.lower() == slot.name]
         for value in values:
             text = value.strip()
             if text:
