@@ -21,6 +21,9 @@ proxy talks to it exactly as it talks to vLLM, llama.cpp or OpenAI:
   requests fail (``"error"``: a 500; ``"missing"``: a 404, as an upstream without that route),
   answer nothing (``"empty"``) or wait :attr:`summary_delay_s` first (``"slow"``);
   :attr:`summary_padding` is appended to every summary (to make it long).
+* A request whose ``Authorization: Bearer`` key is in :attr:`FakeUpstream.refused_keys` is answered
+  401 (OpenAI's ``invalid_api_key``), whatever it asks, summaries included, as a real upstream
+  refuses a wrong key.
 * ``GET /v1/models`` lists its models.
 * Every request is recorded (method, path, headers, raw body) in :attr:`FakeUpstream.requests`.
 
@@ -141,9 +144,14 @@ def context_error(
 
 
 def _openai_error(
-    status: int, message: str, *, code: str | None = None, param: str | None = None
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    error_type: str = "invalid_request_error",
 ) -> Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
 
 
@@ -171,6 +179,7 @@ class FakeUpstream:
         self.summary_mode: SummaryMode = "ok"
         self.summary_delay_s = 0.0
         self.summary_padding = ""
+        self.refused_keys: set[str] = set()
         self.summary_calls = 0
         self.summary_prompt_tokens = 0
         self.app = Starlette(
@@ -251,6 +260,12 @@ class FakeUpstream:
 
     async def _chat(self, request: Request) -> Response:
         raw = await request.body()
+        key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if key and key in self.refused_keys:
+            self._record(request, raw, status=401)
+            return _openai_error(
+                401, "Incorrect API key provided.", code="invalid_api_key", error_type="invalid_request_error"
+            )
         try:
             body = json.loads(raw)
         except ValueError:

@@ -119,6 +119,8 @@ class Metrics:
         self._result = TokenSet()
         self._summary_outcome = TokenSet()
         self._cache_sources: list[tuple[Callable[[], CacheStatsLike], bool]] = []
+        # Both keyed by label values only: bounded by the label sets (app.observability.labels:
+        # each closed or capped), whatever the clients send.
         self._hook_cache: dict[tuple[str, str], int] = {(NONE, r): 0 for r in CACHE_RESULTS}
         self._lock = threading.Lock()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}

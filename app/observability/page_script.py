@@ -193,7 +193,8 @@ function renderModels(data) {
   const lbody = document.querySelector("#learned tbody");
   lbody.replaceChildren();
   for (const m of learned) {
-    lbody.appendChild(row([[m.name, "clip"], [num(m.window_tokens), "num"], [m.source],
+    const name = m.tenant ? m.name + " (client " + m.tenant + ")" : m.name;
+    lbody.appendChild(row([[name, "clip"], [num(m.window_tokens), "num"], [m.source],
       [num(m.max_output_tokens), "num"], [m.encoding], [m.correction.toFixed(3), "num"]]));
   }
 }

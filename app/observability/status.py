@@ -137,6 +137,8 @@ class StatusBoard:
         self._default_model: dict[str, Any] | None = None
         self.in_flight = 0
         # Kept per API only (one dict to update per request); the totals are summed when read.
+        # Keyed by label values (route, API, outcome, action and memory kinds): bounded by the
+        # label sets (app.observability.labels), whatever the clients send.
         self._counters: dict[str, Any] = {
             "by_route": {},
             "by_api": {api: _counters() for api in self.apis},

@@ -47,6 +47,7 @@ from ..core.errors import InvalidRequest
 from ..core.exchange import refusal_reason
 from ..core.plan import Plan
 from ..core.routes import RouteMatch
+from ..core.tenant import tenant_of
 from ..upstream.headers import Header
 from .outcome import PlanCannotFit
 from .request import Forwarded, RequestOptions
@@ -137,8 +138,11 @@ class Compressor:
             raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
         body = {"model": model, dialect.items_key: messages}
         service = self.service
-        await service.learner.discover(model, service.upstream.base_url_for(model))
-        request = service.request(body, options, headers=headers, route=RouteMatch.first(dialect), bare=True)
+        tenant = tenant_of(headers, "", dialect.key_slots)
+        await service.learner.discover(model, service.upstream.base_url_for(model), tenant=tenant)
+        request = service.request(
+            body, options, headers=headers, route=RouteMatch.first(dialect), tenant=tenant, bare=True
+        )
         aside = aside_tokens_for(
             request.spec.window_tokens,
             requested=aside_tokens,

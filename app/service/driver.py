@@ -47,6 +47,7 @@ from ..core.overflow import ContextOverflow
 from ..core.plan import Plan
 from ..core.reuse import PrefixMemory, PrefixReuse
 from ..core.routes import KeySlot, RouteMatch
+from ..core.tenant import tenant_of
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
@@ -109,8 +110,9 @@ class Service(Planner):
         make the request value."""
         body = parse_body(raw, memo=self.bodies, key=route.dialect.items_key)
         model = route.dialect.model_of(body, route.params)
-        await self.learner.discover(model, self.upstream.base_url_for(model))
-        return self.request(body, options, raw=raw, headers=headers, route=route, model=model)
+        tenant = tenant_of(headers, route.query, route.dialect.key_slots)
+        await self.learner.discover(model, self.upstream.base_url_for(model), tenant=tenant)
+        return self.request(body, options, raw=raw, headers=headers, route=route, model=model, tenant=tenant)
 
     def count(
         self, raw: bytes, options: RequestOptions, *, route: RouteMatch, headers: Sequence[Header] = ()
@@ -130,12 +132,17 @@ class Service(Planner):
         """The upstream's own count of ``request`` (its counting endpoint answered ``input_tokens``)
         calibrates the model's estimate, as a response's usage would. True when it did."""
         return self.learner.learn_from_count(
-            plan.model, input_tokens, counter=request.counter, counted=Forwarded.of(request, plan).counted
+            plan.model,
+            input_tokens,
+            tenant=request.tenant,
+            counter=request.counter,
+            counted=Forwarded.of(request, plan).counted,
         )
 
-    def models_report(self) -> list[dict[str, Any]]:
-        """What the proxy knows about every model it has seen or discovered (``app.service.learning``)."""
-        return self.learner.report(self.registry.resolve)
+    def models_report(self, *, tenant: str) -> list[dict[str, Any]]:
+        """What the proxy knows about every model it discovered or ``tenant`` used
+        (``app.service.learning``)."""
+        return self.learner.report(self.registry.resolve, tenant=tenant)
 
     # -- the request path ---------------------------------------------------------------------
 
@@ -242,7 +249,9 @@ class Service(Planner):
                 if command.overflow is not None:
                     self._learn(request, command.overflow, forwarded, exchange.plan)
                 if command.proven_window_tokens is not None and request.conversation.fittable:
-                    self.learner.learn_proven_window(request.model, command.proven_window_tokens)
+                    self.learner.learn_proven_window(
+                        request.model, command.proven_window_tokens, tenant=request.tenant
+                    )
                 return await self._outcome(
                     request, exchange, forwarded, response, ahead=ahead[0] if ahead else None
                 )
@@ -281,14 +290,16 @@ class Service(Planner):
         rendering of both: none of them waits for the answer, so the answer's way to the client
         is shorter by all three."""
         plan = request.plan()
-        reuse = self._prefix_reuse(plan)
+        reuse = self._prefix_reuse(request, plan)
         ahead.append(Ahead(plan, reuse, None if render is None else render(plan, reuse)))
         return plan
 
-    def _prefix_reuse(self, plan: Plan) -> PrefixReuse:
+    def _prefix_reuse(self, request: ProxyRequest, plan: Plan) -> PrefixReuse:
         # What an upstream prompt cache could reuse: the previous forwarded request of this
-        # conversation, compared message by message (``X-Context-Prefix-Reuse``).
-        return self.prefixes.observe(plan.messages, plan.message_tokens, model=plan.model, api=plan.api)
+        # client's conversation, compared message by message (``X-Context-Prefix-Reuse``).
+        return self.prefixes.observe(
+            plan.messages, plan.message_tokens, model=plan.model, api=plan.api, tenant=request.tenant
+        )
 
     async def _send(
         self,
@@ -360,6 +371,7 @@ class Service(Planner):
         self.learner.learn_from_overflow(
             request.model,
             overflow,
+            tenant=request.tenant,
             counter=request.counter,
             forwarded=forwarded.counted,
             sent_tokens=sent.tokens_after,
@@ -394,6 +406,7 @@ class Service(Planner):
             observed, warnings = await self.learner.observe(
                 response,
                 model=plan.model,
+                tenant=request.tenant,
                 counter=request.counter,
                 forwarded=forwarded.counted,
                 stream=request.stream,
@@ -412,7 +425,7 @@ class Service(Planner):
             if not warnings and exchange.retries == 0:
                 rendered = ahead.rendered
         else:
-            reuse = self._prefix_reuse(plan)
+            reuse = self._prefix_reuse(request, plan)
         return Outcome(
             plan=plan,
             response=observed,

@@ -14,9 +14,11 @@
 * ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
   request (``Service.prepare``): the raw bytes and parsed body, the dialect, the matched route
   (``app.core.routes.RouteMatch``: path parameters, where it goes upstream, the client's query)
-  and the neutral conversation, the effective model spec, the policy refined by the options, the counter, the
-  upstream base URL and the headers. Planning (``ProxyRequest.plan``), summaries, learning and
-  the observers all take it; nothing resolves the model or builds the policy a second time.
+  and the neutral conversation, the effective model spec, the policy refined by the options, the
+  counter, the upstream base URL, the headers and the tenant (``app.core.tenant``: whom the
+  request belongs to, a hash of its credential; everything kept per client is keyed by it).
+  Planning (``ProxyRequest.plan``), summaries, learning and the observers all take it; nothing
+  resolves the model or builds the policy a second time.
   Its ``plan`` logs (ERROR) a plan the fit pipeline's final structural guard had to undo
   (``Plan.broken``: a strategy bug; the fallback plan is used).
   ``limits`` (``budget.Limits``): what the request learned before it was (re)planned, a window, an
@@ -165,7 +167,8 @@ def dump_body(body: Mapping[str, Any]) -> bytes:
 @dataclass(frozen=True, slots=True)
 class ProxyRequest:
     """One request, resolved once (see the module docstring). ``policy`` is the operator's policy
-    refined by ``options``; ``calibrated``: the counter's estimate is corrected by usage."""
+    refined by ``options``; ``tenant``: ``app.core.tenant.tenant_of`` its headers and query for its
+    dialect's key slots; ``calibrated``: the counter's estimate is corrected by usage."""
 
     raw: bytes
     body: Mapping[str, Any]
@@ -177,6 +180,7 @@ class ProxyRequest:
     counter: MessageCounter
     base_url: str
     options: RequestOptions
+    tenant: str
     headers: tuple[Header, ...] = ()
     calibrated: bool = False
     limits: Limits | None = None
