@@ -76,6 +76,7 @@ from .memory import (
 )
 from .messages import Message
 from .plan import Action, DroppedSpan, Plan
+from .recall import Recallable, is_compaction, recall_ref, recallables, span_text
 from .registry import ModelSpec
 from .strategies import STRATEGIES, Strategy
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
@@ -108,10 +109,13 @@ def _prepare(
     counter: MessageCounter,
     cap_tokens: int | None,
     limits: Limits | None = None,
+    tools_of: Mapping[str, Any] | None = None,
 ) -> tuple[tuple[Message, ...], tuple[int, ...], int, Budget]:
+    """The messages, their counts, the tool definitions' tokens (of ``tools_of`` when given: the
+    body with the recall tool) and the budget."""
     messages = conversation.messages
     per_message = counter.count_messages(messages)
-    tool_tokens = dialect.tool_tokens(body, counter)
+    tool_tokens = dialect.tool_tokens(body if tools_of is None else tools_of, counter)
     # The budget reads the output cap from a chat-shaped mapping; every dialect states its own
     # cap on the conversation, so the budget is the same whatever the wire key was called.
     requested = conversation.requested_output_tokens
@@ -282,6 +286,7 @@ def plan_request(
         warnings: tuple[str, ...] = (),
         memory: MemorySpan | None = None,
         broken: tuple[str, ...] = (),
+        recall: tuple[Recallable, ...] = (),
     ) -> Plan:
         return Plan(
             model=parsed.model or str(body.get("model", "")),
@@ -302,8 +307,11 @@ def plan_request(
             source=parsed.messages,
             memory=memory,
             broken=broken,
+            recall=recall,
+            recall_tool=offered and bool(recall),
         )
 
+    offered = False
     if not parsed.fittable:
         return plan(messages, per_message, changed=False, fits=True, warnings=(HISTORY_UPSTREAM,))
     if policy.mode == "off" or (fits and headroom_tokens <= 0):
@@ -313,6 +321,22 @@ def plan_request(
         rejected = Action("rejected", 1, 0, f"over the input budget by {over} tokens (policy reject)")
         return plan(messages, per_message, changed=False, fits=False, actions=(rejected,))
 
+    offered = policy.recall == "tool" and offers_recall(body, parsed, dialect)
+    if offered:
+        # A plan that cuts may offer the recall tool: its definition is in the budget from here on.
+        assert dialect.recall is not None
+        messages, per_message, tool_tokens, budget = _prepare(
+            body,
+            parsed,
+            dialect=dialect,
+            spec=spec,
+            policy=policy,
+            counter=counter,
+            cap_tokens=cap_tokens,
+            limits=limits,
+            tools_of=dialect.recall.with_tool(body),
+        )
+        limit = budget.input_budget_tokens
     room = memory_tokens_for(budget, policy)
     steps = _run_steps(
         messages,
@@ -337,9 +361,18 @@ def plan_request(
             step_tokens=memory_step_tokens(budget, policy),
             gap_tokens=MEMORY_GAP_FACTOR * room,
         )
+    remembered_ref: list[Recallable] = []
     if span is not None and summaries is not None:
         current, tokens = _remember(
-            current, tokens, steps, span, summaries, messages=messages, counter=counter, limit=limit
+            current,
+            tokens,
+            steps,
+            span,
+            summaries,
+            messages=messages,
+            counter=counter,
+            limit=limit,
+            recall=remembered_ref if policy.recall != "off" else None,
         )
 
     broken = tuple(new_problems(body, current, dialect=dialect, source=parsed.messages))
@@ -353,8 +386,13 @@ def plan_request(
         if remembered:  # the deterministic cut: the same steps, without the memory
             current, tokens, span = steps.messages, steps.tokens, None
             actions = [a for a in actions if a.kind != "summarized"]
+            remembered_ref.clear()
         if not remembered or new_problems(body, current, dialect=dialect, source=parsed.messages):
             return plan(messages, per_message, changed=False, fits=fits, broken=broken)
+    recall: tuple[Recallable, ...] = ()
+    if policy.recall != "off":
+        found = recallables(messages, steps.messages, steps.origins, note_at=steps.note_at)
+        recall = (*found, *(r for r in remembered_ref if r.ref not in {f.ref for f in found}))
     fitted = sum(tokens) + REPLY_PRIMING_TOKENS <= limit
     if not fitted:
         over = sum(tokens) + REPLY_PRIMING_TOKENS - limit
@@ -368,6 +406,20 @@ def plan_request(
         dropped=steps.dropped,
         memory=span,
         broken=broken,
+        recall=recall,
+    )
+
+
+def offers_recall(body: Mapping[str, Any], conversation: Conversation, dialect: Dialect) -> bool:
+    """True when a plan of this request that names a recall id may offer the ``ctx_recall`` tool:
+    its API has one (``Dialect.recall``), the body allows it (no forced tool choice, ...) and it is
+    not a client's own compaction request (``recall.is_compaction``)."""
+    shape = dialect.recall
+    return (
+        shape is not None
+        and conversation.fittable
+        and shape.offered(body)
+        and not is_compaction(conversation.messages)
     )
 
 
@@ -390,20 +442,26 @@ def _remember(
     messages: Sequence[Message],
     counter: MessageCounter,
     limit: int,
+    recall: list[Recallable] | None = None,
 ) -> tuple[tuple[Message, ...], tuple[int, ...]]:
     """The fitted messages with the memory of ``span`` in place when the provider has its summary
     (or, else, the summary of one of its ``earlier`` spans) and it fits (``summarized``, counting
-    the messages it stands for), else unchanged (``summary_failed``, with why)."""
+    the messages it stands for), else unchanged (``summary_failed``, with why). With ``recall``
+    (a list), the memory names the transcript of its messages by its recall id, added there."""
     count = len(span.indices)
     summary: str | None = None
+    shown: list[dict[str, Any]] = []
     for candidate in (span, *(span.until(stop) for stop in span.earlier)):
-        found = summaries.summary_for(span_messages(messages, candidate))
+        shown = span_messages(messages, candidate)
+        found = summaries.summary_for(shown)
         if isinstance(found, str) and found.strip():
             summary, span = found, candidate
             break
     if summary is None:
         steps.actions.append(Action("summary_failed", count, detail="no summary available"))
         return current, tokens
+    transcript = span_text(shown) if recall is not None else ""
+    ref = recall_ref(transcript) if recall is not None else None
     placed = place_memory(
         current,
         tokens,
@@ -413,7 +471,10 @@ def _remember(
         counter=counter,
         limit_tokens=limit - REPLY_PRIMING_TOKENS,
         note_at=steps.note_at,
+        ref=ref,
     )
+    if placed is not None and recall is not None and ref is not None:
+        recall.append(Recallable(ref, transcript))
     if placed is None:
         steps.actions.append(Action("summary_failed", count, detail="summary too large to fit"))
         return current, tokens
