@@ -386,6 +386,9 @@ def create_app(
                 observability=observability,
                 cache=summaries.cache,
             )
+            from .service.recall import Recall
+
+            recall = Recall(settings=settings, events=observability) if settings.recall else None
             app.state.service = Service(
                 settings=settings,
                 registry=models,
@@ -393,6 +396,7 @@ def create_app(
                 upstream=upstream,
                 summaries=summaries,
                 learner=learner,
+                recall=recall,
             )
             observability.use_knowledge(learner.knowledge.discovered)
             if learner.discovery is not None:
@@ -404,6 +408,8 @@ def create_app(
                 thaw_startup_heap()
                 await learner.aclose()
                 await summaries.aclose()
+                if recall is not None:
+                    await recall.aclose()
         finally:
             await sender.aclose()
 

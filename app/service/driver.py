@@ -60,9 +60,16 @@ from .learning import Learner
 from .outcome import Ahead, Outcome, PlanCannotFit, Readiness, Render
 from .peek import is_event_stream, read_preamble
 from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
-from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
+from .request import Forwarded, ProxyRequest, RequestOptions, dump_body, parse_body
+
+
+def identity_encoded(headers: Sequence[Header]) -> tuple[Header, ...]:
+    """``headers`` asking for an uncompressed answer: a plan that offers ``ctx_recall`` has its
+    answer read (and a stream edited) by the proxy."""
+    return (*(h for h in headers if h[0].lower() != "accept-encoding"), ("Accept-Encoding", "identity"))
 
 if TYPE_CHECKING:
+    from .recall import Recall
     from .summaries import Summaries
 
 
@@ -83,6 +90,7 @@ class Service:
         required_encodings: Sequence[str] = REQUIRED_ENCODINGS,
         summaries: Summaries | None = None,
         learner: Learner | None = None,
+        recall: Recall | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -90,9 +98,12 @@ class Service:
         self.upstream = upstream
         self.required_encodings = tuple(required_encodings)
         self._policy = settings.fit_policy()
+        if recall is None and self._policy.recall != "off":
+            self._policy = replace(self._policy, recall="off")  # nobody would answer the tool's calls
         self._remembering: Policy | None = None  # the operator's policy with summaries wanted
         self._counters: dict[str, MessageCounter] = {}
         self.summaries = summaries
+        self.recall = recall
         self.learner = learner if learner is not None else Learner()
         self.prefixes = PrefixMemory()
         # The dialects' parses of recent requests: a resent history is not converted again.
@@ -115,6 +126,7 @@ class Service:
             reserve_tokens=options.reserve_tokens,
             cut_target=options.cut_target,
             lower_output=options.lower_output,
+            recall=None if options.recall is None else "tool" if options.recall and self.recall else "off",
         )
         # With summaries wanted, every plan of the request (the first one too) leaves the cut room
         # for the memory: the same cut whether or not its summary comes.
@@ -168,6 +180,9 @@ class Service:
                 fittable=conversation.fittable,
                 unfittable_reason=conversation.unfittable_reason,
             )
+        policy = self.boundary.policy_for(self.policy(options))
+        if policy.recall == "tool" and match.json_stream:
+            policy = replace(policy, recall="ids")  # the answer's JSON array stream is not edited
         return ProxyRequest(
             raw=raw,
             body=body,
@@ -175,7 +190,7 @@ class Service:
             route=match,
             conversation=conversation,
             spec=spec,
-            policy=self.boundary.policy_for(self.policy(options)),
+            policy=policy,
             counter=self.counter_for_spec(spec),
             base_url=self.upstream.base_url_for(model),
             options=options,
@@ -297,7 +312,25 @@ class Service:
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.
         """
         request = await self.prepare(raw, headers, options=options, dialect=dialect, route=route)
-        return await self.run(request, render=render)
+        outcome = await self.run(request, render=render)
+        if outcome.plan.recall and self.recall is not None:
+            # What the cut removed is kept for ctx_recall; the tool's calls are answered here.
+            self.recall.remember(request, outcome.plan)
+            outcome = await self.recall.settle(self, request, outcome)
+        return outcome
+
+    def continued(self, request: ProxyRequest, body: Mapping[str, Any]) -> ProxyRequest:
+        """``request`` continued with ``body`` (the same route, options, headers and what it learned),
+        for the recall rounds (``app.service.recall``)."""
+        continued = self.request(
+            body,
+            request.options,
+            raw=dump_body(body),
+            headers=request.headers,
+            route=request.route,
+            model=request.model,
+        )
+        return continued.limited(request.limits)
 
     async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
@@ -348,7 +381,10 @@ class Service:
                     forwarded = Forwarded.sent_first(request, exchange.plan)
                 else:
                     forwarded = Forwarded.of(request, command.plan)
-                    response, command = await self._send(request, exchange, forwarded.content, pending)
+                    headers = identity_encoded(request.headers) if command.plan.recall_tool else None
+                    response, command = await self._send(
+                        request, exchange, forwarded.content, pending, headers=headers
+                    )
                 pending = None
                 continue
             assert response is not None and exchange.plan is not None and forwarded is not None
@@ -389,15 +425,18 @@ class Service:
         exchange: Exchange,
         content: bytes,
         pending: Pending | None,
+        *,
+        headers: Sequence[Header] | None = None,
     ) -> tuple[UpstreamResponse, Deliver | Replan]:
-        """Send ``content``; finish a fast-path plan; read an error answer the exchange wants."""
+        """Send ``content`` (with ``headers``, else the request's); finish a fast-path plan; read an
+        error answer the exchange wants."""
         target = request.route.target
         try:
             response = await self.upstream.send(
                 "POST",
                 target.path,
                 content=content,
-                headers=request.headers,
+                headers=request.headers if headers is None else headers,
                 stream=True,
                 base_url=request.base_url,
                 query=request.route.query,

@@ -2,7 +2,7 @@
 
 * ``RequestOptions``: the validated ``X-Context-*`` request headers (``upstream_count`` and
   ``lower_output``: the ``X-Context-Upstream-Count`` / ``X-Context-Lower-Output`` switches of
-  ``app.service.boundary``).
+  ``app.service.boundary``; ``recall``: ``X-Context-Recall``, ``app.service.recall``).
 * ``parse_body(raw) -> dict`` turns bad JSON or a non-object into ``InvalidRequest``;
   ``dump_body(body) -> bytes`` writes a rewritten body back (``app.wire``).
 * ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
@@ -58,6 +58,7 @@ class RequestOptions:
     cut_target: float | None = None
     upstream_count: bool | None = None
     lower_output: bool | None = None
+    recall: bool | None = None
 
 
 def load_json(raw: bytes) -> Any:

@@ -1,0 +1,99 @@
+"""A streamed answer whose ``ctx_recall`` calls the proxy answers as the client reads it.
+
+``RecallStreamResponse(recall, rounds, request, outcome, shape)`` wraps the first upstream answer:
+``aiter_raw`` passes its bytes through the API's editor (``Dialect.recall.stream()``: text goes to
+the client as it comes, a recall call's own events and, while one was seen, the answer's closing
+events are held back). At the end of an upstream answer that called ``ctx_recall`` and nothing of
+the client's, the calls are answered (``Recall.answer_calls``), the next round is sent
+(``rounds.run``) and its stream continues the same answer through the same editor, at most
+``MAX_ROUNDS`` times; otherwise the held-back events go out (the recall calls removed) and the
+stream ends. A round that fails (an error status, an exception) ends the stream the same way.
+The response closes whichever upstream answer is open (``aclose``). What the rounds took is
+recorded once the stream ends (``Recall.record``) and in the request's access fields
+(``recalls``), through ``on_end``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from ..core.errors import CtxproxyError
+from ..core.recall_shape import RecallShape
+from ..upstream.client import WrappedResponse
+from ..upstream.errors import UpstreamError
+from .outcome import Outcome
+from .recall import MAX_ROUNDS, Recall, RoundFigures, Rounds
+from .request import ProxyRequest
+
+logger = logging.getLogger("ctxproxy.recall")
+
+
+class RecallStreamResponse(WrappedResponse):
+    """The first upstream answer, continued while it calls only ``ctx_recall`` (module docstring)."""
+
+    def __init__(
+        self, recall: Recall, rounds: Rounds, request: ProxyRequest, outcome: Outcome, shape: RecallShape
+    ) -> None:
+        super().__init__(outcome.response)
+        self._recall = recall
+        self._rounds = rounds
+        self._request = request
+        self._shape = shape
+        self._current = outcome.response
+        self._known = {entry.ref: entry.text for entry in outcome.plan.recall}
+        self.rounds = 0
+        self.on_end: Callable[[int], None] | None = None
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        editor = self._shape.stream()
+        request = self._request
+        figures = RoundFigures()
+        api = request.dialect.name
+        try:
+            while True:
+                async for chunk in self._current.aiter_raw():
+                    out = editor.feed(chunk)
+                    if out:
+                        yield out
+                answer = editor.answer()
+                calls = self._shape.calls(answer)
+                if not calls.only_ours or self.rounds >= MAX_ROUNDS:
+                    break
+                try:
+                    following, answered = await self._recall.answer_calls(
+                        self._rounds, request, answer, calls, self._known
+                    )
+                    figures = figures.plus(answered)
+                    outcome = await self._rounds.run(following)
+                except (CtxproxyError, UpstreamError):
+                    logger.warning("recall: a round failed; the stream ends with what it had", exc_info=True)
+                    self._recall.failed(api)
+                    break
+                if outcome.response.status_code != 200:
+                    await outcome.response.aclose()
+                    self._recall.failed(api)
+                    break
+                self._recall.remember(following, outcome.plan)
+                self._known.update({entry.ref: entry.text for entry in outcome.plan.recall})
+                await self._current.aclose()
+                self._current, request = outcome.response, following
+                editor.next_round()
+                self.rounds += 1
+            tail = editor.release() + editor.unfinished()
+            if tail:
+                yield tail
+        finally:
+            self._recall.record(api, figures, self.rounds)
+            if self.on_end is not None:
+                self.on_end(self.rounds)
+
+    @property
+    def closed(self) -> bool:
+        return self._current.closed
+
+    async def aclose(self) -> None:
+        await self._current.aclose()
