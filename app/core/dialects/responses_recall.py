@@ -1,7 +1,11 @@
 """The recall tool in the Responses API's shape (``RESPONSES.recall``; contract: ``app.core.recall_shape``).
 
 * offered unless ``tool_choice`` is set to anything but ``auto``, the answer runs in the
-  background (``background: true``) or a tool of the client is a function named ``ctx_recall``;
+  background (``background: true``), a tool of the client is a function named ``ctx_recall``, or
+  the answer is streamed and stored (``store`` not false): a stream's events all carry the first
+  round's response id (the SDKs refuse an id that changes), which the upstream stored with the
+  recall call unanswered, so ``previous_response_id`` could not continue from it. A whole answer
+  carries the last round's id, whose stored history is whole;
 * the tool: ``{"type": "function", "name", "description", "parameters", "strict": false}`` after
   the client's ``tools``;
 * an answer's calls: its ``function_call`` output items (the client's calls: every other call item
@@ -19,7 +23,8 @@
   after it starts (it goes with the call when that is a recall call); ``output_index`` is
   renumbered after a removed item and across rounds, ``sequence_number`` continues across
   rounds; the closing event (``response.completed``/``incomplete``/``failed``) is held while a
-  recall call was seen and, after a continuation, carries every round's output items.
+  recall call was seen and, after a continuation, carries every round's output items and the
+  first round's response id.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class ResponsesRecall:
         return (
             body.get("tool_choice", "auto") in ("auto", None)
             and body.get("background") is not True
+            and (body.get("stream") is not True or body.get("store") is False)
             and (tools is None or isinstance(tools, list))
             and not any(
                 _ours(tool) or (isinstance(tool, Mapping) and tool.get("name") == RECALL_TOOL)
@@ -143,6 +149,7 @@ class ResponsesRecallStream(SseEditor):
 
     def __init__(self) -> None:
         super().__init__()
+        self.first_id: Any = None  # the first round's response id, which every event carries
         self.offset = 0  # output items the client got from earlier rounds
         self.sequence = 0  # the next sequence number after a continuation
         self.items: list[Any] = []  # those items, for the closing event after a continuation
@@ -221,11 +228,13 @@ class ResponsesRecallStream(SseEditor):
         return flushed + self._final(frame, event)
 
     def _final(self, frame: bytes, event: dict[str, Any]) -> bytes:
-        """The closing event with every round's output items (after a continuation)."""
+        """The closing event with every round's output items and the first round's id."""
         response = event.get("response")
         if isinstance(response, dict):
             output = response.get("output")
             response["output"] = [*self.items, *client_items(output if isinstance(output, list) else [])]
+            if self.first_id is not None:
+                response["id"] = self.first_id
         number = event.get("sequence_number")
         if self.round > 0 and isinstance(number, int):
             event["sequence_number"] = self.sequence + number
@@ -244,7 +253,10 @@ class ResponsesRecallStream(SseEditor):
         return {"status": "incomplete", "output": []}
 
     def next_round(self) -> None:
-        output = self.answer().get("output")
+        answer = self.answer()
+        if self.round == 0:
+            self.first_id = answer.get("id")
+        output = answer.get("output")
         kept = client_items(output if isinstance(output, list) else [])
         self.items += kept
         self.offset += len(kept)
