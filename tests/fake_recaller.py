@@ -32,11 +32,13 @@ class Recall:
 
 
 class Recaller:
-    """See the module docstring. ``text_before_call``: text the model says before a call."""
+    """See the module docstring. ``text_before_call``: text the model says before a call;
+    ``also_call``: a tool of the client it calls beside ``ctx_recall`` (a mixed answer)."""
 
-    def __init__(self, wanted: str, *, text_before_call: str = "") -> None:
+    def __init__(self, wanted: str, *, text_before_call: str = "", also_call: str | None = None) -> None:
         self.pattern = re.compile(rf"FACT-{re.escape(wanted)}[\w-]*")
         self.text_before_call = text_before_call
+        self.also_call = also_call
 
     def decide(
         self, prompt: str, *, offered: bool, fetched: Sequence[tuple[str, int]] = ()

@@ -399,7 +399,11 @@ class FakeUpstream:
                 "type": "function",
                 "function": {"name": RECALL_TOOL, "arguments": arguments},
             }
-            return {"role": "assistant", "content": recaller.text_before_call or None, "tool_calls": [call]}
+            calls = [call]
+            if recaller.also_call is not None:
+                own = {"name": recaller.also_call, "arguments": json.dumps({"n": 99})}
+                calls.append({"id": f"call_fake{next(self._ids)}", "type": "function", "function": own})
+            return {"role": "assistant", "content": recaller.text_before_call or None, "tool_calls": calls}
         return {"role": "assistant", "content": decision.text}
 
 

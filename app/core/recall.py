@@ -19,10 +19,12 @@ rely on these names):
   ``recallables(source, messages, origins, *, note_at)``: every one the fitted ``messages`` name
   (``origins[j]``: the input index of message ``j``, None for one the engine made; ``note_at``:
   the drop's note), found from the placeholders themselves and the input messages they replaced.
-* ``page_of(text, page)`` and ``recall_answer(ref, text, page, *, max_chars)``: what the tool
-  answers, paged: pages of ``PAGE_CHARS`` characters at fixed offsets (the same page for the same
-  content), one page cut further to ``max_chars`` when the room in the window is smaller (it
-  says so); an unknown id, a page past the last and no room at all each have their answer.
+* ``page_chars_for(input_budget_tokens, share)``, ``page_of(text, page, *, page_chars)`` and
+  ``recall_answer(ref, text, page, *, max_chars, page_chars)``: what the tool answers, paged:
+  pages of ``page_chars`` characters at fixed offsets (a size that depends on the model's budget
+  alone: the same page for the same content on every request), one page cut further to
+  ``max_chars`` when the room in the window is smaller (it says so); an unknown id, a page past
+  the last and no room at all each have their answer.
   Every answer starts with ``RECALLED_HEAD``: ``is_recalled(message)`` recognises it, and the
   strategies never prune or cut such a message (recalled content is never cut into a new
   placeholder of itself).
@@ -48,6 +50,9 @@ RECALL_TOOL = "ctx_recall"
 REF_HEX = 12
 REF_PATTERN = rf"(?:; recall id ([0-9a-f]{{{REF_HEX}}}))?"
 PAGE_CHARS = 24_000
+# Characters a page holds per token of its room (text and code run 3-4 characters a token; a page
+# of denser text is cut to the room, and says so).
+CHARS_PER_TOKEN = 3
 RECALLED_HEAD = "[ctxproxy: recalled "
 # Below this, a page cut to the room would be mostly heading: the answer says there is no room.
 MIN_PAGE_CHARS = 200
@@ -225,10 +230,19 @@ def page_of(text: str, page: int, *, page_chars: int = PAGE_CHARS) -> Page | Non
     return Page(page, pages, start, min(len(text), start + page_chars))
 
 
-def recall_answer(ref: str | None, text: str | None, page: int, *, max_chars: int) -> tuple[str, bool]:
+def page_chars_for(input_budget_tokens: int, share: float) -> int:
+    """The page size of a model's recalls: ``share`` of its input budget at ``CHARS_PER_TOKEN``,
+    between ``MIN_PAGE_CHARS`` and ``PAGE_CHARS`` (a function of the budget alone, so the pages
+    of one content are numbered the same on every request of a conversation)."""
+    return max(MIN_PAGE_CHARS, min(PAGE_CHARS, int(input_budget_tokens * share * CHARS_PER_TOKEN)))
+
+
+def recall_answer(
+    ref: str | None, text: str | None, page: int, *, max_chars: int, page_chars: int = PAGE_CHARS
+) -> tuple[str, bool]:
     """What ``ctx_recall`` answers for ``ref`` (``text``: what it stands for, None when unknown),
-    and whether it is a miss. The page is cut to ``max_chars`` characters of content when the
-    room is smaller than a page."""
+    and whether it is a miss: page ``page`` of ``page_chars`` characters, cut to ``max_chars``
+    characters when the room is smaller than a page (the answer says so)."""
     shown = ref if ref else "(none)"
     if text is None:
         return (
@@ -236,9 +250,9 @@ def recall_answer(ref: str | None, text: str | None, page: int, *, max_chars: in
             "expired). Continue with what the conversation shows.]",
             True,
         )
-    found = page_of(text, page)
+    found = page_of(text, page, page_chars=page_chars)
     if found is None:
-        pages = page_of(text, 1)
+        pages = page_of(text, 1, page_chars=page_chars)
         total = pages.pages if pages is not None else 1
         return (f"{RECALLED_HEAD}recall id {shown} has {total} page(s); page {page} does not exist.]", True)
     if max_chars < MIN_PAGE_CHARS:

@@ -11,7 +11,7 @@ INTERFACE CONTRACT (``Service`` drives it; ``app.core.recall`` has the pure rule
   is stored under the request's tenant (a hash of its credential: ``tenant_key``), its
   conversation (a hash of its opening messages: ``conversation_key``) and the id; an entry this
   process wrote less than half a TTL ago is not written again. Redis writes run in the
-  background; nothing here fails a request.
+  background (``await flush()`` waits for them); nothing here fails a request.
 * ``await settle(rounds, request, outcome) -> Outcome``: when the answered plan offered the tool
   (``Plan.recall_tool``) and the upstream answered 200. A whole answer is read; while it calls
   ``ctx_recall`` and nothing of the client's (at most ``MAX_ROUNDS`` times), the calls are
@@ -40,7 +40,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
@@ -48,7 +48,7 @@ from ..compaction.cache import SummaryCache, cache_from_url
 from ..core.conversation import strip_reserved
 from ..core.messages import Message
 from ..core.plan import Plan
-from ..core.recall import recall_answer
+from ..core.recall import page_chars_for, recall_answer
 from ..core.recall_shape import AnswerCalls, RecallShape
 from ..core.recall_stream import NEEDLE
 from ..core.routes import KeySlot
@@ -58,11 +58,11 @@ from ..upstream.headers import Header
 from ..wire import dump_json
 from .fastpath import run_plan
 from .outcome import Outcome
+from .recall_stream import MAX_ROUNDS, RecallStreamResponse, RoundFigures, Rounds
 from .request import ProxyRequest, load_json
 
 logger = logging.getLogger("ctxproxy.recall")
 
-MAX_ROUNDS = 3
 PREFIX = "ctxproxy:recall:"
 # The most of the input budget the pages of one round may take (older history is cut for them).
 RECALL_SHARE = 0.25
@@ -70,14 +70,6 @@ RECALL_SHARE = 0.25
 HEADING_TOKENS = 64
 _WRITTEN_MAX = 65_536
 COUNTERS = ("calls", "bytes", "rounds", "misses", "failures")
-
-
-class Rounds(Protocol):
-    """What the rounds need of the service (``Service`` is one)."""
-
-    def continued(self, request: ProxyRequest, body: Mapping[str, Any]) -> ProxyRequest: ...
-
-    async def run(self, request: ProxyRequest) -> Outcome: ...
 
 
 class RecallEvents(Protocol):
@@ -109,18 +101,6 @@ def conversation_key(messages: Sequence[Message]) -> str:
 
 def store_key(tenant: str, conversation: str, ref: str) -> str:
     return hashlib.sha256(f"{tenant}\x00{conversation}\x00{ref}".encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class RoundFigures:
-    """What answering one round's calls took: calls answered, bytes recalled (UTF-8), misses."""
-
-    calls: int = 0
-    bytes_: int = 0
-    misses: int = 0
-
-    def plus(self, other: RoundFigures) -> RoundFigures:
-        return RoundFigures(self.calls + other.calls, self.bytes_ + other.bytes_, self.misses + other.misses)
 
 
 class ReplacedBody(WrappedResponse):
@@ -176,12 +156,16 @@ class Recall:
         self.settings = settings
         self.events = events
         self.ttl_s = settings.recall_ttl_s
-        self.store: SummaryCache = store or cache_from_url(
-            settings.cache_url,
-            ttl_s=settings.recall_ttl_s,
-            max_entries=1_000_000,
-            prefix=PREFIX,
-            max_chars=settings.recall_max_mb * 1024 * 1024,
+        self.store: SummaryCache = (
+            store
+            if store is not None
+            else cache_from_url(
+                settings.cache_url,
+                ttl_s=settings.recall_ttl_s,
+                max_entries=1_000_000,
+                prefix=PREFIX,
+                max_chars=settings.recall_max_mb * 1024 * 1024,
+            )
         )
         self._written: OrderedDict[str, float] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -218,9 +202,14 @@ class Recall:
         except Exception:  # the store must never fail a request
             logger.warning("recall: storing what a cut removed failed", exc_info=True)
 
+    async def flush(self) -> None:
+        """Wait for the writes under way."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
     async def _write(self, entries: Mapping[str, str]) -> None:
         for key, text in entries.items():
-            await self.store.set(key, text, ttl_s=self.ttl_s)
+            await self.store.set(key, text)  # for the store's own TTL (CTXPROXY_RECALL_TTL_S)
 
     async def lookup(self, request: ProxyRequest, ref: str) -> str | None:
         """What ``ref`` stands for in this tenant's conversation, from the store."""
@@ -236,8 +225,6 @@ class Recall:
         if not plan.recall_tool or shape is None or outcome.response.status_code != 200:
             return outcome
         if outcome.stream:
-            from .recall_stream import RecallStreamResponse
-
             streamed = RecallStreamResponse(self, rounds, request, outcome, shape)
             return replace(outcome, response=streamed)
         return await self._whole(rounds, request, outcome, shape)
@@ -329,13 +316,14 @@ class Recall:
         # like any request, so what is older may be cut further to make room (the pages never are),
         # up to RECALL_SHARE of the budget; less while that does not fit, down to the room left.
         wanted = max(room, int(RECALL_SHARE * budget.input_budget_tokens))
+        page_chars = page_chars_for(budget.input_budget_tokens, RECALL_SHARE / max(1, len(calls.ours)))
         count = request.counter.counter.count_text
         while True:
             share = max(0, wanted // max(1, len(calls.ours)) - HEADING_TOKENS)
             results = []
             recalled = misses = 0
             for call, text in zip(calls.ours, texts, strict=True):
-                result, miss = _fitted_answer(call.ref, text, call.page, share, count)
+                result, miss = _fitted_answer(call.ref, text, call.page, share, count, page_chars)
                 results.append((call.call_id, result))
                 misses += miss
                 recalled += 0 if miss else len(result.encode("utf-8", "surrogatepass"))
@@ -390,11 +378,11 @@ class Recall:
 
 
 def _fitted_answer(
-    ref: str | None, text: str | None, page: int, share_tokens: int, count: Any
+    ref: str | None, text: str | None, page: int, share_tokens: int, count: Any, page_chars: int
 ) -> tuple[str, bool]:
     """``recall_answer`` with its page cut until it takes at most ``share_tokens`` tokens."""
-    max_chars = max(0, share_tokens * 4)
-    result, miss = recall_answer(ref, text, page, max_chars=max_chars)
+    max_chars = page_chars
+    result, miss = recall_answer(ref, text, page, max_chars=max_chars, page_chars=page_chars)
     for _ in range(6):
         if miss:
             return result, miss
@@ -402,5 +390,5 @@ def _fitted_answer(
         if tokens <= share_tokens:
             return result, miss
         max_chars = int(max_chars * share_tokens / tokens * 0.95)
-        result, miss = recall_answer(ref, text, page, max_chars=max_chars)
-    return recall_answer(ref, text, page, max_chars=0)
+        result, miss = recall_answer(ref, text, page, max_chars=max_chars, page_chars=page_chars)
+    return recall_answer(ref, text, page, max_chars=0, page_chars=page_chars)

@@ -1,6 +1,7 @@
 """A streamed answer whose ``ctx_recall`` calls the proxy answers as the client reads it.
 
-``RecallStreamResponse(recall, rounds, request, outcome, shape)`` wraps the first upstream answer:
+``RecallStreamResponse(recall, rounds, request, outcome, shape)`` wraps the first upstream answer
+(``recall``: what answers the calls, ``app.service.recall.Recall``; ``rounds``: the service):
 ``aiter_raw`` passes its bytes through the API's editor (``Dialect.recall.stream()``: text goes to
 the client as it comes, a recall call's own events and, while one was seen, the answer's closing
 events are held back). At the end of an upstream answer that called ``ctx_recall`` and nothing of
@@ -16,24 +17,67 @@ recorded once the stream ends (``Recall.record``) and in the request's access fi
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..core.errors import CtxproxyError
-from ..core.recall_shape import RecallShape
+from ..core.plan import Plan
+from ..core.recall_shape import AnswerCalls, RecallShape
 from ..upstream.client import WrappedResponse
 from ..upstream.errors import UpstreamError
 from .outcome import Outcome
-from .recall import MAX_ROUNDS, Recall, RoundFigures, Rounds
 from .request import ProxyRequest
 
 logger = logging.getLogger("ctxproxy.recall")
+
+MAX_ROUNDS = 3
+
+
+class Rounds(Protocol):
+    """What the rounds need of the service (``Service`` is one)."""
+
+    def continued(self, request: ProxyRequest, body: Mapping[str, Any]) -> ProxyRequest: ...
+
+    async def run(self, request: ProxyRequest) -> Outcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoundFigures:
+    """What answering one round's calls took: calls answered, bytes recalled (UTF-8), misses."""
+
+    calls: int = 0
+    bytes_: int = 0
+    misses: int = 0
+
+    def plus(self, other: RoundFigures) -> RoundFigures:
+        return RoundFigures(self.calls + other.calls, self.bytes_ + other.bytes_, self.misses + other.misses)
+
+
+class Answerer(Protocol):
+    """What answers the calls and keeps the figures (``app.service.recall.Recall``)."""
+
+    async def answer_calls(
+        self,
+        rounds: Rounds,
+        request: ProxyRequest,
+        answer: Mapping[str, Any],
+        calls: AnswerCalls,
+        known: Mapping[str, str],
+    ) -> tuple[ProxyRequest, RoundFigures]: ...
+
+    def remember(self, request: ProxyRequest, plan: Plan) -> None: ...
+
+    def failed(self, api: str) -> None: ...
+
+    def record(self, api: str, figures: RoundFigures, rounds: int) -> None: ...
 
 
 class RecallStreamResponse(WrappedResponse):
     """The first upstream answer, continued while it calls only ``ctx_recall`` (module docstring)."""
 
     def __init__(
-        self, recall: Recall, rounds: Rounds, request: ProxyRequest, outcome: Outcome, shape: RecallShape
+        self, recall: Answerer, rounds: Rounds, request: ProxyRequest, outcome: Outcome, shape: RecallShape
     ) -> None:
         super().__init__(outcome.response)
         self._recall = recall

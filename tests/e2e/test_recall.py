@@ -10,6 +10,7 @@ the model had answered at once.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -476,3 +477,111 @@ def test_gemini_the_model_recalls_the_fact_with_thought_signatures_kept(
     calls = [p for p in said["parts"] if "functionCall" in p]
     assert calls[0]["functionCall"]["name"] == RECALL_TOOL and calls[0].get("thoughtSignature")
     assert FACT in answered["parts"][0]["functionResponse"]["response"]["output"]
+
+
+# -- the defined answers: mixed calls, a miss, pages, a forced choice, recall off -------------
+
+
+def _chat(proxy: str, messages: list[dict[str, Any]], **extra: Any) -> Any:
+    headers = {**NO_SUMMARY, **extra.pop("headers", {})}
+    with _client(proxy) as client:
+        if extra.get("stream"):
+            return list(
+                client.chat.completions.create(
+                    model="recall-model", messages=messages, tools=TOOLS, extra_headers=headers, **extra
+                )
+            )
+        return client.chat.completions.with_raw_response.create(
+            model="recall-model", messages=messages, tools=TOOLS, extra_headers=headers, **extra
+        )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_mixed_answer_gives_the_client_its_own_calls_and_drops_the_recall_call(
+    chat_stack: tuple[FakeUpstream, str], stream: bool
+) -> None:
+    fake, proxy = chat_stack
+    fake.clear()
+    fake.recaller = Recaller("deploy", text_before_call="Checking.", also_call="read_log")
+    try:
+        got = _chat(proxy, agent_history(), stream=stream)
+    finally:
+        fake.recaller = None
+    if stream:
+        deltas = [c.choices[0].delta for c in got if c.choices]
+        calls = [call for d in deltas for call in d.tool_calls or []]
+        assert {call.index for call in calls} == {0} and calls[0].function.name == "read_log"
+        assert "".join(call.function.arguments or "" for call in calls) == '{"n": 99}'
+        assert [c.choices[0].finish_reason for c in got if c.choices and c.choices[0].finish_reason] == [
+            "tool_calls"
+        ]
+    else:
+        assert got.headers["x-context-recalls"] == "0"
+        message = got.parse().choices[0].message
+        assert [call.function.name for call in message.tool_calls] == ["read_log"]
+        assert message.content == "Checking." and got.parse().choices[0].finish_reason == "tool_calls"
+    assert len(fake.client_requests()) == 1  # no round: the client answers its own call first
+    _within_window(fake)
+
+
+def test_an_unknown_id_is_answered_as_a_miss_and_the_model_goes_on(
+    chat_stack: tuple[FakeUpstream, str],
+) -> None:
+    fake, proxy = chat_stack
+    fake.clear()
+    history = agent_history()
+    # The client's own text names an id the proxy never made (say, a summary's of another session).
+    history[1] = {**history[1], "content": history[1]["content"] + " (see recall id 0123456789ab)"}
+    fake.recaller = Recaller("deploy")
+    try:
+        raw = _chat(proxy, history)
+    finally:
+        fake.recaller = None
+    assert raw.headers["x-context-recalls"] == "2"
+    assert FACT in raw.parse().choices[0].message.content
+    miss = fake.client_requests()[1].json()["messages"][-1]["content"]
+    assert miss.startswith("[ctxproxy: recalled nothing for recall id 0123456789ab")
+    _within_window(fake)
+
+
+def test_a_recall_larger_than_the_room_comes_in_pages(chat_stack: tuple[FakeUpstream, str]) -> None:
+    fake, proxy = chat_stack
+    fake.clear()
+    history = agent_history()
+    # The fact sits on the second page of a result far larger than the window.
+    big = f"{filler(0, 110)} The deploy code is {FACT}. {filler(1, 400)}"
+    history[3] = {**history[3], "content": big}
+    fake.recaller = Recaller("deploy")
+    try:
+        raw = _chat(proxy, history)
+    finally:
+        fake.recaller = None
+    assert FACT in raw.parse().choices[0].message.content
+    asked = [
+        json.loads(r.json()["messages"][-2]["tool_calls"][0]["function"]["arguments"])
+        for r in fake.client_requests()[1:]
+    ]
+    assert [a["page"] for a in asked] == [1, 2] and len({a["id"] for a in asked}) == 1
+    heads = [r.json()["messages"][-1]["content"].partition("]")[0] for r in fake.client_requests()[1:]]
+    totals = {re.search(r"page [12] of ([0-9]+)", head).group(1) for head in heads}  # type: ignore[union-attr]
+    assert len(totals) == 1 and int(totals.pop()) >= 3, heads  # pages of one fixed size
+    assert raw.headers["x-context-recalls"] == "2"
+    _within_window(fake)
+
+
+@pytest.mark.parametrize("headers", [{"X-Context-Recall": "off"}, {}])
+def test_a_forced_choice_or_recall_off_is_never_offered_the_tool(
+    chat_stack: tuple[FakeUpstream, str], headers: dict[str, str]
+) -> None:
+    fake, proxy = chat_stack
+    fake.clear()
+    extra: dict[str, Any] = {"headers": headers}
+    if not headers:
+        extra["tool_choice"] = "required"
+    raw = _chat(proxy, agent_history(), **extra)
+    assert "x-context-recalls" not in raw.headers
+    (sent,) = fake.client_requests()
+    names = [t["function"]["name"] for t in sent.json()["tools"]]
+    assert names == ["read_log"]
+    # A forced choice still names what was removed by its id (the same bytes as the next request's).
+    assert ("recall id" in sent.body.decode()) is (not headers)

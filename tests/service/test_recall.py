@@ -1,0 +1,102 @@
+"""The recall store: keyed by tenant and conversation, bounded in time, shared through Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from app.compaction.cache import MemoryCache
+from app.core.dialects import GEMINI, MESSAGES, RESPONSES
+from app.core.recall import Recallable, recall_ref
+from app.service.recall import Recall, conversation_key, tenant_key
+from app.settings import Settings
+from tests.compaction.conftest import RedisServer, free_port, start_redis
+
+OPENING = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Fix the bug."}]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def request(
+    headers: list[tuple[str, str]], *, opening: list[dict[str, Any]] = OPENING, query: str = ""
+) -> Any:
+    """The parts of a request value the store reads."""
+    return SimpleNamespace(
+        headers=tuple(headers),
+        route=SimpleNamespace(query=query),
+        dialect=MESSAGES,
+        conversation=SimpleNamespace(messages=tuple(opening)),
+    )
+
+
+def plan(*texts: str) -> Any:
+    return SimpleNamespace(recall=tuple(Recallable(recall_ref(t), t) for t in texts))
+
+
+def test_the_tenant_is_a_hash_of_the_credential_in_any_slot() -> None:
+    slots = (*MESSAGES.key_slots, *GEMINI.key_slots, *RESPONSES.key_slots)
+    a = tenant_key([("x-api-key", "key-a"), ("user-agent", "x")], "", slots)
+    assert a == tenant_key([("X-Api-Key", "key-a")], "", slots)
+    assert a != tenant_key([("x-api-key", "key-b")], "", slots)
+    assert tenant_key([], "key=key-a", slots) != tenant_key([], "key=key-b", slots)
+    assert "key-a" not in a
+    assert conversation_key(OPENING) == conversation_key([*OPENING, {"role": "assistant", "content": "ok"}])
+    assert conversation_key(OPENING) != conversation_key([OPENING[0], {"role": "user", "content": "Other."}])
+
+
+async def test_what_a_cut_removed_is_read_back_only_by_its_tenant_and_conversation() -> None:
+    clock = Clock()
+    recall = Recall(settings=Settings(), store=MemoryCache(100, 60.0, clock=clock))
+    mine = request([("x-api-key", "key-a")])
+    recall.remember(mine, plan("the exact error text"))
+    await recall.flush()
+    ref = recall_ref("the exact error text")
+    assert await recall.lookup(mine, ref) == "the exact error text"
+    assert await recall.lookup(request([("x-api-key", "key-b")]), ref) is None
+    other = [OPENING[0], {"role": "user", "content": "Another task."}]
+    assert await recall.lookup(request([("x-api-key", "key-a")], opening=other), ref) is None
+    clock.now += 61  # expired
+    assert await recall.lookup(mine, ref) is None
+    await recall.aclose()
+
+
+async def test_an_entry_is_written_once_while_it_is_fresh() -> None:
+    store = MemoryCache(100, 60.0)
+    recall = Recall(settings=Settings(), store=store)
+    for _ in range(3):
+        recall.remember(request([("x-api-key", "k")]), plan("one", "two"))
+        await recall.flush()
+    assert store.stats().sets == 2
+    await recall.aclose()
+
+
+async def test_any_replica_answers_through_redis(tmp_path: Any) -> None:
+    server: RedisServer = start_redis(free_port(), tmp_path)
+    try:
+        settings = Settings(cache_url=server.url)
+        writer, reader = Recall(settings=settings), Recall(settings=settings)
+        mine = request([("authorization", "Bearer sk-a")])
+        recall_text = "a long tool output " * 50
+        writer.remember(mine, plan(recall_text))
+        await writer.flush()
+        assert await reader.lookup(mine, recall_ref(recall_text)) == recall_text
+        assert (
+            await reader.lookup(request([("authorization", "Bearer sk-b")]), recall_ref(recall_text)) is None
+        )
+        await writer.aclose()
+        await reader.aclose()
+    finally:
+        server.kill()
+
+
+def test_the_in_process_store_is_bounded_in_size() -> None:
+    recall = Recall(settings=Settings(recall_max_mb=1))
+    store: Callable[..., Any] = recall.store  # type: ignore[assignment]
+    assert getattr(store, "max_chars", None) == 1024 * 1024
