@@ -58,3 +58,11 @@ class Recaller:
                 if ref not in asked:
                     return Recall(ref)
         return Answer("I cannot find the fact.")
+
+
+def next_recall(prompt: str, *, offered: bool, fetched: Sequence[str], limit: int) -> str | None:
+    """For an agent that has done its work and fetches back up to ``limit`` removed contents
+    before it answers: the first recall id of ``prompt`` it has not fetched, or None."""
+    if not offered or len(fetched) >= limit:
+        return None
+    return next((ref for ref in dict.fromkeys(_ID.findall(prompt)) if ref not in fetched), None)

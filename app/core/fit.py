@@ -58,6 +58,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .budget import Budget, Limits, Policy, budget_for
@@ -93,14 +94,13 @@ HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation k
 _NO_OUTPUT_CAP: Mapping[str, Any] = {}
 
 
-
 class StructureGuardWarning(RuntimeWarning):
     """A strategy made a body with a structural problem its input did not have (a bug): the plan
     fell back (see the module docstring)."""
 
 
-def _prepare(
-    body: Mapping[str, Any],
+def _budget(
+    tools_of: Mapping[str, Any],
     conversation: Conversation,
     *,
     dialect: Dialect,
@@ -109,13 +109,10 @@ def _prepare(
     counter: MessageCounter,
     cap_tokens: int | None,
     limits: Limits | None = None,
-    tools_of: Mapping[str, Any] | None = None,
-) -> tuple[tuple[Message, ...], tuple[int, ...], int, Budget]:
-    """The messages, their counts, the tool definitions' tokens (of ``tools_of`` when given: the
-    body with the recall tool) and the budget."""
-    messages = conversation.messages
-    per_message = counter.count_messages(messages)
-    tool_tokens = dialect.tool_tokens(body if tools_of is None else tools_of, counter)
+) -> tuple[int, Budget]:
+    """The tool definitions' tokens of the body ``tools_of`` (the request's, or it with the recall
+    tool) and the budget they leave."""
+    tool_tokens = dialect.tool_tokens(tools_of, counter)
     # The budget reads the output cap from a chat-shaped mapping; every dialect states its own
     # cap on the conversation, so the budget is the same whatever the wire key was called.
     requested = conversation.requested_output_tokens
@@ -131,7 +128,7 @@ def _prepare(
         limits=limits,
         output_in_window=dialect.output_in_window,
     )
-    return messages, per_message, tool_tokens, budget
+    return tool_tokens, budget
 
 
 def new_problems(
@@ -251,9 +248,11 @@ def plan_request(
     ahead-of-time summaries prepare.
     """
     parsed = dialect.parse(body) if conversation is None else conversation
-    messages, per_message, tool_tokens, budget = _prepare(
-        body,
-        parsed,
+    messages = parsed.messages
+    per_message = counter.count_messages(messages)
+    budget_of = partial(
+        _budget,
+        conversation=parsed,
         dialect=dialect,
         spec=spec,
         policy=policy,
@@ -261,6 +260,7 @@ def plan_request(
         cap_tokens=cap_tokens,
         limits=limits,
     )
+    tool_tokens, budget = budget_of(body)
     requested = parsed.requested_output_tokens
     output_cap = limits.output_cap_tokens if limits is not None else None
     lowered = (
@@ -325,17 +325,7 @@ def plan_request(
     if offered:
         # A plan that cuts may offer the recall tool: its definition is in the budget from here on.
         assert dialect.recall is not None
-        messages, per_message, tool_tokens, budget = _prepare(
-            body,
-            parsed,
-            dialect=dialect,
-            spec=spec,
-            policy=policy,
-            counter=counter,
-            cap_tokens=cap_tokens,
-            limits=limits,
-            tools_of=dialect.recall.with_tool(body),
-        )
+        tool_tokens, budget = budget_of(dialect.recall.with_tool(body))
         limit = budget.input_budget_tokens
     room = memory_tokens_for(budget, policy)
     steps = _run_steps(

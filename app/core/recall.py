@@ -133,19 +133,36 @@ def content_text(content: object) -> str:
 
 
 def message_text(message: Mapping[str, Any]) -> str:
-    """A neutral message as text: its content, then each tool call as ``[calls NAME(ARGUMENTS)]``."""
+    """A neutral message as text: its content, then each tool call as ``[calls NAME(ARGUMENTS)]``
+    (a ``ctx_recall`` call is not the conversation's: left out)."""
     lines = [content_text(message.get("content"))]
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else []:
         function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
+        if isinstance(function, Mapping) and function.get("name") != RECALL_TOOL:
             lines.append(f"[calls {function.get('name')}({function.get('arguments')})]")
     return "\n".join(line for line in lines if line)
 
 
 def span_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    """Several neutral messages as a transcript: ``[role]`` and the message's text, each."""
-    return "\n\n".join(f"[{message.get('role')}]\n{message_text(message)}" for message in messages)
+    """Several neutral messages as a transcript: ``[role]`` and the message's text, each; a
+    recall's turns (a ``ctx_recall`` call and its answer, which only the proxy's rounds hold) are
+    left out, so recalled content never stands in a new placeholder of itself."""
+    return "\n\n".join(
+        f"[{message.get('role')}]\n{message_text(message)}"
+        for message in messages
+        if not (is_recalled(message) or _calls_recall(message))
+    )
+
+
+def _calls_recall(message: Mapping[str, Any]) -> bool:
+    calls = message.get("tool_calls")
+    return isinstance(calls, list) and any(
+        isinstance(c, Mapping)
+        and isinstance(c.get("function"), Mapping)
+        and c["function"].get("name") == RECALL_TOOL
+        for c in calls
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ INTERFACE CONTRACT (the dialects' ``RecallStream`` editors subclass ``SseEditor`
   this round's frames (``frames``, for the subclass's ``answer``) and returns what the
   subclass's ``edit(frame) -> bytes`` makes of each: the frame itself (untouched bytes), a
   rewritten one, or nothing. ``round`` counts the continuations (0: the first upstream answer);
-  ``next_round()`` starts the next one (the subclass resets its per-round state in
-  ``_next_round``). A frame of the first round that does not name the tool (``NEEDLE``) while
+  ``next_round()`` starts the next one (``_next_round`` resets the per-round state: ``seen``, a
+  recall call was seen; ``held``, the frames held back; a subclass extends it); ``release()``
+  gives what was held back. A frame of the first round that does not name the tool (``NEEDLE``) while
   nothing needs rewriting is passed by the subclasses without being parsed: the cost of an
   answer that never calls the tool is the framing.
 * ``frame_event(frame) -> (event name | None, data text | None)``, ``frame_json(frame)`` (its data
@@ -78,6 +79,7 @@ class SseEditor:
         self.round = 0
         self.frames: list[bytes] = []
         self._rest = bytearray()
+        self._next_round()
 
     def feed(self, data: bytes, /) -> bytes:
         if not data:
@@ -116,4 +118,18 @@ class SseEditor:
         self._next_round()
 
     def _next_round(self) -> None:
-        """The subclass's per-round state, reset."""
+        """The per-round state, reset: ``seen`` (a recall call was seen this round) and ``held``
+        (the frames held back until the round's end), ``ours``; subclasses extend it."""
+        self.seen = False
+        self.held: list[bytes] = []
+        self.ours: set[int] = set()  # this round's recall calls, by the API's index of them
+
+    def untouched(self, frame: bytes) -> bool:
+        """True for a frame of the first round that does not name the tool while nothing needs
+        rewriting: it goes to the client as it came, unparsed."""
+        return self.round == 0 and not self.seen and NEEDLE not in frame
+
+    def release(self) -> bytes:
+        """The frames held back, as they are (subclasses rewrite what names a removed call)."""
+        held, self.held = self.held, []
+        return b"".join(held)

@@ -315,8 +315,7 @@ def note_text(count: int, ref: str | None = None) -> str:
     noun = "message" if count == 1 else "messages"
     verb = "was" if count == 1 else "were"
     return (
-        f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window"
-        f"{ref_suffix(ref)}]"
+        f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window{ref_suffix(ref)}]"
     )
 
 

@@ -33,7 +33,7 @@ Responses items), else the registry's first (chat).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +109,12 @@ def aside_tokens_for(window_tokens: int, *, requested: int | None, configured: i
     return round(window_tokens * DEFAULT_ASIDE_SHARE)
 
 
+def without_recall(options: RequestOptions) -> RequestOptions:
+    """``options`` with recall off: a gateway sends the fitted request and reads the answer itself,
+    so no recall id is written and no tool offered (``app.service.recall``)."""
+    return options if options.recall is False else replace(options, recall=False)
+
+
 class Compressor:
     """The two contracts on one ``Service`` (its model table, knowledge, counters, summaries)."""
 
@@ -135,7 +141,7 @@ class Compressor:
         body = {"model": model, dialect.items_key: messages}
         service = self.service
         await service.learner.discover(model, service.upstream.base_url_for(model))
-        request = service.request(body, options, headers=headers, dialect=dialect)
+        request = service.request(body, without_recall(options), headers=headers, dialect=dialect)
         aside = aside_tokens_for(
             request.spec.window_tokens,
             requested=aside_tokens,
@@ -162,6 +168,7 @@ class Compressor:
         after the endpoint's prefix); see the module doc."""
         service = self.service
         dialect = route.dialect
+        options = without_recall(options)
         request = await service.prepare(raw, headers, options=options, dialect=dialect, route=route)
         plan = await run_plan(request.plan, size_bytes=len(raw))
         plan = await service.summarized(request, plan)

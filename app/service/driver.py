@@ -330,7 +330,7 @@ class Service:
             route=request.route,
             model=request.model,
         )
-        return continued.limited(request.limits)
+        return replace(continued.limited(request.limits), round=request.round + 1)
 
     async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
@@ -355,7 +355,8 @@ class Service:
         else:
             plan = await run_plan(request.plan, size_bytes=size_bytes)
             request, plan = await self.boundary.refine(request, plan)
-            command = exchange.start(await self.summarized(request, plan))
+            # A recall round uses the summaries there are: it asks for none (its spans pass).
+            command = exchange.start(await self.summarized(request, plan, writes=request.round == 0))
         response: UpstreamResponse | None = None
         # Made by the first ``Send`` (``start`` answers ``Send`` or ``Fail``; ``Deliver`` and
         # ``Replan`` only follow an answer): not priced before it is needed.

@@ -15,15 +15,17 @@ INTERFACE CONTRACT (``Service`` drives it; ``app.core.recall`` has the pure rule
 * ``await settle(rounds, request, outcome) -> Outcome``: when the answered plan offered the tool
   (``Plan.recall_tool``) and the upstream answered 200. A whole answer is read; while it calls
   ``ctx_recall`` and nothing of the client's (at most ``MAX_ROUNDS`` times), the calls are
-  answered (``answer_calls``) and the request continued with them (``rounds.continued``: a new
+  answered (``next_round``) and the request continued with them (``rounds.continued``: a new
   request value of the continued body, planned and sent like any other by ``rounds.run``); the
   client gets ``Dialect.recall.client_answer`` of every round (its ``recalls``: the rounds). A
   streamed answer is wrapped (``app.service.recall_stream.RecallStreamResponse``) and does the
   same as the client reads it. A round that fails (an error status, an exception) ends the
   rounds: the client gets what the rounds before it answered, the recall calls removed.
-* ``await answer_calls(rounds, request, answer, calls, known) -> (request, RoundFigures)``: the
-  continued request. Each id is looked up in ``known`` (what this request's plans removed) and
-  then in the store (this tenant's, this conversation's); its page is cut to fit
+* ``await next_round(rounds, request, answer, calls, known) -> (request, outcome, RoundFigures) |
+  None``: one round, answered and sent (None when it failed: the rounds end). Each id is looked
+  up in ``known`` (what this request's plans removed) and then in the store (this tenant's, this
+  conversation's); ``answered(rounds, request, answer, calls, texts)`` is the continued
+  request: each page is cut to fit
   (``app.core.recall.recall_answer``): the pages of one round take at most ``RECALL_SHARE`` of
   the input budget, fitted like anything else (the continuation is planned: older history may
   be cut further for them, never the pages), less while that plan does not fit, down to the room
@@ -46,6 +48,7 @@ from urllib.parse import parse_qsl
 
 from ..compaction.cache import SummaryCache, cache_from_url
 from ..core.conversation import strip_reserved
+from ..core.errors import CtxproxyError
 from ..core.messages import Message
 from ..core.plan import Plan
 from ..core.recall import page_chars_for, recall_answer
@@ -54,6 +57,7 @@ from ..core.recall_stream import NEEDLE
 from ..core.routes import KeySlot
 from ..settings import Settings
 from ..upstream.client import UpstreamResponse, WrappedResponse
+from ..upstream.errors import UpstreamError
 from ..upstream.headers import Header
 from ..wire import dump_json
 from .fastpath import run_plan
@@ -241,27 +245,20 @@ class Recall:
         if NEEDLE not in response.decoded_body():
             return replace(outcome, recalls=0)  # not called: the answer goes as it came
         try:
-            while True:
-                answer = answer_json(response)
-                if answer is None:
-                    break
+            while (answer := answer_json(response)) is not None:
                 answers.append(answer)
                 calls = shape.calls(answer)
                 if not calls.only_ours or done >= MAX_ROUNDS:
                     break
-                following = await self._continue(rounds, current, answer, calls, known)
+                following = await self.next_round(rounds, current, answer, calls, known)
                 if following is None:
                     break
-                nxt, body_figures = following
-                figures = figures.plus(body_figures)
-                if nxt[1].response.status_code != 200:
-                    await nxt[1].response.aclose()
-                    self.failed(request.dialect.name)
-                    break
-                await nxt[1].response.aread()
-                current, response = nxt[0], nxt[1].response
+                current, nxt, answered = following
+                figures = figures.plus(answered)
+                await nxt.response.aread()
+                response = nxt.response
                 done += 1
-        except Exception:
+        except Exception:  # never fail a request because of recall: what the rounds had goes
             logger.warning(
                 "recall: a round failed; the client gets what the rounds before it answered", exc_info=True
             )
@@ -273,39 +270,51 @@ class Recall:
         merged = dump_json(shape.client_answer(answers))
         return replace(outcome, response=ReplacedBody(response, merged), recalls=done)
 
-    async def _continue(
+    async def next_round(
         self,
         rounds: Rounds,
         request: ProxyRequest,
         answer: Mapping[str, Any],
         calls: AnswerCalls,
         known: dict[str, str],
-    ) -> tuple[tuple[ProxyRequest, Outcome], RoundFigures] | None:
-        """The next round's request, sent, and what answering took; None when it cannot go on."""
-        following, figures = await self.answer_calls(rounds, request, answer, calls, known)
-        outcome = await rounds.run(following)
-        self.remember(following, outcome.plan)
-        known.update({entry.ref: entry.text for entry in outcome.plan.recall})
-        return (following, outcome), figures
-
-    async def answer_calls(
-        self,
-        rounds: Rounds,
-        request: ProxyRequest,
-        answer: Mapping[str, Any],
-        calls: AnswerCalls,
-        known: Mapping[str, str],
-    ) -> tuple[ProxyRequest, RoundFigures]:
-        """The request that continues ``request`` with ``answer`` and the calls' results (see the
-        module docstring)."""
-        shape = request.dialect.recall
-        assert shape is not None
+    ) -> tuple[ProxyRequest, Outcome, RoundFigures] | None:
+        """The next round: ``request`` continued with ``answer`` and its calls' results
+        (``answered``), sent; what it removed remembered and added to ``known``. None when it
+        failed (an error status, a refusal, an upstream failure: counted, logged)."""
+        api = request.dialect.name
         texts: list[str | None] = []
         for call in calls.ours:
             text = known.get(call.ref) if call.ref else None
             if text is None and call.ref:
                 text = await self.lookup(request, call.ref)
             texts.append(text)
+        try:
+            following, figures = await self.answered(rounds, request, answer, calls, texts)
+            outcome = await rounds.run(following)
+        except (CtxproxyError, UpstreamError):
+            logger.warning("recall: a round failed; the answer ends with what it had", exc_info=True)
+            self.failed(api)
+            return None
+        if outcome.response.status_code != 200:
+            await outcome.response.aclose()
+            self.failed(api)
+            return None
+        self.remember(following, outcome.plan)
+        known.update({entry.ref: entry.text for entry in outcome.plan.recall})
+        return following, outcome, figures
+
+    async def answered(
+        self,
+        rounds: Rounds,
+        request: ProxyRequest,
+        answer: Mapping[str, Any],
+        calls: AnswerCalls,
+        texts: Sequence[str | None],
+    ) -> tuple[ProxyRequest, RoundFigures]:
+        """The request that continues ``request`` with ``answer`` and the calls' results, the
+        ``texts`` their ids stand for (None: unknown), paged to fit (see the module docstring)."""
+        shape = request.dialect.recall
+        assert shape is not None
         empty = rounds.continued(
             request, shape.continuation(request.body, answer, [(call.call_id, "") for call in calls.ours])
         )

@@ -5,8 +5,8 @@
 ``aiter_raw`` passes its bytes through the API's editor (``Dialect.recall.stream()``: text goes to
 the client as it comes, a recall call's own events and, while one was seen, the answer's closing
 events are held back). At the end of an upstream answer that called ``ctx_recall`` and nothing of
-the client's, the calls are answered (``Recall.answer_calls``), the next round is sent
-(``rounds.run``) and its stream continues the same answer through the same editor, at most
+the client's, the next round is answered and sent (``Recall.next_round``) and its stream
+continues the same answer through the same editor, at most
 ``MAX_ROUNDS`` times; otherwise the held-back events go out (the recall calls removed) and the
 stream ends. A round that fails (an error status, an exception) ends the stream the same way.
 The response closes whichever upstream answer is open (``aclose``). What the rounds took is
@@ -16,20 +16,14 @@ recorded once the stream ends (``Recall.record``) and in the request's access fi
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core.errors import CtxproxyError
-from ..core.plan import Plan
 from ..core.recall_shape import AnswerCalls, RecallShape
 from ..upstream.client import WrappedResponse
-from ..upstream.errors import UpstreamError
 from .outcome import Outcome
 from .request import ProxyRequest
-
-logger = logging.getLogger("ctxproxy.recall")
 
 MAX_ROUNDS = 3
 
@@ -55,20 +49,16 @@ class RoundFigures:
 
 
 class Answerer(Protocol):
-    """What answers the calls and keeps the figures (``app.service.recall.Recall``)."""
+    """What runs the rounds and keeps the figures (``app.service.recall.Recall``)."""
 
-    async def answer_calls(
+    async def next_round(
         self,
         rounds: Rounds,
         request: ProxyRequest,
         answer: Mapping[str, Any],
         calls: AnswerCalls,
-        known: Mapping[str, str],
-    ) -> tuple[ProxyRequest, RoundFigures]: ...
-
-    def remember(self, request: ProxyRequest, plan: Plan) -> None: ...
-
-    def failed(self, api: str) -> None: ...
+        known: dict[str, str],
+    ) -> tuple[ProxyRequest, Outcome, RoundFigures] | None: ...
 
     def record(self, api: str, figures: RoundFigures, rounds: int) -> None: ...
 
@@ -107,24 +97,13 @@ class RecallStreamResponse(WrappedResponse):
                 calls = self._shape.calls(answer)
                 if not calls.only_ours or self.rounds >= MAX_ROUNDS:
                     break
-                try:
-                    following, answered = await self._recall.answer_calls(
-                        self._rounds, request, answer, calls, self._known
-                    )
-                    figures = figures.plus(answered)
-                    outcome = await self._rounds.run(following)
-                except (CtxproxyError, UpstreamError):
-                    logger.warning("recall: a round failed; the stream ends with what it had", exc_info=True)
-                    self._recall.failed(api)
+                following = await self._recall.next_round(self._rounds, request, answer, calls, self._known)
+                if following is None:
                     break
-                if outcome.response.status_code != 200:
-                    await outcome.response.aclose()
-                    self._recall.failed(api)
-                    break
-                self._recall.remember(following, outcome.plan)
-                self._known.update({entry.ref: entry.text for entry in outcome.plan.recall})
+                request, outcome, answered = following
+                figures = figures.plus(answered)
                 await self._current.aclose()
-                self._current, request = outcome.response, following
+                self._current = outcome.response
                 editor.next_round()
                 self.rounds += 1
             tail = editor.release() + editor.unfinished()

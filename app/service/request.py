@@ -97,7 +97,9 @@ def dump_body(body: Mapping[str, Any]) -> bytes:
 @dataclass(frozen=True, slots=True)
 class ProxyRequest:
     """One request, resolved once (see the module docstring). ``policy`` is the operator's policy
-    refined by ``options``; ``calibrated``: the counter's estimate is corrected by usage."""
+    refined by ``options``; ``calibrated``: the counter's estimate is corrected by usage;
+    ``round``: the recall round this request continues (``app.service.recall``), 0 for the
+    client's own."""
 
     raw: bytes
     body: Mapping[str, Any]
@@ -112,6 +114,7 @@ class ProxyRequest:
     headers: tuple[Header, ...] = ()
     calibrated: bool = False
     limits: Limits | None = None
+    round: int = 0
 
     @property
     def model(self) -> str:

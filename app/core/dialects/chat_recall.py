@@ -24,7 +24,7 @@ from typing import Any
 
 from ..recall import RECALL_TOOL, parse_arguments
 from ..recall_shape import AnswerCalls, RecallCall, RecallStream, function_tool
-from ..recall_stream import NEEDLE, SseEditor, frame_event, frame_json, reframe
+from ..recall_stream import SseEditor, frame_event, frame_json, reframe
 
 _KEPT_FIELDS = ("role", "content", "tool_calls", "reasoning_content", "refusal", "name")
 
@@ -128,17 +128,11 @@ class ChatRecallStream(SseEditor):
     """A streamed chat completion's editor (see the module docstring)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.first_id: str | None = None
-        self._next_round()
-
-    def _next_round(self) -> None:
-        self.seen = False
-        self.ours: set[int] = set()
-        self.held: list[bytes] = []
+        super().__init__()
 
     def edit(self, frame: bytes, /) -> bytes:
-        if self.round == 0 and not self.seen and NEEDLE not in frame:
+        if self.untouched(frame):
             if self.first_id is None:
                 chunk = frame_json(frame)
                 self.first_id = str(chunk.get("id")) if chunk is not None else None

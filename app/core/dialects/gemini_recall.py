@@ -186,13 +186,8 @@ class GeminiRecallStream(SseEditor):
     """A streamed ``alt=sse`` answer's editor (see the module docstring)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.signatures = _Signatures()
-        self._next_round()
-
-    def _next_round(self) -> None:
-        self.seen = False
-        self.held: list[bytes] = []
+        super().__init__()
 
     def edit(self, frame: bytes, /) -> bytes:
         if not self.seen and self.signatures.pending is None and NEEDLE not in frame:
@@ -239,10 +234,6 @@ class GeminiRecallStream(SseEditor):
         if finish is not None:
             candidate["finishReason"] = finish
         return {**last, "candidates": [candidate]}
-
-    def release(self) -> bytes:
-        held, self.held = self.held, []
-        return b"".join(held)
 
 
 GEMINI_RECALL = GeminiRecall()

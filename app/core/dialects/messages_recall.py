@@ -25,7 +25,7 @@ from typing import Any
 
 from ..recall import RECALL_TOOL, TOOL_DESCRIPTION, TOOL_PARAMETERS, parse_arguments
 from ..recall_shape import AnswerCalls, RecallCall, RecallStream
-from ..recall_stream import NEEDLE, SseEditor, frame_event, frame_json, reframe
+from ..recall_stream import SseEditor, frame_event, frame_json, reframe
 
 
 def _ours(block: object) -> bool:
@@ -103,17 +103,11 @@ class MessagesRecallStream(SseEditor):
     """A streamed message's editor (see the module docstring)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.offset = 0  # content blocks the client got from earlier rounds
-        self._next_round()
-
-    def _next_round(self) -> None:
-        self.seen = False
-        self.ours: set[int] = set()
-        self.held: list[bytes] = []
+        super().__init__()
 
     def edit(self, frame: bytes, /) -> bytes:
-        if self.round == 0 and not self.seen and NEEDLE not in frame:
+        if self.untouched(frame):
             return frame
         event = frame_json(frame)
         if event is None:

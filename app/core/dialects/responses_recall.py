@@ -35,7 +35,7 @@ from typing import Any
 
 from ..recall import RECALL_TOOL, parse_arguments
 from ..recall_shape import AnswerCalls, RecallCall, RecallStream, function_tool
-from ..recall_stream import NEEDLE, SseEditor, frame_json, reframe
+from ..recall_stream import SseEditor, frame_json, reframe
 
 # Output items the client must answer (with an output item of its own).
 CLIENT_CALLS = frozenset(
@@ -148,21 +148,19 @@ class ResponsesRecallStream(SseEditor):
     """A streamed response's editor (see the module docstring)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.first_id: Any = None  # the first round's response id, which every event carries
         self.offset = 0  # output items the client got from earlier rounds
         self.sequence = 0  # the next sequence number after a continuation
         self.items: list[Any] = []  # those items, for the closing event after a continuation
-        self._next_round()
+        super().__init__()
 
     def _next_round(self) -> None:
-        self.seen = False
+        super()._next_round()
         self.removed: set[int] = set()  # output indices of this round the client does not get
         self.reasoning: tuple[int, list[bytes]] | None = None  # a reasoning item held back
-        self.held: list[bytes] = []
 
     def edit(self, frame: bytes, /) -> bytes:
-        plain = self.round == 0 and not self.seen and self.reasoning is None and NEEDLE not in frame
+        plain = self.untouched(frame) and self.reasoning is None
         if plain and (b"output_item.added" not in frame or b"reasoning" not in frame):
             return frame
         event = frame_json(frame)
