@@ -388,7 +388,8 @@ def create_app(
             )
             from .service.recall import Recall
 
-            recall = Recall(settings=settings, events=observability) if settings.recall else None
+            # Made even with CTXPROXY_RECALL off: X-Context-Recall: on turns it on for a request.
+            recall = Recall(settings=settings, events=observability)
             app.state.service = Service(
                 settings=settings,
                 registry=models,
@@ -408,8 +409,7 @@ def create_app(
                 thaw_startup_heap()
                 await learner.aclose()
                 await summaries.aclose()
-                if recall is not None:
-                    await recall.aclose()
+                await recall.aclose()
         finally:
             await sender.aclose()
 

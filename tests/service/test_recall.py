@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
+
+import httpx
+import respx
 
 from app.compaction.cache import MemoryCache
 from app.core.dialects import GEMINI, MESSAGES, RESPONSES
 from app.core.recall import Recallable, recall_ref
 from app.service.recall import Recall, conversation_key, tenant_key
 from app.settings import Settings
+from tests.api import UPSTREAM, chat_ok, proxy
 from tests.compaction.conftest import RedisServer, free_port, start_redis
 
 OPENING = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Fix the bug."}]
@@ -100,3 +105,24 @@ def test_the_in_process_store_is_bounded_in_size() -> None:
     recall = Recall(settings=Settings(recall_max_mb=1))
     store: Callable[..., Any] = recall.store  # type: ignore[assignment]
     assert getattr(store, "max_chars", None) == 1024 * 1024
+
+
+async def test_the_header_turns_recall_on_for_one_request_when_the_setting_is_off() -> None:
+    router = respx.Router(assert_all_called=False)
+    route = router.post(f"{UPSTREAM}/chat/completions").mock(return_value=httpx.Response(200, json=chat_ok()))
+    messages = [{"role": "system", "content": "terse"}] + [
+        {"role": role, "content": " ".join(f"{role}{k}w{i}" for i in range(120))}
+        for k in range(12)
+        for role in ("user", "assistant")
+    ]
+    body = {"model": "gpt-test", "messages": [*messages, {"role": "user", "content": "and now?"}]}
+    async with proxy(router, recall=False) as (client, _):
+        off = await client.post("/v1/chat/completions", json=body)
+        on = await client.post("/v1/chat/completions", json=body, headers={"X-Context-Recall": "on"})
+    assert off.status_code == on.status_code == 200
+    first, second = (json.loads(call.request.content) for call in route.calls)
+    assert "tools" not in first and "recall id" not in json.dumps(first)
+    assert [t["function"]["name"] for t in second["tools"]] == ["ctx_recall"] and "recall id" in json.dumps(
+        second
+    )
+    assert "x-context-recalls" not in off.headers and on.headers["x-context-recalls"] == "0"
