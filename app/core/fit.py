@@ -86,6 +86,7 @@ __all__ = [
     "HISTORY_UPSTREAM",
     "StructureGuardWarning",
     "SummaryProvider",
+    "cut_tool_tokens",
     "next_cut_headroom",
     "plan_request",
 ]
@@ -322,9 +323,8 @@ def plan_request(
         return plan(messages, per_message, changed=False, fits=False, actions=(rejected,))
 
     offered = policy.recall == "tool" and offers_recall(body, parsed, dialect)
-    if offered:
+    if offered and dialect.recall is not None:
         # A plan that cuts may offer the recall tool: its definition is in the budget from here on.
-        assert dialect.recall is not None
         tool_tokens, budget = budget_of(dialect.recall.with_tool(body))
         limit = budget.input_budget_tokens
     room = memory_tokens_for(budget, policy)
@@ -413,13 +413,31 @@ def offers_recall(body: Mapping[str, Any], conversation: Conversation, dialect: 
     )
 
 
-def next_cut_headroom(plan: Plan, policy: Policy) -> int:
+def next_cut_headroom(plan: Plan, policy: Policy, *, cut_tool_tokens: int | None = None) -> int:
     """The ``headroom_tokens`` whose plan forgets more than ``plan`` (a plan of the same request
     without a summary provider): its strategies aim one token below what ``plan`` kept, with the
-    memory's room, so they reach the next level."""
+    memory's room, so they reach the next level. ``cut_tool_tokens``: the tool definitions' tokens
+    of a cut of this request (``cut_tool_tokens``: with the recall tool when a cut offers it),
+    when ``plan`` did not cut: the budget of the next cut is smaller by the difference."""
     room = memory_tokens_for(plan.budget, policy)
-    target = plan.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - room
+    extra = max(0, cut_tool_tokens - plan.budget.tool_tokens) if cut_tool_tokens is not None else 0
+    target = plan.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - room - extra
     return max(1, target - (sum(plan.message_tokens) - 1))
+
+
+def cut_tool_tokens(
+    body: Mapping[str, Any],
+    conversation: Conversation,
+    *,
+    dialect: Dialect,
+    policy: Policy,
+    counter: MessageCounter,
+) -> int:
+    """The tool definitions' tokens in the budget of a plan of this request that cuts: with the
+    recall tool when such a plan offers it (``offers_recall``)."""
+    offered = policy.recall == "tool" and offers_recall(body, conversation, dialect)
+    shape = dialect.recall
+    return dialect.tool_tokens(shape.with_tool(body) if offered and shape is not None else body, counter)
 
 
 def _remember(

@@ -142,6 +142,15 @@ class ReplacedBody(WrappedResponse):
         yield self._replaced
 
 
+async def read_or_close(response: UpstreamResponse) -> None:
+    """Read ``response`` whole; closed if that is cancelled or fails (nobody else would)."""
+    try:
+        await response.aread()
+    except BaseException:
+        await response.aclose()
+        raise
+
+
 def answer_json(response: UpstreamResponse) -> dict[str, Any] | None:
     """A read answer's JSON object, or None."""
     try:
@@ -241,7 +250,7 @@ class Recall:
         answers: list[dict[str, Any]] = []
         done = 0
         figures = RoundFigures()
-        await response.aread()
+        await read_or_close(response)
         if NEEDLE not in response.decoded_body():
             return replace(outcome, recalls=0)  # not called: the answer goes as it came
         try:
@@ -255,8 +264,8 @@ class Recall:
                     break
                 current, nxt, answered = following
                 figures = figures.plus(answered)
-                await nxt.response.aread()
                 response = nxt.response
+                await read_or_close(response)
                 done += 1
         except Exception:  # never fail a request because of recall: what the rounds had goes
             logger.warning(

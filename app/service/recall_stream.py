@@ -102,8 +102,8 @@ class RecallStreamResponse(WrappedResponse):
                     break
                 request, outcome, answered = following
                 figures = figures.plus(answered)
-                await self._current.aclose()
-                self._current = outcome.response
+                done, self._current = self._current, outcome.response  # closed by aclose from now on
+                await done.aclose()
                 editor.next_round()
                 self.rounds += 1
             tail = editor.release() + editor.unfinished()
