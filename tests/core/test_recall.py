@@ -12,7 +12,7 @@ from app.core.budget import Policy
 from app.core.conversation import Conversation
 from app.core.cutting import truncate_message
 from app.core.dialects import CHAT
-from app.core.fit import plan_request
+from app.core.fit import cut_tool_tokens, next_cut_headroom, plan_request
 from app.core.memory import MEMORY_HEAD_RE, memory_text
 from app.core.messages import Message, pairing_problems
 from app.core.plan import Plan
@@ -256,3 +256,21 @@ def test_a_conversation_whose_history_lives_upstream_is_never_offered_the_tool()
         dialect=CHAT,
     )
     assert not kept.changed and not kept.recall_tool
+
+
+def test_the_next_cut_is_planned_with_the_budget_a_cut_has() -> None:
+    counter = FakeMessageCounter()
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    request = body(agentic(8, 100), tools=tools)
+    fits = plan_request(request, spec=SPEC, policy=Policy(recall="tool"), counter=counter, cap_tokens=3000)
+    assert not fits.changed
+    with_tool = cut_tool_tokens(
+        request, CHAT.parse(request), dialect=CHAT, policy=Policy(recall="tool"), counter=counter
+    )
+    assert with_tool > fits.budget.tool_tokens  # a cut would offer ctx_recall: its tokens join the budget
+    plain = next_cut_headroom(fits, Policy(recall="tool"))
+    assert next_cut_headroom(fits, Policy(recall="tool"), cut_tool_tokens=with_tool) == plain - (
+        with_tool - fits.budget.tool_tokens
+    )
+    off = cut_tool_tokens(request, CHAT.parse(request), dialect=CHAT, policy=Policy(), counter=counter)
+    assert off == fits.budget.tool_tokens
