@@ -2,17 +2,18 @@
 
 INTERFACE CONTRACT (the service relies on this):
 
-``plan_request(body, *, spec, policy, counter, cap_tokens=None, summaries=None,
-dialect=DEFAULT_DIALECT, conversation=None, limits=None) -> Plan`` parses ``body`` with its
-``dialect`` into the neutral conversation (raises ``InvalidRequest``; pass the ``conversation``
-already parsed to skip that),
-counts, builds the budget (``limits``: a window, output cap or margin this request learned, see
-``budget.Limits``) and fits the neutral messages. An output cap below the client's own is the
-plan's ``output_cap_tokens`` (the plan then always renders its body: ``changed``, and its actions
-say ``output_lowered``). It never raises ``CannotFit`` itself: a plan that cannot fit has
-``fits=False`` and the numbers. The plan renders its body through the same dialect
-(``Plan.body``). A conversation the dialect marks not ``fittable`` (its history lives upstream) is
-planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the proxy cannot know.
+``plan_request(body, *, spec, policy, counter, dialect, cap_tokens=None, summaries=None,
+conversation=None, limits=None) -> Plan`` parses ``body`` with its ``dialect`` (the caller's to
+name: no API is assumed) into the neutral conversation (raises ``InvalidRequest``; pass the
+``conversation`` already parsed to skip that), counts, builds the budget
+(``budget.request_budget``, the one budget setup; ``limits``: a window, output cap or margin this
+request learned, see ``budget.Limits``) and fits the neutral messages. An output cap below the
+client's own is the plan's ``output_cap_tokens`` (the plan then always renders its body:
+``changed``, and its actions say ``output_lowered``). It never raises ``CannotFit`` itself: a
+plan that cannot fit has ``fits=False`` and the numbers. The plan renders its body through the
+same dialect (``Plan.body``). A conversation the dialect marks not ``fittable`` (its history
+lives upstream) is planned unchanged, with ``fits=True`` and the warning ``history-upstream``:
+the proxy cannot know.
 
 ``SummaryProvider`` is the seam for LLM summaries: a *synchronous* lookup the pipeline calls for
 the span its memory stands for (``memory.py``); ``None`` means "use the deterministic note and
@@ -61,11 +62,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from .budget import Budget, Limits, Policy, budget_for
+from .budget import Budget, Limits, Policy, request_budget
 from .context import SummaryProvider, build_context, pinned_indices
 from .conversation import Conversation
 from .dialect import Dialect
-from .dialects import DEFAULT_DIALECT
 from .memory import (
     MEMORY_GAP_FACTOR,
     MemorySpan,
@@ -92,44 +92,11 @@ __all__ = [
 ]
 
 HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation kept upstream
-_NO_OUTPUT_CAP: Mapping[str, Any] = {}
 
 
 class StructureGuardWarning(RuntimeWarning):
     """A strategy made a body with a structural problem its input did not have (a bug): the plan
     fell back (see the module docstring)."""
-
-
-def _budget(
-    tools_of: Mapping[str, Any],
-    conversation: Conversation,
-    *,
-    dialect: Dialect,
-    spec: ModelSpec,
-    policy: Policy,
-    counter: MessageCounter,
-    cap_tokens: int | None,
-    limits: Limits | None = None,
-) -> tuple[int, Budget]:
-    """The tool definitions' tokens of the body ``tools_of`` (the request's, or it with the recall
-    tool) and the budget they leave."""
-    tool_tokens = dialect.tool_tokens(tools_of, counter)
-    # The budget reads the output cap from a chat-shaped mapping; every dialect states its own
-    # cap on the conversation, so the budget is the same whatever the wire key was called.
-    requested = conversation.requested_output_tokens
-    caps = {"max_tokens": requested} if requested is not None else _NO_OUTPUT_CAP
-    # The upstream may limit the input alone (Gemini's inputTokenLimit): then no output reserve.
-    budget = budget_for(
-        spec,
-        caps,
-        policy,
-        tool_tokens=tool_tokens,
-        exact=counter.exact,
-        cap_tokens=cap_tokens,
-        limits=limits,
-        output_in_window=dialect.output_in_window,
-    )
-    return tool_tokens, budget
 
 
 def new_problems(
@@ -237,7 +204,7 @@ def plan_request(
     counter: MessageCounter,
     cap_tokens: int | None = None,
     summaries: SummaryProvider | None = None,
-    dialect: Dialect = DEFAULT_DIALECT,
+    dialect: Dialect,
     conversation: Conversation | None = None,
     limits: Limits | None = None,
     headroom_tokens: int = 0,
@@ -251,17 +218,20 @@ def plan_request(
     parsed = dialect.parse(body) if conversation is None else conversation
     messages = parsed.messages
     per_message = counter.count_messages(messages)
+    # The budget of this body, or (the recall tool offered by a cut) of it with the tool.
     budget_of = partial(
-        _budget,
+        request_budget,
         conversation=parsed,
         dialect=dialect,
         spec=spec,
         policy=policy,
         counter=counter,
+        exact=counter.exact,
         cap_tokens=cap_tokens,
         limits=limits,
     )
-    tool_tokens, budget = budget_of(body)
+    budget = budget_of(body)
+    tool_tokens = budget.tool_tokens
     requested = parsed.requested_output_tokens
     output_cap = limits.output_cap_tokens if limits is not None else None
     lowered = (
@@ -325,7 +295,8 @@ def plan_request(
     offered = policy.recall == "tool" and offers_recall(body, parsed, dialect)
     if offered and dialect.recall is not None:
         # A plan that cuts may offer the recall tool: its definition is in the budget from here on.
-        tool_tokens, budget = budget_of(dialect.recall.with_tool(body))
+        budget = budget_of(dialect.recall.with_tool(body))
+        tool_tokens = budget.tool_tokens
         limit = budget.input_budget_tokens
     room = memory_tokens_for(budget, policy)
     steps = _run_steps(

@@ -52,6 +52,7 @@ def plan(
         policy=Policy(recall=recall),  # type: ignore[arg-type]
         counter=counter,
         cap_tokens=cap,
+        dialect=CHAT,
     )
 
 
@@ -262,7 +263,9 @@ def test_the_next_cut_is_planned_with_the_budget_a_cut_has() -> None:
     counter = FakeMessageCounter()
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     request = body(agentic(8, 100), tools=tools)
-    fits = plan_request(request, spec=SPEC, policy=Policy(recall="tool"), counter=counter, cap_tokens=3000)
+    fits = plan_request(
+        request, spec=SPEC, policy=Policy(recall="tool"), counter=counter, cap_tokens=3000, dialect=CHAT
+    )
     assert not fits.changed
     with_tool = cut_tool_tokens(
         request, CHAT.parse(request), dialect=CHAT, policy=Policy(recall="tool"), counter=counter
