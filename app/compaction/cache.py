@@ -23,13 +23,18 @@ INTERFACE CONTRACT (the summarizer, ahead-of-time compaction and the service rel
   a miss, a no-op set and a lock not acquired (or, for Redis, the in-process fallback); there,
   ``incr`` counts in process, ``merge_chain`` merges in process and ``compare_and_set`` compares
   with the in-process copy.
-* ``MemoryCache(max_entries, ttl_s, *, clock=time.monotonic)``, ``RedisCache(url, ttl_s,
-  prefix="ctxproxy:summary:", *, max_entries=..., retry_after_s=..., ...)`` and
-  ``cache_from_url(url, *, ttl_s, max_entries) -> SummaryCache``.
+* ``MemoryCache(max_entries, ttl_s, *, clock=time.monotonic, max_chars=None)`` (``max_chars``:
+  a bound on the characters of all its values too, the least recently used go first),
+  ``RedisCache(url, ttl_s, prefix="ctxproxy:summary:", *, max_entries=..., retry_after_s=...,
+  max_chars=None, ...)`` and ``cache_from_url(url, *, ttl_s, max_entries, prefix=...,
+  max_chars=None) -> SummaryCache``.
 
 The caches hold summaries and the state around them (chains of span keys, back-offs, failure
 counts): the key is a hash (the span's text or a client's key cannot be read back from it), the
 value a summary text or numbers. Prompts and API keys are never stored.
+The recall store (``app.service.recall``) is another cache of these classes, under its own
+prefix: its values are what cuts removed from a conversation, its keys hashes of the credential,
+the conversation and the content's id.
 
 Nothing here raises on purpose; a Redis failure is logged once (logger ``ctxproxy.compaction``)
 and the cache carries on in memory until a retry after ``retry_after_s`` succeeds.
@@ -168,14 +173,23 @@ class MemoryCache:
 
     backend = "memory"
 
-    def __init__(self, max_entries: int = 4096, ttl_s: float = 86400.0, *, clock: Clock = time.monotonic):
+    def __init__(
+        self,
+        max_entries: int = 4096,
+        ttl_s: float = 86400.0,
+        *,
+        clock: Clock = time.monotonic,
+        max_chars: int | None = None,
+    ):
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.max_entries = max_entries
+        self.max_chars = max_chars
         self.ttl_s = ttl_s
         self._clock = clock
+        self._chars = 0
         self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._locks: dict[str, tuple[str, float]] = {}
         self._hits = self._misses = self._sets = 0
@@ -191,7 +205,7 @@ class MemoryCache:
         """``get`` without the coroutine (the value, or None if absent or expired)."""
         entry = self._entries.get(key)
         if entry is not None and entry[1] <= self._clock():
-            del self._entries[key]
+            self._drop(key)
             entry = None
         if entry is None:
             self._misses += 1
@@ -202,10 +216,11 @@ class MemoryCache:
 
     def set_now(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
         ttl = self.ttl_s if ttl_s is None else ttl_s
-        if ttl <= 0:
+        if ttl <= 0 or (self.max_chars is not None and len(value) > self.max_chars):
             return
+        self._drop(key)
         self._entries[key] = (value, self._clock() + ttl)
-        self._entries.move_to_end(key)
+        self._chars += len(value)
         self._sets += 1
         self._evict()
 
@@ -229,14 +244,24 @@ class MemoryCache:
         self.set_now(key, value, ttl_s=ttl_s)
         return True
 
+    def _drop(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._chars -= len(entry[0])
+
+    def _over(self) -> bool:
+        return len(self._entries) > self.max_entries or (
+            self.max_chars is not None and self._chars > self.max_chars
+        )
+
     def _evict(self) -> None:
-        if len(self._entries) <= self.max_entries:
+        if not self._over():
             return
         now = self._clock()
         for stale in [k for k, (_, expires) in self._entries.items() if expires <= now]:
-            del self._entries[stale]
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+            self._drop(stale)
+        while self._over():
+            self._drop(next(iter(self._entries)))
 
     async def get(self, key: str) -> str | None:
         return self.get_now(key)
@@ -298,6 +323,7 @@ class MemoryCache:
 
     async def aclose(self) -> None:
         self._entries.clear()
+        self._chars = 0
         self._locks.clear()
 
 
@@ -377,6 +403,7 @@ class RedisCache:
         retry_after_s: float = 30.0,
         socket_timeout_s: float = 0.5,
         clock: Clock = time.monotonic,
+        max_chars: int | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
@@ -386,7 +413,7 @@ class RedisCache:
         self.retry_after_s = retry_after_s
         self.socket_timeout_s = socket_timeout_s
         self._clock = clock
-        self.local = MemoryCache(max_entries, ttl_s, clock=clock)
+        self.local = MemoryCache(max_entries, ttl_s, clock=clock, max_chars=max_chars)
         self._client: Any = None
         self._scripts: dict[str, Any] = {}  # the three Lua scripts, registered with the client
         self._down_until: float | None = None
@@ -593,14 +620,22 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def cache_from_url(url: str | None, *, ttl_s: float, max_entries: int) -> SummaryCache:
-    """``redis://``/``rediss://``/``unix://`` URLs give a :class:`RedisCache`, anything empty memory.
+def cache_from_url(
+    url: str | None,
+    *,
+    ttl_s: float,
+    max_entries: int,
+    prefix: str = "ctxproxy:summary:",
+    max_chars: int | None = None,
+) -> SummaryCache:
+    """``redis://``/``rediss://``/``unix://`` URLs give a :class:`RedisCache` (keys under
+    ``prefix``), anything empty memory; ``max_chars`` bounds the in-process values' characters.
 
     Raises ``ValueError`` for another scheme (a configuration error, found at startup).
     """
     if not url or url.strip() in {"", "memory", "memory://"}:
-        return MemoryCache(max_entries, ttl_s)
+        return MemoryCache(max_entries, ttl_s, max_chars=max_chars)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in {"redis", "rediss", "unix"}:
-        return RedisCache(url, ttl_s, max_entries=max_entries)
+        return RedisCache(url, ttl_s, prefix=prefix, max_entries=max_entries, max_chars=max_chars)
     raise ValueError(f"unsupported summary cache URL scheme {scheme!r}: use redis://, rediss:// or unix://")

@@ -7,9 +7,10 @@ INTERFACE CONTRACT (the pipeline in ``fit.py`` and the tests rely on these names
   idempotent (applying it to its own output with a context built for that output changes
   nothing), never splits a unit, and returns its input unchanged when the messages already fit.
 * ``prune_old_results``, ``middle_out``, ``drop_oldest``, ``last_resort``; ``STRATEGIES`` in order.
-* ``is_ctxproxy_note(message)`` (a note, or a memory: ``memory.py``); ``note_text(count)``,
-  ``pruned_text(chars, tool_name)``, ``content_chars(content)``: the texts the steps write, each
-  a pure function of what it replaces.
+* ``is_ctxproxy_note(message)`` (a note, or a memory: ``memory.py``); ``note_text(count, ref)``,
+  ``pruned_text(chars, tool_name, ref)``, ``content_chars(content)``: the texts the steps write,
+  each a pure function of what it replaces (``ref``: its recall id under ``policy.recall``,
+  ``app.core.recall``). A recall's answer (``recall.is_recalled``) is never pruned or cut.
 
 What a strategy may know and the regions it works in (``FitContext``, the pinned messages, the
 protected tail, the stable blocks) are in ``context.py``; cutting one message middle-out is in
@@ -44,6 +45,7 @@ from .cutting import truncate_message
 from .memory import MEMORY_HEAD_RE
 from .messages import INSTRUCTION_ROLES, Message, group_units
 from .plan import Action, ActionKind, DroppedSpan, StrategyResult
+from .recall import REF_PATTERN, content_text, is_recalled, recall_ref, ref_suffix, span_text
 
 IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image"})
 # Last resort never cuts a message below this many tokens in total.
@@ -55,13 +57,13 @@ LAST_RESORT_FLOOR_TOKENS = 64
 # patterns also recognise the older wordings with token counts, which clients may resend.
 _PRUNED_RE = re.compile(
     r"\[ctxproxy: tool result removed to fit the context window "
-    r"\((?:[A-Za-z0-9_.:-]{1,64}(?:, )?)?(?:[0-9,]+ (?:tokens|characters))?\)\]"
+    r"\((?:[A-Za-z0-9_.:-]{1,64}(?:, )?)?(?:[0-9,]+ (?:tokens|characters))?" + REF_PATTERN + r"\)\]"
 )
 # Only names of the shape OpenAI allows for functions go into a placeholder (never free text).
 _TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _NOTE_RE = re.compile(
     r"\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(?:was|were) removed here to fit "
-    r"the context window\]"
+    r"the context window" + REF_PATTERN + r"\]"
 )
 IMAGE_PLACEHOLDER = "[ctxproxy: image removed to fit the context window]"
 
@@ -106,11 +108,14 @@ def content_chars(content: object) -> int:
     return 0
 
 
-def pruned_text(chars: int, tool_name: str | None) -> str:
-    """The placeholder of a pruned tool result: a pure function of the result (its tool's name
-    and the characters of its text)."""
+def pruned_text(chars: int, tool_name: str | None, ref: str | None = None) -> str:
+    """The placeholder of a pruned tool result: a pure function of the result (its tool's name,
+    the characters of its text and, with recall, its recall id)."""
     what = f"{tool_name}, " if tool_name else ""
-    return f"[ctxproxy: tool result removed to fit the context window ({what}{chars:,} characters)]"
+    return (
+        f"[ctxproxy: tool result removed to fit the context window ({what}{chars:,} characters"
+        f"{ref_suffix(ref)})]"
+    )
 
 
 def _tool_names(messages: Sequence[Message]) -> dict[str, str]:
@@ -190,18 +195,20 @@ def _prune(messages: Sequence[Message], ctx: FitContext, *, newest: bool) -> Str
     new_tokens: dict[int, int] = {}
     image_counts: dict[int, int] = {}
     names = _tool_names(messages) if region_start < boundary else {}
+    recall = ctx.policy.recall != "off"
     for i in range(region_start, boundary):
         message = messages[i]
-        if ctx.untouchable(i) or is_opaque(message):
+        if ctx.untouchable(i) or is_opaque(message) or is_recalled(message):
             continue
         candidate: dict[str, Any] | None = None
         images = 0
         if message.get("role") in TOOL_RESULT_ROLES:
             content = message.get("content")
             if not (isinstance(content, str) and _PRUNED_RE.fullmatch(content)):
+                ref = recall_ref(content_text(content)) if recall else None
                 candidate = {
                     **message,
-                    "content": pruned_text(content_chars(content), _result_tool_name(message, names)),
+                    "content": pruned_text(content_chars(content), _result_tool_name(message, names), ref),
                 }
         else:
             content = message.get("content")
@@ -285,7 +292,11 @@ def _cut_until_fits(
         if over <= 0:
             break
         cut = truncate_message(
-            messages[i], current_tokens=tokens[i], target_tokens=target_for(i, over), counter=ctx.counter
+            messages[i],
+            current_tokens=tokens[i],
+            target_tokens=target_for(i, over),
+            counter=ctx.counter,
+            recall=ctx.policy.recall != "off",
         )
         if cut is None:
             continue
@@ -297,12 +308,15 @@ def _cut_until_fits(
     return StrategyResult(_replace(messages, changes), (Action(kind, len(changes), freed),))
 
 
-def note_text(count: int) -> str:
+def note_text(count: int, ref: str | None = None) -> str:
     """The note that stands for ``count`` dropped messages (a pure function of the span: no token
-    count, which for a model counted by estimate would change with calibration)."""
+    count, which for a model counted by estimate would change with calibration; with recall, the
+    recall id of their transcript)."""
     noun = "message" if count == 1 else "messages"
     verb = "was" if count == 1 else "were"
-    return f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window]"
+    return (
+        f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window{ref_suffix(ref)}]"
+    )
 
 
 def _spans(
@@ -426,35 +440,43 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     previous = messages[first - 1].get("role") if first > 0 else None
     role = "assistant" if previous == "user" else "user"
 
+    base_messages = ctx.input_messages if ctx.input_messages is not None else messages
+
     def members_of(blocks: int) -> list[int]:
         return [i for block in block_members[:blocks] for i in block]
 
-    def note_for(blocks: int) -> tuple[int, int]:
-        members = members_of(blocks)
-        text = note_text(len(members))
-        freed = sum(tokens[i] for i in members)
-        return freed, ctx.counter.count_message({"role": role, "content": text})
+    def text_for(members: Sequence[int]) -> str:
+        # With recall, the note names the transcript of the input messages it stands for.
+        if ctx.policy.recall == "off":
+            return note_text(len(members))
+        return note_text(len(members), recall_ref(span_text([base_messages[i] for i in members])))
 
-    chosen: tuple[int, int, int] | None = None  # blocks, freed, note tokens
+    def note_for(blocks: int) -> tuple[int, int, str]:
+        members = members_of(blocks)
+        text = text_for(members)
+        freed = sum(tokens[i] for i in members)
+        return freed, ctx.counter.count_message({"role": role, "content": text}), text
+
+    chosen: tuple[int, int, int, str] | None = None  # blocks, freed, note tokens, note
     for k in stops:
         if ctx.fits(total - sum(tokens[i] for i in members_of(k))):  # only then can a note fit too
-            freed_k, note_k = note_for(k)
+            freed_k, note_k, text_k = note_for(k)
             if ctx.fits(total - freed_k + note_k):
-                chosen = (k, freed_k, note_k)
+                chosen = (k, freed_k, note_k, text_k)
                 break
     if chosen is None:
-        freed_all, note_all = note_for(len(block_members))
+        freed_all, note_all, text_all = note_for(len(block_members))
         if freed_all <= note_all:
             return _unchanged(messages)
-        chosen = (len(block_members), freed_all, note_all)
-    k, freed, note_tokens = chosen
+        chosen = (len(block_members), freed_all, note_all, text_all)
+    k, freed, note_tokens, note = chosen
     dropped = members_of(k)
 
     def ends_of(blocks: int) -> list[int]:
         return [block_members[s - 1][-1] + 1 for s in stops if s <= blocks]
 
     block_ends = ends_of(k)
-    replacement: dict[str, Any] = {"role": role, "content": note_text(len(dropped))}
+    replacement: dict[str, Any] = {"role": role, "content": note}
     drop_set = set(dropped)
     out: list[Message] = []
     for i, message in enumerate(messages):

@@ -327,6 +327,16 @@ class Observability:
         except Exception:  # a hook must never fail its caller
             logger.debug("recording a summary call on the board failed", exc_info=True)
 
+    def record_recall(self, *, api: str, calls: int, bytes_: int, rounds: int, misses: int) -> None:
+        """One request's recall rounds (``app.service.recall``: the calls answered, the bytes
+        recalled, the rounds, the misses): metrics and the status board. Never raises."""
+        self.metrics.record_recall(api=api, calls=calls, bytes_=bytes_, rounds=rounds, misses=misses)
+        try:
+            label = self.metrics.api_labels(api)
+            self.board.record_recall(api=label, calls=calls, bytes_=bytes_, rounds=rounds, misses=misses)
+        except Exception:  # a hook must never fail its caller
+            logger.debug("recording recall on the board failed", exc_info=True)
+
     def record_summary_cache(self, *, api: str | None, hit: bool, error: bool = False) -> None:
         """One summary-cache lookup for a request of ``api``: metrics and the status board. Never
         raises."""

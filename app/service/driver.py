@@ -35,7 +35,7 @@ frameworks; the API layer renders errors and responses.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -59,9 +59,16 @@ from .outcome import Ahead, Outcome, PlanCannotFit, Readiness, Render
 from .peek import is_event_stream, read_preamble
 from .planner import Planner
 from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
-from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
+from .request import Forwarded, ProxyRequest, RequestOptions, dump_body, parse_body
+
+
+def identity_encoded(headers: Sequence[Header]) -> tuple[Header, ...]:
+    """``headers`` asking for an uncompressed answer: a plan that offers ``ctx_recall`` has its
+    answer read (and a stream edited) by the proxy."""
+    return (*(h for h in headers if h[0].lower() != "accept-encoding"), ("Accept-Encoding", "identity"))
 
 if TYPE_CHECKING:
+    from .recall import Recall
     from .summaries import Summaries
 
 
@@ -82,21 +89,26 @@ class Service(Planner):
         required_encodings: Sequence[str] = REQUIRED_ENCODINGS,
         summaries: Summaries | None = None,
         learner: Learner | None = None,
+        recall: Recall | None = None,
     ) -> None:
         learner = learner if learner is not None else Learner()
+        policy = settings.fit_policy()
         super().__init__(
-            policy=settings.fit_policy(),
+            # Without a Recall nothing would answer the tool's calls: recall stays off.
+            policy=policy if recall is not None else replace(policy, recall="off"),
             registry=registry,
             vocabularies=vocabularies,
             # Near the boundary: exact counts, lowered output caps, anchors (app.service.boundary).
             boundary=build_boundary(settings, learner=learner, upstream=upstream),
             summarize=settings.summarize if summaries is not None else None,
             base_url_for=upstream.base_url_for,
+            recall=recall is not None,
         )
         self.settings = settings
         self.upstream = upstream
         self.required_encodings = tuple(required_encodings)
         self.summaries = summaries
+        self.recall = recall
         self.prefixes = PrefixMemory()
         # Recent bodies: a resent one is parsed only where it changed (its history's newest end).
         self.bodies = BodyMemo()
@@ -212,7 +224,25 @@ class Service(Planner):
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.
         """
         request = await self.prepare(raw, headers, options=options, route=route)
-        return await self.run(request, render=render)
+        outcome = await self.run(request, render=render)
+        if outcome.plan.recall and self.recall is not None:
+            # What the cut removed is kept for ctx_recall; the tool's calls are answered here.
+            self.recall.remember(request, outcome.plan)
+            outcome = await self.recall.settle(self, request, outcome)
+        return outcome
+
+    def continued(self, request: ProxyRequest, body: Mapping[str, Any]) -> ProxyRequest:
+        """``request`` continued with ``body`` (the same route, options, headers and what it learned),
+        for the recall rounds (``app.service.recall``)."""
+        continued = self.request(
+            body,
+            request.options,
+            raw=dump_body(body),
+            headers=request.headers,
+            route=request.route,
+            model=request.model,
+        )
+        return replace(continued.limited(request.limits), round=request.round + 1)
 
     async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
@@ -264,7 +294,10 @@ class Service(Planner):
                     forwarded = Forwarded.sent_first(request, exchange.plan)
                 else:
                     forwarded = Forwarded.of(request, command.plan)
-                    response, command = await self._send(request, exchange, forwarded.content, pending)
+                    headers = identity_encoded(request.headers) if command.plan.recall_tool else None
+                    response, command = await self._send(
+                        request, exchange, forwarded.content, pending, headers=headers
+                    )
                 pending = None
                 continue
             assert response is not None and exchange.plan is not None and forwarded is not None
@@ -307,15 +340,18 @@ class Service(Planner):
         exchange: Exchange,
         content: bytes,
         pending: Pending | None,
+        *,
+        headers: Sequence[Header] | None = None,
     ) -> tuple[UpstreamResponse, Deliver | Replan]:
-        """Send ``content``; finish a fast-path plan; read an error answer the exchange wants."""
+        """Send ``content`` (with ``headers``, else the request's); finish a fast-path plan; read an
+        error answer the exchange wants."""
         target = request.route.target
         try:
             response = await self.upstream.send(
                 "POST",
                 target.path,
                 content=content,
-                headers=request.headers,
+                headers=request.headers if headers is None else headers,
                 stream=True,
                 base_url=request.base_url,
                 query=request.route.query,

@@ -5,15 +5,18 @@ offline=False)`` holds what a request value is made from: the operator's ``polic
 per request by its options), the model table (``registry``), the vocabularies, the ``boundary``
 (``app.service.boundary``) and what the proxy learned (its ``learner``: windows, calibration),
 whether summaries exist (``summarize``: the operator's switch, None for a door with no summaries
-at all) and where a model's requests go (``base_url_for``). The live ``Service`` is a planner with an
-upstream; a door outside the proxy's process (``ctxproxy plan``, ``ctxproxy.fit``) makes its own
-with :func:`offline_planner`, so every door gets the same request value for the same inputs:
+at all), where a model's requests go (``base_url_for``) and whether a recall's calls are answered
+(``recall``: ``X-Context-Recall: on`` turns recall on only then, ``app.service.recall``). The
+live ``Service`` is a planner with an upstream; a door outside the proxy's process (``ctxproxy
+plan``, ``ctxproxy.fit``) makes its own with :func:`offline_planner`, so every door gets the same
+request value for the same inputs:
 
 * ``counter(encoding)`` / ``counter_for_spec(spec, *, tenant)``: the counters (one per encoding for
   the planner's life; an estimate-counted model's own per tenant, calibrated, from the learner);
 * ``policy(options) -> Policy``: the operator's policy refined by the request's options, with
   summaries' room for the memory when they are wanted (``request.summaries_wanted``), lowering off
-  when the boundary's setting is;
+  when the boundary's setting is; a route whose answer is one JSON array streamed (Gemini's
+  without ``alt=sse``) gets recall ids but no tool (``request``);
 * ``request(body, options, *, route, raw=b"", headers=(), model=None, tenant=None) ->
   ProxyRequest``: the request value (no I/O): ``InvalidRequest`` for a bad model first, then for
   what the route's dialect refuses in the conversation; its tenant is ``app.core.tenant.tenant_of``
@@ -28,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..core.budget import Policy
+from ..core.budget import Policy, RecallMode
 from ..core.conversation import Conversation
 from ..core.parse_memo import ParseMemo
 from ..core.registry import ModelSpec
@@ -56,8 +59,10 @@ class Planner:
         summarize: bool | None = None,
         base_url_for: Callable[[str | None], str] | None = None,
         offline: bool = False,
+        recall: bool = True,
     ) -> None:
         self.registry = registry
+        self.recall_answered = recall
         self.vocabularies = vocabularies
         self.learner = boundary.learner
         self.boundary = boundary
@@ -88,6 +93,7 @@ class Planner:
             reserve_tokens=options.reserve_tokens,
             cut_target=options.cut_target,
             lower_output=options.lower_output,
+            recall=self._recall_of(options),
         )
         # With summaries wanted, every plan of the request (the first one too) leaves the cut room
         # for the memory: the same cut whether or not its summary comes.
@@ -101,6 +107,12 @@ class Planner:
                 self._remembering = self.boundary.policy_for(replace(policy, summarize=True))
             return self._remembering
         return self.boundary.policy_for(replace(policy, summarize=True))
+
+    def _recall_of(self, options: RequestOptions) -> RecallMode | None:
+        """The request's ``X-Context-Recall``: ``on`` only where the calls are answered."""
+        if options.recall is None:
+            return None
+        return "tool" if options.recall and self.recall_answered else "off"
 
     def base_url_for(self, model: str | None) -> str:
         """Where ``model``'s requests go ("" for a planner without an upstream)."""
@@ -145,6 +157,9 @@ class Planner:
                 fittable=conversation.fittable,
                 unfittable_reason=conversation.unfittable_reason,
             )
+        policy = self.policy(options)
+        if policy.recall == "tool" and route.json_stream:
+            policy = replace(policy, recall="ids")  # the answer's JSON array stream is not edited
         return ProxyRequest(
             raw=raw,
             body=body,
@@ -152,7 +167,7 @@ class Planner:
             route=route,
             conversation=conversation,
             spec=spec,
-            policy=self.policy(options),
+            policy=policy,
             counter=self.counter_for_spec(spec, tenant=tenant),
             base_url=self.base_url_for(model),
             options=options,

@@ -2,7 +2,8 @@
 
 * ``RequestOptions``: the validated ``X-Context-*`` request headers (``upstream_count`` and
   ``lower_output``: the ``X-Context-Upstream-Count`` / ``X-Context-Lower-Output`` switches of
-  ``app.service.boundary``); ``summaries_wanted(policy, requested, default=)``: whether a request
+  ``app.service.boundary``; ``recall``: ``X-Context-Recall``, ``app.service.recall``);
+  ``summaries_wanted(policy, requested, default=)``: whether a request
   wants LLM summaries (its ``X-Context-Summarize``, else the operator's switch; policy ``auto``).
 * ``load_json(raw)``: a JSON value as RFC 8259 defines it: ``NaN``, ``Infinity``, ``-Infinity``
   and numbers that overflow a double are refused (``ValueError``), as every upstream refuses
@@ -68,6 +69,7 @@ class RequestOptions:
     cut_target: float | None = None
     upstream_count: bool | None = None
     lower_output: bool | None = None
+    recall: bool | None = None
 
 
 def summaries_wanted(policy: Policy, requested: bool | None, *, default: bool) -> bool:
@@ -168,7 +170,8 @@ def dump_body(body: Mapping[str, Any]) -> bytes:
 class ProxyRequest:
     """One request, resolved once (see the module docstring). ``policy`` is the operator's policy
     refined by ``options``; ``tenant``: ``app.core.tenant.tenant_of`` its headers and query for its
-    dialect's key slots; ``calibrated``: the counter's estimate is corrected by usage."""
+    dialect's key slots; ``calibrated``: the counter's estimate is corrected by usage; ``round``:
+    the recall round this request continues (``app.service.recall``), 0 for the client's own."""
 
     raw: bytes
     body: Mapping[str, Any]
@@ -184,6 +187,7 @@ class ProxyRequest:
     headers: tuple[Header, ...] = ()
     calibrated: bool = False
     limits: Limits | None = None
+    round: int = 0
 
     @property
     def model(self) -> str:

@@ -74,7 +74,7 @@ from ..compaction.cache import SummaryCache, cache_from_url
 from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError, SummaryJob
 from ..core.budget import Policy
 from ..core.dialect import Dialect
-from ..core.fit import next_cut_headroom
+from ..core.fit import cut_tool_tokens, next_cut_headroom
 from ..core.memory import memory_tokens_for, span_messages
 from ..core.plan import Plan
 from ..settings import Settings
@@ -460,7 +460,14 @@ class Summaries:
     ) -> None:
         """Summarize in the background what the next cut will forget (``plan``: this request's
         plan without a provider)."""
-        headroom = next_cut_headroom(plan, request.policy)
+        tools = cut_tool_tokens(
+            request.body,
+            request.conversation,
+            dialect=request.dialect,
+            policy=request.policy,
+            counter=request.counter,
+        )
+        headroom = next_cut_headroom(plan, request.policy, cut_tool_tokens=tools)
         upcoming = await run_plan(
             partial(request.plan, cap_tokens=cap_tokens, headroom_tokens=headroom),
             size_bytes=len(request.raw),

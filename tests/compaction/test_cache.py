@@ -429,3 +429,16 @@ async def test_a_replica_reads_what_another_changed_and_keeps_it_as_long_as_redi
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_memory_cache_bounds_the_characters_of_its_values_too() -> None:
+    cache = MemoryCache(100, 60.0, max_chars=10)
+    await cache.set("a", "aaaa")
+    await cache.set("b", "bbbb")
+    await cache.get("a")  # a is now the most recently used
+    await cache.set("c", "cccc")  # 12 characters: the least recently used goes
+    assert cache.peek("b") is None and cache.peek("a") == "aaaa" and cache.peek("c") == "cccc"
+    await cache.set("a", "aaaaaa")  # replaced: its old characters are not counted twice
+    assert cache.peek("a") == "aaaaaa" and cache.peek("c") == "cccc"
+    await cache.set("big", "x" * 11)  # larger than the whole bound: not kept
+    assert cache.peek("big") is None and len(cache) == 2
