@@ -6,6 +6,7 @@ import gzip
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tiktoken
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 import app.tokenizer as tokenizer
 from app.core.estimate import EstimateCounter
-from app.core.tokens import TokenCounter
+from app.core.tokens import BatchCounter, TokenCounter
 from app.tokenizer import TiktokenCounter, VocabularyError, counter_for, load_encoding, load_ranks
 
 VOCAB = Path(tokenizer.__file__).parent / "vocab"
@@ -231,3 +232,104 @@ def test_windowed_head_tail_keeps_its_contract_on_adversarial_texts(name: str, t
         # one long piece may merge that piece differently: the re-count keeps the limit)
         assert counter.count_text(head) >= counter.count_text(full_head) - 8
         assert counter.count_text(tail) >= counter.count_text(full_tail) - 8
+
+
+# -- every core: the counting pool -------------------------------------------------------------
+
+
+def test_a_large_batch_is_counted_on_the_pool_with_the_same_counts() -> None:
+    counter = counter_for("o200k_base")
+    assert isinstance(counter, BatchCounter)
+    texts = [f"{i} " + "the quick brown fox jumps over the lazy dog; " * (40 + i % 50) for i in range(300)]
+    assert sum(map(len, texts)) >= tokenizer.PARALLEL_MIN_CHARS
+    threads: set[str] = set()
+
+    def count(text: str) -> int:
+        threads.add(threading.current_thread().name)
+        return counter.count_text(text)
+
+    pool = tokenizer.CountingPool(2)
+    try:
+        assert pool.counts(count, texts) == [counter.count_text(t) for t in texts]
+        assert threads and all(name.startswith("ctxproxy-count") for name in threads)
+        threads.clear()
+        assert pool.counts(count, texts[:3]) == [counter.count_text(t) for t in texts[:3]]
+        assert threads == {threading.current_thread().name}  # a small batch: no thread hop
+    finally:
+        pool.shutdown()
+
+
+def test_one_batch_keeps_at_most_threads_chunks_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import wait
+
+    queued: list[int] = []
+
+    def watched(futures: Any, **options: Any) -> Any:
+        queued.append(len(futures))
+        return wait(futures, **options)
+
+    monkeypatch.setattr(tokenizer, "wait", watched)
+    texts = ["x" * tokenizer.CHUNK_MIN_CHARS] * 40
+    assert tokenizer._chunks(texts, 3 * tokenizer.CHUNK_MIN_CHARS)[:2] == [(0, 3), (3, 6)]
+    pool = tokenizer.CountingPool(2)
+    try:
+        assert pool.counts(len, texts) == [len(t) for t in texts]
+    finally:
+        pool.shutdown()
+    # Concurrent batches take turns: one never has more than ``threads`` chunks in the queue.
+    assert max(queued) == 2 and len(queued) >= 4
+
+
+def test_a_pool_of_one_thread_counts_in_the_caller() -> None:
+    pool = tokenizer.CountingPool(1)
+    texts = ["y" * tokenizer.PARALLEL_MIN_CHARS] * 3
+    seen: set[str] = set()
+    assert (
+        pool.counts(lambda t: seen.add(threading.current_thread().name) or len(t), texts)
+        == [len(texts[0])] * 3
+    )
+    assert seen == {threading.current_thread().name}
+
+
+def test_configure_counting_sizes_the_process_pool() -> None:
+    before = tokenizer.counting_pool().threads
+    try:
+        assert tokenizer.configure_counting(threads=3).threads == 3
+        assert tokenizer.counting_pool().threads == 3
+        same = tokenizer.counting_pool()
+        assert tokenizer.configure_counting(threads=3) is same  # unchanged: kept
+        assert tokenizer.configure_counting(threads=0).threads == tokenizer.usable_cpus()
+    finally:
+        tokenizer.configure_counting(threads=before)
+
+
+@pytest.mark.parametrize(
+    ("files", "affinity", "expected"),
+    [
+        ({}, 8, 8),  # no cgroup limit: the affinity mask
+        ({"cpu.max": "max 100000\n"}, 8, 8),
+        ({"cpu.max": "200000 100000\n"}, 8, 2),
+        ({"cpu.max": "150000 100000\n"}, 8, 1),  # 1.5 CPUs: one counting thread, never more
+        ({"cpu.max": "50000 100000\n"}, 8, 1),
+        ({"cpu.max": "400000 100000\n"}, 2, 2),  # the affinity mask is the smaller
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8, 3),  # cgroup v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8, 8),
+        ({"cpu.max": "garbage\n"}, 4, 4),
+    ],
+)
+def test_usable_cpus_is_the_affinity_capped_by_the_cgroup_quota(
+    tmp_path: Path, files: dict[str, str], affinity: int, expected: int
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert tokenizer.usable_cpus(cgroup_root=tmp_path, affinity=affinity) == expected
+
+
+def test_the_quota_of_the_process_own_cgroup_comes_first(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "system.slice" / "ctxproxy.service").mkdir(parents=True)
+    (tmp_path / "system.slice" / "ctxproxy.service" / "cpu.max").write_text("300000 100000\n")
+    assert tokenizer.cgroup_cpu_quota(tmp_path, own="/system.slice/ctxproxy.service") == 3.0
+    assert tokenizer.cgroup_cpu_quota(tmp_path, own="/elsewhere") is None
+    assert tokenizer.usable_cpus() >= 1  # this machine's own answer

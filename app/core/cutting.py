@@ -46,8 +46,9 @@ def marker(removed_chars: int) -> str:
     return f"\n\n[ctxproxy: {removed_chars:,} characters removed from the middle of this message]\n\n"
 
 
-def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | None:
-    """``text`` with only its head and tail (``keep_tokens`` in all) and a marker; None if no gain.
+def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter, total_tokens: int) -> str | None:
+    """``text`` (of ``total_tokens``) with only its head and tail (``keep_tokens`` in all) and a
+    marker; None if no gain.
 
     A text already cut keeps one marker: its head and tail are cut further and the count adds up.
     """
@@ -56,7 +57,7 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter) -> str | 
     keep = max(0, keep_tokens)
     found = _MARKER_RE.search(text)
     if found is None:
-        total = count(text)
+        total = total_tokens
         if keep >= total:
             return None
         head_n = keep // 2
@@ -139,7 +140,10 @@ def truncate_message(
                 continue
             cut = min(remaining, room)
             new_text = _cut_text(
-                _slot_text(message, slot), keep_tokens=sizes[slot] - cut - marker_tokens, counter=counter
+                _slot_text(message, slot),
+                keep_tokens=sizes[slot] - cut - marker_tokens,
+                counter=counter,
+                total_tokens=sizes[slot],
             )
             if new_text is not None:
                 texts[slot] = new_text
