@@ -52,25 +52,23 @@ from typing import Any
 
 import orjson
 
+from bench import scenarios
 from bench.run import start_fake_upstream, start_proxy
-from bench.scenarios import _IDENTS, cjk, code, json_text, prose
+from bench.scenarios import agent_opening, cjk, code, json_text, prose
 from bench.servers import REPO, ServerPool, git_state
 
 RESULTS = REPO / "bench" / "results"
 MODEL = "gpt-4o"
 HTTP_MODEL = "bench-4k"
-MODELS_TOML = f"""\
+# The benchmark's models (the proxy's readiness probe asks for one) and a 4K one.
+MODELS_TOML = f"""{scenarios.MODELS_TOML}
 [models."{HTTP_MODEL}"]
 window = 4096
 max_output = 1024
 encoding = "o200k_base"
-
-[models."bench-200k"]
-window = 200000
-max_output = 16384
-encoding = "o200k_base"
 """
 Message = dict[str, Any]
+PATH_WORDS = ("api", "core", "service", "handler", "parser", "cache", "config", "session", "stream")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +104,7 @@ def agent_session(*, approx_tokens: int, seed: int = 29) -> list[Message]:
     """An agent session of about ``approx_tokens`` o200k tokens ending with a user message (see
     the module docstring); every tool call is answered right after its assistant message."""
     rng = random.Random(seed)
-    messages: list[Message] = [
-        {"role": "system", "content": "You are a coding agent. " + prose(rng, 1200)},
-        {"role": "user", "content": "Task: " + prose(rng, 300)},
-    ]
+    messages = agent_opening(rng, system_tokens=1200, task_tokens=300)
     total = 1500
     call = 0
     while total < approx_tokens:
@@ -123,7 +118,9 @@ def agent_session(*, approx_tokens: int, seed: int = 29) -> list[Message]:
         for _ in range(rng.choice((1, 1, 1, 2, 2, 3))):
             call += 1
             name = rng.choice(("read_file", "run_query", "grep"))
-            arguments = orjson.dumps({"path": f"src/{rng.choice(_IDENTS)}/{rng.choice(_IDENTS)}.py"}).decode()
+            arguments = orjson.dumps(
+                {"path": f"src/{rng.choice(PATH_WORDS)}/{rng.choice(PATH_WORDS)}.py"}
+            ).decode()
             function = {"name": name, "arguments": arguments}
             calls.append({"id": f"call_{call:05d}", "type": "function", "function": function})
         messages.append({"role": "assistant", "content": content, "tool_calls": calls})
