@@ -523,8 +523,9 @@ def _smallest_fitting_stop(
     (``ctx.pending``) at its count once cut. Those cuts are made only where a sound lower bound
     cannot settle the question (a pending cut counts at least ``CUT_FLOOR_TOKENS``, or its count
     when made): every stop is settled, from the newest, by its bound when the bound is over, else
-    by its exact count, so the answer is the ascending search's and the cuts made are those of
-    what is kept, plus at most the blocks between the chosen stop and the next one down.
+    by its exact count, so the answer is the ascending search's. The cuts made are those of what
+    is kept and, where a bound could not settle a stop, those of the blocks between the chosen
+    stop and the next one down (usually one message, in a giant request).
     """
     tokens = ctx.tokens
     pending = ctx.pending
