@@ -60,33 +60,14 @@ class RequestOptions:
     lower_output: bool | None = None
 
 
-# A body this large is parsed by the standard library alone: while it parses, orjson's document
-# holds about thirteen times the body (124 MiB for a 9.5 MiB body), the standard library about
-# three, in about twice orjson's time (tens of ms, a few percent of counting such a body).
-LARGE_BODY_BYTES = 4 * 1024 * 1024
-
-
 def load_json(raw: bytes) -> Any:
-    """A JSON value; ``ValueError`` (or ``RecursionError``) for malformed JSON. A large body reads
-    as orjson reads it (its integers past 64 bits as floats) when orjson would read it."""
-    if len(raw) >= LARGE_BODY_BYTES:
-        return json.loads(raw, parse_int=_int_as_orjson_reads)
+    """A JSON value; ``ValueError`` (or ``RecursionError``) for malformed JSON."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         # orjson is stricter than the JSON the upstream accepts (escaped lone surrogates, ...):
         # fall back to the standard library before calling the body malformed.
         return json.loads(raw)
-
-
-def _int_as_orjson_reads(literal: str) -> int | float:
-    value = int(literal)
-    if -(2**63) <= value < 2**64:
-        return value
-    try:
-        return float(value)
-    except OverflowError:  # orjson refuses it; its fallback keeps the integer
-        return value
 
 
 def parse_body(raw: bytes, *, memo: BodyMemo | None = None, key: str = "") -> dict[str, Any]:
