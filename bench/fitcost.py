@@ -23,7 +23,8 @@ through a real proxy (uvicorn on 127.0.0.1, ``bench.fake_upstream`` behind it: a
 upstream); the proxy's added latency (proxy minus the upstream alone, the same bytes) over the
 single-thread count of the body's messages. ``X-Context-Summarize: off`` unless ``--summaries``
 (the fit's cost alone; with summaries on the proxy also asks the upstream for a summary of what
-the cut forgot). The proxy's peak resident set (``VmHWM``) after the runs.
+the cut forgot). The proxy's peak resident set (``VmHWM``) after the first request and after the
+runs (the proxy keeps recent bodies and counts: ``BodyMemo``, the count cache).
 
 Peak memory of the 2M-token fit in process: ``tracemalloc``'s peak above what the body itself
 holds (one run, after the timed ones).
@@ -285,7 +286,7 @@ def through_http(*, runs: int, summaries: bool) -> dict[str, Any]:
         proxy = start_proxy(pool, "proxy", upstream, models_file)
         pool.wait_ready()
         idle_kib = _vm_kib(proxy.pid, "VmRSS")
-        body_bytes = 0
+        body_bytes = first_kib = 0
         for run in range(runs):
             fresh = salted(messages, f"http-{run}-{random.random():.6f}")
             raw = orjson.dumps(chat_body(fresh, HTTP_MODEL))
@@ -295,6 +296,8 @@ def through_http(*, runs: int, summaries: bool) -> dict[str, Any]:
             proxy_s, status, found = _post(proxy.port, raw, headers)
             if status != 200:
                 raise RuntimeError(f"the proxy answered {status}:\n{proxy.log_tail()}")
+            if run == 0:
+                first_kib = _vm_kib(proxy.pid, "VmHWM")
             direct.append(upstream_s)
             proxied.append(proxy_s)
             bases.append(base)
@@ -320,6 +323,7 @@ def through_http(*, runs: int, summaries: bool) -> dict[str, Any]:
         "baseline_median_s": _median(bases),
         "ratio_median": _median(ratios),
         "proxy_idle_rss_kib": idle_kib,
+        "proxy_first_peak_rss_kib": first_kib,
         "proxy_peak_rss_kib": peak_kib,
     }
 
@@ -370,11 +374,12 @@ def report(results: Mapping[str, Any]) -> str:
             f"{h.get('x-context-tokens-before', '?')} -> {h.get('x-context-tokens-after', '?')}, "
             f"actions `{h.get('x-context-actions', '?')}`.",
             "",
-            "| proxy | upstream alone | added | counting | ratio | per run | proxy RSS idle / peak |",
+            "| proxy | upstream alone | added | counting | ratio | per run | RSS: idle / peak, one / all |",
             "|---|---|---|---|---|---|---|",
             f"| {_median(http['proxy_s']):.3f} s | {_median(http['upstream_s']):.3f} s | "
             f"{http['added_median_s']:.3f} s | {http['baseline_median_s']:.3f} s | "
             f"**{http['ratio_median']:.2f}x** | {runs} | {http['proxy_idle_rss_kib'] / 1024:,.0f} / "
+            f"{http['proxy_first_peak_rss_kib'] / 1024:,.0f} / "
             f"{http['proxy_peak_rss_kib'] / 1024:,.0f} MiB |",
         ]
     return "\n".join(lines) + "\n"
