@@ -14,13 +14,13 @@
 Settings come from the environment (``CTXPROXY_*``, see ``app.settings``); the flags override the few
 they name. ``plan`` never touches the network, nor does ``models`` without ``--upstream`` or
 ``--proxy``. Exit codes: 0 ok, 1 the command ran but failed (``plan`` of a request that cannot fit,
-a demo turn that failed, ``models --upstream/--proxy`` that found no model), 2 bad usage or bad input.
+a demo turn that failed, ``models --upstream/--proxy`` that found no model), 2 bad usage or bad input
+(``serve`` on a port in use included: checked before anything starts).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxproxy",
         description="HTTP reverse proxy that keeps every LLM request (OpenAI Chat Completions and "
-        "Responses, Anthropic Messages) inside the model's context window.",
+        "Responses, Anthropic Messages, Google Gemini's generateContent) inside the model's context window.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -176,17 +176,46 @@ def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (in use, no such address), or None when it can.
+    Bound the way uvicorn binds (``SO_REUSEADDR``: a port in ``TIME_WAIT`` is free), then let go."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
     import uvicorn
 
-    from .settings import worker_environment
+    from .core.dialects import DIALECTS
+    from .settings import InvalidSettings, worker_environment
 
     settings = _settings(warn=False)  # the app logs them, with its start-up lines
     # Everything create_app would stop on, checked here where it can be one clean line and exit
-    # code 2 (uvicorn would print a traceback and exit 3).
+    # code 2 (uvicorn would print a traceback and exit 3): the model table, and the port (uvicorn
+    # would start the whole app, then exit 3 on "address already in use").
     _registry(None, warn=False)
+    try:
+        settings.require_apis(tuple(DIALECTS))
+    except InvalidSettings as exc:
+        raise CliError("\nctxproxy: error: ".join(exc.lines)) from None
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    taken = port_taken(host, port)
+    if taken is not None:
+        hint = "another server there? choose one with --port or CTXPROXY_PORT"
+        raise CliError(f"cannot listen on {host}:{port}: {taken} ({hint})")
     # On SIGTERM uvicorn stops accepting, drains in-flight requests for up to the grace period,
     # then re-raises the signal to whatever handler was there before it: with this one, a stop
     # that was asked for ends with exit code 0 instead of death by signal.
@@ -204,8 +233,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             uvicorn.run(
                 f"{__package__}.main:create_app",
                 factory=True,
-                host=args.host or settings.host,
-                port=args.port if args.port is not None else settings.port,
+                host=host,
+                port=port,
                 workers=args.workers,
                 log_level=settings.log_level.lower(),
                 access_log=False,  # ctxproxy.access logs every request, with its request ID
@@ -252,9 +281,11 @@ def _read_body(path: Path) -> dict[str, Any]:
         text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    from .service.request import load_json
+
     try:
-        body = json.loads(text)
-    except ValueError as exc:
+        body = load_json(text.encode("utf-8", "surrogatepass"))  # RFC 8259, as the proxy reads bodies
+    except (ValueError, RecursionError) as exc:
         raise CliError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise CliError(f"{path} must hold a JSON object (a request body of one of the wire APIs)")
@@ -262,44 +293,46 @@ def _read_body(path: Path) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from . import tokenizer
     from .core.dialects import DIALECTS
     from .core.errors import InvalidRequest
-    from .core.fit import plan_request
-    from .core.routes import detect
-    from .core.tokens import MessageCounter
+    from .core.routes import RouteMatch, detect
+    from .service.planner import offline_planner
     from .service.report import plan_report
-    from .tokenizer import counter_for
+    from .service.request import RequestOptions
 
     body = _read_body(args.file)
     dialect = DIALECTS[args.api] if args.api is not None else detect(DIALECTS, body, {})
-    try:
-        model = dialect.model_of(body, {})
-    except InvalidRequest:
-        raise CliError("the request body has no 'model' (a string)") from None
     registry = _registry(args.models_file)
-    spec = registry.resolve(model)
-    if args.model_window is not None:
-        spec = dataclasses.replace(spec, window_tokens=args.model_window, source="cli")
-    policy = (
-        _settings(warn=False)  # warned by _registry already
-        .fit_policy()
-        .refined(mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve)
+    settings = _settings(warn=False)  # warned by _registry already
+    # The proxy's own decision with these settings, as a planner outside its process (no
+    # upstream, nothing learned: what that changes is named in the report's estimates).
+    planner = offline_planner(
+        policy=settings.fit_policy(),
+        registry=registry,
+        vocabularies=tokenizer,
+        summarize=settings.summarize,
+        boundary_exact=settings.boundary_exact,
+        lower_output=settings.lower_output,
+        upstream_count=settings.upstream_count,
+    )
+    # The flags are the X-Context-* headers of the same meaning.
+    options = RequestOptions(
+        budget_tokens=args.budget,
+        reserve_tokens=args.reserve,
+        window_tokens=args.model_window,
+        mode=args.policy,
+        keep_turns=args.keep_turns,
     )
     try:
-        plan = plan_request(
-            body,
-            spec=spec,
-            policy=policy,
-            counter=MessageCounter(counter_for(spec.encoding)),
-            cap_tokens=args.budget,
-            dialect=dialect,
-        )
+        decision = planner.dry_run(planner.request(body, options, route=RouteMatch.first(dialect)))
     except InvalidRequest as exc:
         where = f" ({exc.param})" if exc.param else ""
         raise CliError(f"invalid request{where}: {exc.message}") from exc
-    report = plan_report(plan, body)
+    plan = decision.plan
+    report = plan_report(plan, body, estimates=decision.explained)
     if not args.json:
-        print(format_plan(report))
+        print(format_plan(report, detected=args.api is None))
         return 0 if plan.fits else 1
     if args.no_body:
         del report["body"]
@@ -307,21 +340,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def format_plan(report: dict[str, Any]) -> str:
-    """A plan (``plan_report``) for people: the model, the budget, before -> after, what was done."""
+def counted_as(report: dict[str, Any]) -> str:
+    """How the plan's tokens were counted, in words: exact (with which vocabulary) or estimated."""
+    count = report["count"]
+    if count == "exact":
+        return f"exact count ({report['spec']['encoding']})"
+    if count == "calibrated":
+        return "estimated count, calibrated by the upstream's usage"
+    return "estimated count (no public tokenizer)"
+
+
+def format_plan(report: dict[str, Any], *, detected: bool = True) -> str:
+    """A plan (``plan_report``) for people: the API (``detected`` from the body, else named), the
+    model, the budget, before -> after, what was done, and which figures a running proxy could
+    decide otherwise (its estimates)."""
     spec, budget = report["spec"], report["budget"]
     before, after = report["tokens_before"], report["tokens_after"]
     if not report["fits"]:
         verdict = "does NOT fit: the proxy would answer 400 context_length_exceeded"
     elif report["changed"]:
-        verdict = (
-            f"fits after fitting: {before - after:,} tokens cut ({(before - after) / max(before, 1):.0%})"
-        )
+        done = []
+        if after < before:
+            done.append(f"{before - after:,} tokens cut ({(before - after) / max(before, 1):.0%})")
+        if report["output_lowered"] is not None:
+            done.append(f"output cap lowered to {report['output_lowered']:,} (X-Context-Output-Lowered)")
+        verdict = "fits after fitting: " + ", ".join(done)
     else:
         verdict = "fits as it is: forwarded byte for byte"
+    chosen = "detected from the body; --api to name another" if detected else "--api"
     lines = [
+        f"api      {report['api']} ({chosen})",
         f"model    {report['model']} -> {spec['name']} ({spec['source']}): window {spec['window_tokens']:,}, "
-        f"{spec['encoding']} ({report['count']} count)",
+        f"{counted_as(report)}",
         f"budget   {budget['input_budget_tokens']:,} input tokens (reserve {budget['reserve_tokens']:,} for "
         f"the answer, margin {budget['margin_tokens']:,}"
         + (f", cap {budget['cap_tokens']:,}" if budget["cap_tokens"] else "")
@@ -334,6 +384,7 @@ def format_plan(report: dict[str, Any]) -> str:
         detail = f" ({action['detail']})" if action["detail"] else ""
         lines.append(f"action   {action['kind']} x{action['count']}{freed}{detail}")
     lines += [f"warning  {warning}" for warning in report["warnings"]]
+    lines += [f"estimate {name}: {why}" for name, why in report["estimates"].items()]
     lines.append("(--json for the whole plan, with the body to forward)")
     return "\n".join(lines)
 
@@ -417,25 +468,36 @@ def _proxy_models(url: str, *, timeout_s: float) -> int:
 
     if not url.startswith(("http://", "https://")):
         raise CliError(f"--proxy must start with http:// or https://, got {url!r}")
+    where = f"{url.rstrip('/')}/v1/context/models"
     try:
-        response = httpx.get(f"{url.rstrip('/')}/v1/context/models", timeout=timeout_s)
-        response.raise_for_status()
-        rows = response.json()["data"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        print(f"ctxproxy: could not read {url}/v1/context/models: {exc}", file=sys.stderr)
+        response = httpx.get(where, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        print(f"ctxproxy: could not reach {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    specs = [
-        ModelSpec(
-            name=row["model"],
-            window_tokens=row["window_tokens"],
-            max_output_tokens=row["max_output_tokens"],
-            encoding=row["encoding"],
-            source=row["sources"].get("window", ""),
-            sources=tuple(row["sources"].items()),
-            correction=row["correction"] if row["correction"] is not None else 1.0,
-        )
-        for row in rows
-    ]
+    not_ours = f"ctxproxy: {url} does not look like ctxproxy: GET {where} answered"
+    if response.status_code == 401:
+        why = "a proxy with CTXPROXY_API_KEYS wants a key, which --proxy does not send"
+        print(f"ctxproxy: GET {where} answered 401: {why}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        print(f"{not_ours} HTTP {response.status_code}, not ctxproxy's model report", file=sys.stderr)
+        return 1
+    try:
+        specs = [
+            ModelSpec(
+                name=row["model"],
+                window_tokens=row["window_tokens"],
+                max_output_tokens=row["max_output_tokens"],
+                encoding=row["encoding"],
+                source=row["sources"].get("window", ""),
+                sources=tuple(row["sources"].items()),
+                correction=row["correction"] if row["correction"] is not None else 1.0,
+            )
+            for row in response.json()["data"]
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        print(f"{not_ours} something that is not ctxproxy's model report", file=sys.stderr)
+        return 1
     if not specs:
         print(f"{url} knows no model yet (none discovered, none used)", file=sys.stderr)
         return 1
@@ -455,7 +517,7 @@ async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -
     knowledge = Knowledge()
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         upstream = UpstreamClient(http, base_url=base_url, api_key=settings.upstream_key())
-        discovery = Discovery(upstream, knowledge, timeout_s=timeout_s)
+        discovery = Discovery(upstream, knowledge, timeout_s=timeout_s, retry_after_s=None)  # one shot
         try:
             ids = await discovery.discover_listed(base_url)
             await discovery.wait_idle()

@@ -38,9 +38,10 @@ from .observability import router as observability_router
 from .observability.observer import discovery_call, discovery_result
 from .service.discovery import Discovery
 from .service.driver import Service
-from .service.knowledge_share import KnowledgeShare
+from .service.knowledge_share import KnowledgeShare, SharedCache
 from .service.learning import Learner
 from .service.ports import ModelResolver, Vocabularies
+from .service.sessions import Sessions
 from .service.worker_store import WorkerStore
 from .settings import Settings, load_settings, unknown_variables
 from .upstream.client import UpstreamClient
@@ -48,6 +49,9 @@ from .upstream.limits import ConcurrencyLimiter
 from .upstream.senders import HttpxSender, Sender
 
 _HANDLER_MARK = "_ctxproxy_handler"
+# The API that speaks for requests of no API (an error on /healthz, a pass-through path no
+# dialect owns): OpenAI's shape, what most clients of a /v1 base URL read; else the registry's first.
+FALLBACK_API = "chat"
 startup_logger = logging.getLogger("ctxproxy.startup")
 
 
@@ -113,6 +117,18 @@ def load_model_registry(settings: Settings) -> ModelResolver:
     return registry
 
 
+def shared_store(settings: Settings, cache: Any, *, name: str) -> SharedCache | None:
+    """Where what one process keeps reaches the others: ``cache`` when it is shared (the summary
+    cache on Redis: every replica), else files in ``settings.worker_dir`` under ``name`` (the
+    workers of one ``ctxproxy serve --workers N``), else None (one process alone)."""
+    if cache is not None and getattr(cache, "backend", "memory") != "memory":
+        shared: SharedCache = cache
+        return shared
+    if settings.worker_dir is not None:
+        return WorkerStore(settings.worker_dir / name)
+    return None
+
+
 def build_learner(
     settings: Settings,
     upstream: UpstreamClient,
@@ -122,15 +138,16 @@ def build_learner(
 ) -> Learner:
     """The model knowledge (in memory) and, unless disabled, discovery over ``upstream`` (a client
     of its own, out of the chat traffic's upstream metrics; its calls go to the discovery metric).
-    A shared ``cache`` (the summary cache when it is Redis) shares what is learned between replicas;
-    without one, the workers of one ``ctxproxy serve --workers N`` share it through files in
-    ``settings.worker_dir`` (quickly: they are on one host)."""
+    What is learned is shared through :func:`shared_store`: between replicas through a shared
+    ``cache`` (the summary cache when it is Redis), else between the workers of one ``ctxproxy
+    serve --workers N`` through files in ``settings.worker_dir`` (quickly: they are on one host)."""
     knowledge = Knowledge()
-    shared = cache is not None and getattr(cache, "backend", "memory") != "memory"
-    share = KnowledgeShare(cache, knowledge) if shared else None
-    if share is None and settings.worker_dir is not None:
-        store = WorkerStore(settings.worker_dir / "knowledge")
+    store = shared_store(settings, cache, name="knowledge")
+    share = None
+    if isinstance(store, WorkerStore):
         share = KnowledgeShare(store, knowledge, publish_delay_s=0.2, refresh_every_s=1.0, timeout_s=0.2)
+    elif store is not None:
+        share = KnowledgeShare(store, knowledge)
     if not settings.discovery:
         return Learner(knowledge=knowledge, share=share)
 
@@ -333,17 +350,22 @@ def create_app(
     test seams; by default the transport follows ``settings.upstream_transport``, the model table
     is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and the wire
     APIs are ``app.core.dialects.DIALECTS``. Everything that lists APIs is derived from that
-    registry here: the routes (served by ``DialectLane``) and the pass-through prefixes, the key
-    slots auth accepts and the upstream clears, the dry run's choices."""
+    registry here and injected: the routes (served by ``DialectLane``) and the pass-through
+    prefixes, the key slots auth accepts and the upstream clears, the dry run's choices, the
+    summaries' API (``CTXPROXY_SUMMARY_API``, checked against it), and the fallback dialect that
+    speaks for a request of no API (``FALLBACK_API``, ``app.state.fallback_dialect``)."""
     settings = settings or load_settings()  # bad values: InvalidSettings, one line per setting
     configure_logging(settings)
     for warning in unknown_variables():  # a mistyped variable must not be silently ignored
         startup_logger.warning(warning)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies(count_threads=settings.count_threads)
     apis = dict(DIALECTS if dialects is None else dialects)
+    settings.require_apis(tuple(apis))  # InvalidSettings: a summary API the registry lacks
+    fallback = apis.get(FALLBACK_API) or next(iter(apis.values()))
     table = RouteTable.of(apis)  # ValueError for a registry whose routes clash
     slots = key_slots(apis.values())
     observability = Observability.from_settings(settings, apis=tuple(apis), counting=CountingPaths(table))
+    sessions = Sessions()  # the status page's logins; shared once the cache exists (lifespan)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -374,6 +396,7 @@ def create_app(
                 registry=models,
                 vocabularies=vocab,
                 upstream=upstream,
+                dialects=apis,
                 events=observability,
             )
             # Its lookups are reported by API (the events); the cache itself tells its entries.
@@ -400,6 +423,9 @@ def create_app(
                 learner=learner,
             )
             observability.use_knowledge(learner.knowledge.discovered)
+            session_store = shared_store(settings, summaries.cache, name="sessions")
+            if session_store is not None:
+                sessions.share(session_store)
             if learner.discovery is not None:
                 learner.discovery.start()
             freeze_startup_heap()
@@ -422,6 +448,7 @@ def create_app(
     )
     app.state.observability = observability
     app.state.dialects = apis
+    app.state.fallback_dialect = fallback  # read by app.api.errors.dialect_of
     app.state.routes = table
     app.include_router(build_compress_router(apis))  # before the pass-through of every /v1/... path
     app.include_router(build_router(table))
@@ -431,6 +458,6 @@ def create_app(
     if settings.proxy_api_keys():
         keys = settings.proxy_api_keys()
         app.add_middleware(ProxyKeyMiddleware, keys=keys, slots=slots, table=table, granted=session_granted)
-        app.add_middleware(StatusLogin, keys=settings.proxy_api_keys())  # a person's way in
+        app.add_middleware(StatusLogin, keys=keys, sessions=sessions)  # a person's way in
     app.add_middleware(ObservabilityMiddleware, observability=observability, access_log=True)
     return app

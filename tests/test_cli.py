@@ -108,7 +108,7 @@ def test_plan_over_a_small_window_under_reject(tmp_path: Path, capsys: pytest.Ca
     assert code == 1
     assert report["fits"] is False
     assert report["spec"]["window_tokens"] == 1024
-    assert report["spec"]["source"] == "cli"
+    assert report["spec"]["source"] == "request"
     assert report["tokens_before"] > report["budget"]["input_budget_tokens"]
     assert "body" not in report and "messages" not in report
 
@@ -193,6 +193,38 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
         cli.main(argv)
     assert exc.value.code == 2
     assert "usage: ctxproxy" in capsys.readouterr().err
+
+
+PORT_TAKEN = cli.port_taken
+
+
+@pytest.fixture(autouse=True)
+def any_port_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve`` checks its port before it starts; the tests of what it starts (uvicorn.run
+    replaced) must not depend on which ports this machine has in use: that check has its own."""
+    monkeypatch.setattr(cli, "port_taken", lambda host, port: None)
+
+
+def test_serve_with_its_port_in_use_says_so_in_one_line_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    import uvicorn
+
+    monkeypatch.setattr(cli, "port_taken", PORT_TAKEN)
+    calls: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append(k))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["serve", "--host", "127.0.0.1", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert calls == []  # nothing started
+    assert err.startswith(f"ctxproxy: error: cannot listen on 127.0.0.1:{port}: ") and "in use" in err
+    assert len(err.strip().splitlines()) == 1
+    assert PORT_TAKEN("127.0.0.1", port) is None  # free again once the other server is gone
 
 
 def test_serve_runs_the_app_factory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -412,13 +444,38 @@ def test_plan_prints_a_summary_for_people(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(ValueError):
         json.loads(out)
     lines = out.splitlines()
-    assert lines[0].startswith("model    gpt-4o -> gpt-4o (cli): window 2,048, o200k_base (exact count)")
-    assert re.match(r"tokens   [\d,]+ -> [\d,]+$", lines[2])
-    assert lines[3].startswith("result   fits after fitting: ")
+    assert lines[0] == "api      chat (detected from the body; --api to name another)"
+    assert lines[1] == "model    gpt-4o -> gpt-4o (request): window 2,048, exact count (o200k_base)"
+    assert re.match(r"tokens   [\d,]+ -> [\d,]+$", lines[3])
+    assert lines[4].startswith("result   fits after fitting: ")
     actions = [line for line in lines if line.startswith("action   ")]
     assert actions and any("tokens freed" in line for line in actions)
     freed = [line.split(", ")[1] for line in actions if "tokens freed" in line]
     assert len(freed) == len(set(freed))  # one saving is reported once
+
+
+def test_plan_names_the_api_it_chose_and_an_estimate_plainly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": "x", "messages": messages}
+    path = write_json(tmp_path / "req.json", body)
+    assert cli.main(["plan", str(path)]) == 0
+    detected = capsys.readouterr().out
+    assert detected.startswith("api      messages (detected from the body")
+    assert "estimated count (no public tokenizer)" in detected
+    assert "estimate (estimate count)" not in detected
+    assert cli.main(["plan", str(path), "--api", "messages"]) == 0
+    assert capsys.readouterr().out.startswith("api      messages (--api)")
+
+
+def test_plan_refuses_a_body_that_is_not_rfc_8259_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "req.json"
+    path.write_text('{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "top_p": NaN}')
+    assert cli.main(["plan", str(path)]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err
 
 
 def test_plan_summary_of_a_request_that_cannot_fit(
@@ -506,6 +563,7 @@ def test_help_names_every_wire_api_not_only_chat(capsys: pytest.CaptureFixture[s
         cli.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "every LLM request" in out and "Responses" in out and "Anthropic Messages" in out
+    assert "Gemini" in out
     assert "every chat request" not in out
 
 
@@ -544,3 +602,49 @@ def test_serve_leaves_the_unknown_variable_warning_to_the_app(
     config = calls[0]["log_config"]
     assert isinstance(config, dict)
     assert {f["()"] for f in config["formatters"].values()} == {"app.main.json_log_formatter"}
+
+
+def test_models_upstream_is_one_shot_and_says_nothing_of_asking_again(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.fault_upstream import closed_port
+
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    assert cli.main(["models", "--upstream", url, "--timeout", "1"]) == 1
+    said = capsys.readouterr().err + caplog.text
+    assert "could not reach" in said and "listed no models" in said
+    assert "asked again" not in said
+
+
+def _serving(answer: object) -> object:
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    status, body, kind = answer  # type: ignore[misc]
+
+    async def endpoint(_request: object) -> Response:
+        return Response(body, status_code=status, media_type=kind)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint)])
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        ((404, "<html><body>Not Found</body></html>", "text/html"), "answered HTTP 404"),
+        ((200, "<html>a web app</html>", "text/html"), "not ctxproxy's model report"),
+        ((200, '{"object": "list", "data": [{"id": "gpt-4o"}]}', "application/json"), "model report"),
+        ((401, '{"error": {}}', "application/json"), "wants a key"),
+    ],
+)
+def test_models_proxy_at_something_else_says_so_in_one_line(
+    answer: tuple[int, str, str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.fake_upstream import serve_app
+
+    with serve_app(_serving(answer), lifespan="off") as url:
+        assert cli.main(["models", "--proxy", url, "--timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+    assert "developer.mozilla.org" not in err and "Traceback" not in err

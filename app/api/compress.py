@@ -15,8 +15,10 @@
 
 Both answer 200 with the ``X-Context-*`` headers of the plan (``X-Context-Api`` too); a request
 that cannot fit is the API's own 400 ``context_length_exceeded`` with the numbers (a gateway then
-fails open or closed, as it is configured); bad input a 400. Nothing is sent upstream (except LLM
-summaries when they are on).
+fails open or closed, as it is configured); bad input a 400. They decide as the live routes do
+(``Service.decide``): the request itself is never sent upstream, but near the budget the
+upstream's counting endpoint may be asked for its count of it (its API's, when it has one), and
+with summaries on the summary calls of what a cut forgot are.
 
 Wiring is one line in ``create_app``, *before* ``build_router`` (whose pass-through would take any
 ``/v1/...`` path first): ``app.include_router(build_compress_router(apis))``.
@@ -34,7 +36,7 @@ from ..core.errors import InvalidRequest
 from ..core.routes import RouteMatch, RouteTable
 from ..service.compress import Compressed, Compressor, compress_answer, messages_api
 from ..service.request import parse_body
-from ..wire import dump_json
+from ..wire import dump_document
 from .errors import DIALECT_SCOPE_KEY
 from .headers import API, parse_context_headers
 from .request_io import raw_headers, read_body, service_of
@@ -84,13 +86,15 @@ async def compress(request: Request) -> Response:
     service = service_of(request)
     options = parse_context_headers(request.headers)
     aside = _aside_tokens(request)
+    dialects: Mapping[str, Dialect] = request.app.state.dialects
+    named = request.query_params.get("api") or request.headers.get(API)
+    if named is not None:  # a body that is not JSON gets the named API's error
+        request.scope[DIALECT_SCOPE_KEY] = messages_api((), named=named, headers={}, dialects=dialects)
     raw = await read_body(request, limit_bytes=service.settings.max_body_bytes)
     body = parse_body(raw)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' must be an array of message objects.", param="messages")
-    dialects: Mapping[str, Dialect] = request.app.state.dialects
-    named = request.query_params.get("api") or request.headers.get(API)
     dialect = messages_api(messages, named=named, headers=request.headers, dialects=dialects)
     request.scope[DIALECT_SCOPE_KEY] = dialect  # our errors from here on are in its shape
     result = await _compressor(request).compress_messages(
@@ -104,7 +108,7 @@ async def compress(request: Request) -> Response:
     )
     record_plan(request.scope, result.plan, retries=0)
     extra = {ASIDE: str(result.aside_tokens)}
-    return _answer(result, dump_json(compress_answer(result)), extra=extra)
+    return _answer(result, dump_document(compress_answer(result)), extra=extra)
 
 
 async def compact(request: Request, path: str) -> Response:

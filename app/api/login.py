@@ -7,26 +7,38 @@ adds a small login:
 * ``GET /`` (or ``/status.json``) from a browser (``Accept: text/html``) with no key and no session:
   the login page (401, HTML): one field for a proxy key.
 * ``POST /login`` (``key=...``, form-encoded, at most 4 KiB): a key that matches one of the proxy
-  keys (:func:`app.api.auth.key_matches`: constant time, every key compared) sets the session
-  cookie and redirects (303) to the status page; a wrong key gets the login page again (401), no
-  cookie.
-* ``GET /logout`` or ``POST /logout``: the cookie is cleared, back to the login page. The status
+  keys (:func:`app.api.auth.key_matches`: constant time, every key compared) starts a session
+  and sets its cookie, then redirects (303) to the status page; a wrong key gets the login page
+  again (401), no cookie. Failed logins are limited per client address (:class:`LoginLimiter`:
+  a sliding window, ``MAX_FAILURES`` in ``FAILURE_WINDOW_S``, then 429 with ``Retry-After`` on
+  the login page, the right key included, until the oldest failure leaves the window; at most
+  ``MAX_ADDRESSES`` addresses tracked, per process). The address is the ASGI client's (uvicorn
+  takes it from ``X-Forwarded-For`` only behind the proxies it trusts, ``--forwarded-allow-ips``).
+* ``GET /logout`` or ``POST /logout``: the session ends on the server side (``app.service.
+  sessions``: every copy of the cookie stops working at once, in every worker and every replica
+  that shares the cache backend) and the cookie is cleared, back to the login page. The status
   page links to it (its "Sign out") when it was opened with a session (``SESSION_SCOPE_KEY``).
 
 The session grants the read-only pages only (:data:`SESSION_PATHS`: ``GET``/``HEAD`` of ``/``,
 ``/status.json`` and ``/metrics``), never an API call: the cookie is looked at for those paths
 only, and :func:`session_granted` (the hook in ``ProxyKeyMiddleware``) checks method and path
-again. The cookie (``HttpOnly``, ``SameSite=Strict``, ``Secure`` on https, ``Path=/``, 12 hours)
-is not the key: ``v1.<expires_s>.<HMAC-SHA256>``, keyed by a secret derived from all the proxy keys,
-so every worker of ``ctxproxy serve --workers N`` and every replica with the same keys checks it
-alike, and changing the keys ends every session. Its MAC is compared in constant time.
+again. The cookie (``HttpOnly``, ``SameSite=Strict``, ``Path=/``, 12 hours; ``Secure`` when the
+page is served over https: the scope's scheme, or ``X-Forwarded-Proto: https`` / ``Forwarded:
+proto=https`` from a proxy in front) is not the key: ``v2.<expires_s>.<session id>.<HMAC-SHA256>``,
+keyed by a secret derived from all the proxy keys, so every worker of ``ctxproxy serve --workers
+N`` and every replica with the same keys checks it alike, and changing the keys ends every
+session. Its MAC is compared in constant time; a cookie that passes opens a page only while its
+session is live (``Sessions.live``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import secrets
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qs
@@ -35,6 +47,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..observability.context import SESSION_SCOPE_KEY
+from ..service.sessions import Sessions
 from .auth import key_matches, presented_key
 
 COOKIE = "ctxproxy_status"
@@ -42,7 +55,10 @@ SESSION_S = 12 * 3600
 SESSION_PATHS: frozenset[str] = frozenset({"/", "/status.json", "/metrics"})
 LOGIN_PATHS: frozenset[str] = frozenset({"/login", "/logout"})
 MAX_FORM_BYTES = 4096
-_VERSION = "v1"
+MAX_FAILURES = 5
+FAILURE_WINDOW_S = 60.0
+MAX_ADDRESSES = 4096
+_VERSION = "v2"
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; base-uri 'none'; "
@@ -67,28 +83,111 @@ def session_secret(keys: Sequence[str]) -> bytes:
     return hashlib.sha256(b"ctxproxy status session " + _VERSION.encode() + b"\0" + material).digest()
 
 
-def _mac(secret: bytes, expires_s: int) -> str:
-    return hmac.new(secret, f"{_VERSION}.{expires_s}".encode(), hashlib.sha256).hexdigest()
+def _mac(secret: bytes, expires_s: int, session_id: str) -> str:
+    return hmac.new(secret, f"{_VERSION}.{expires_s}.{session_id}".encode(), hashlib.sha256).hexdigest()
 
 
-def cookie_value(secret: bytes, *, now_s: float) -> str:
-    """A session cookie value that expires ``SESSION_S`` after ``now_s``."""
+def new_session_id() -> str:
+    """A session id: 32 random bytes, URL-safe base64 (no dot, so the cookie splits cleanly)."""
+    return secrets.token_urlsafe(32)
+
+
+def cookie_value(secret: bytes, *, now_s: float, session_id: str) -> str:
+    """The cookie of session ``session_id``, signed, expiring ``SESSION_S`` after ``now_s``."""
     expires_s = int(now_s) + SESSION_S
-    return f"{_VERSION}.{expires_s}.{_mac(secret, expires_s)}"
+    return f"{_VERSION}.{expires_s}.{session_id}.{_mac(secret, expires_s, session_id)}"
 
 
-def cookie_valid(secret: bytes, value: str | None, *, now_s: float) -> bool:
-    """``value`` was made by :func:`cookie_value` with ``secret`` and has not expired."""
+def cookie_session(secret: bytes, value: str | None, *, now_s: float) -> tuple[str, int] | None:
+    """``(session id, expires_s)`` of a cookie :func:`cookie_value` made with ``secret`` that has
+    not expired; None for anything else. Whether the session is still live is ``Sessions``'."""
     if not value:
-        return False
+        return None
     version, _, rest = value.partition(".")
-    expires_text, _, mac = rest.partition(".")
-    if version != _VERSION or not expires_text.isdigit() or len(expires_text) > 12:
-        return False
+    expires_text, _, rest = rest.partition(".")
+    session_id, _, mac = rest.partition(".")
+    if version != _VERSION or not expires_text.isdigit() or len(expires_text) > 12 or not session_id:
+        return None
     expires_s = int(expires_text)
     if expires_s <= now_s:
-        return False
-    return hmac.compare_digest(mac.encode(), _mac(secret, expires_s).encode())
+        return None
+    if not hmac.compare_digest(mac.encode(), _mac(secret, expires_s, session_id).encode()):
+        return None
+    return session_id, expires_s
+
+
+class LoginLimiter:
+    """Failed logins per client address in a sliding window (see the module docstring); bounded:
+    at most ``max_addresses`` addresses, the one failed least recently dropped first."""
+
+    def __init__(
+        self,
+        *,
+        max_failures: int = MAX_FAILURES,
+        window_s: float = FAILURE_WINDOW_S,
+        max_addresses: int = MAX_ADDRESSES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self.max_addresses = max_addresses
+        self.clock = clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, address: str) -> deque[float] | None:
+        times = self._failures.get(address)
+        if times is None:
+            return None
+        horizon = self.clock() - self.window_s
+        while times and times[0] <= horizon:
+            times.popleft()
+        if not times:
+            del self._failures[address]
+            return None
+        return times
+
+    def retry_after_s(self, address: str) -> int | None:
+        """Whole seconds until ``address`` may try again, or None when it may now."""
+        times = self._recent(address)
+        if times is None or len(times) < self.max_failures:
+            return None
+        return max(1, math.ceil(times[-self.max_failures] + self.window_s - self.clock()))
+
+    def failed(self, address: str) -> None:
+        times = self._recent(address)
+        if times is None:
+            times = self._failures[address] = deque(maxlen=self.max_failures)
+        times.append(self.clock())
+        self._failures.move_to_end(address)
+        while len(self._failures) > self.max_addresses:
+            self._failures.popitem(last=False)
+
+    def succeeded(self, address: str) -> None:
+        self._failures.pop(address, None)
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+
+def _address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def served_over_https(scope: Scope) -> bool:
+    """The page is served over https: directly (the scope's scheme), or behind a proxy that says
+    so (``X-Forwarded-Proto: https``, ``Forwarded: ...;proto=https``; the first hop's word)."""
+    if scope.get("scheme") == "https":
+        return True
+    forwarded_proto = _header(scope, b"x-forwarded-proto").decode("latin-1")
+    if forwarded_proto.split(",")[0].strip().lower() == "https":
+        return True
+    forwarded = _header(scope, b"forwarded").decode("latin-1").split(",")[0]
+    for pair in forwarded.split(";"):
+        name, _, value = pair.strip().partition("=")
+        if name.strip().lower() == "proto" and value.strip().strip('"').lower() == "https":
+            return True
+    return False
 
 
 def _cookie_of(scope: Scope) -> str | None:
@@ -116,9 +215,15 @@ def _wants_html(scope: Scope) -> bool:
     return b"text/html" in _header(scope, b"accept")
 
 
-def login_page(*, failed: bool = False) -> str:
-    """The login form (relative action, so it works behind a path prefix)."""
+def login_page(*, failed: bool = False, retry_after_s: int | None = None) -> str:
+    """The login form (relative action, so it works behind a path prefix); ``retry_after_s``:
+    too many failed logins from this address, the seconds until the next try."""
     notice = '<p class="bad" role="alert">That is not one of this proxy\'s keys.</p>' if failed else ""
+    if retry_after_s is not None:
+        notice = (
+            '<p class="bad" role="alert">Too many failed sign-ins from your address: try again in '
+            f"{retry_after_s} seconds.</p>"
+        )
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -159,13 +264,17 @@ button {{ margin-top:12px; padding:8px 16px; font:inherit; border:0; border-radi
 """
 
 
-def _page(status: int, body: str, *, set_cookie: str | None = None) -> Response:
+def _page(
+    status: int, body: str, *, set_cookie: str | None = None, retry_after_s: int | None = None
+) -> Response:
     headers = {
         "Cache-Control": "no-store",
         "Content-Security-Policy": CONTENT_SECURITY_POLICY,
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
     }
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
     response = Response(body, status_code=status, media_type="text/html; charset=utf-8", headers=headers)
     if set_cookie is not None:
         response.headers.append("Set-Cookie", set_cookie)
@@ -201,16 +310,27 @@ async def _read_form(receive: Receive) -> dict[str, list[str]] | None:
 
 class StatusLogin:
     """The login, the logout and the session check (see the module docstring); does nothing when
-    ``keys`` is empty."""
+    ``keys`` is empty. ``sessions``: which sessions are live (the app shares one across workers
+    and replicas); ``limiter``: the failed logins of each address."""
 
-    def __init__(self, app: ASGIApp, *, keys: Sequence[str], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keys: Sequence[str],
+        sessions: Sessions | None = None,
+        limiter: LoginLimiter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.app = app
         self.keys = tuple(key.encode("utf-8") for key in keys)
         self.secret = session_secret(keys)
+        self.sessions = sessions if sessions is not None else Sessions(clock=clock)
+        self.limiter = limiter if limiter is not None else LoginLimiter()
         self.clock = clock
 
     def _cookie(self, scope: Scope, value: str, *, max_age_s: int) -> str:
-        secure = "; Secure" if scope.get("scheme") == "https" else ""
+        secure = "; Secure" if served_over_https(scope) else ""
         return f"{COOKIE}={value}; Path=/; Max-Age={max_age_s}; HttpOnly; SameSite=Strict{secure}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -222,6 +342,9 @@ class StatusLogin:
             await self._login(scope, receive, send)
             return
         if path == "/logout" and method in ("GET", "POST"):
+            found = cookie_session(self.secret, _cookie_of(scope), now_s=self.clock())
+            if found is not None:
+                await self.sessions.end(found[0], expires_s=found[1])
             cleared = self._cookie(scope, "", max_age_s=0)
             await _redirect("./", set_cookie=cleared)(scope, receive, send)
             return
@@ -229,7 +352,8 @@ class StatusLogin:
             await _page(200, login_page())(scope, receive, send)
             return
         if path in SESSION_PATHS and method in ("GET", "HEAD"):
-            if cookie_valid(self.secret, _cookie_of(scope), now_s=self.clock()):
+            found = cookie_session(self.secret, _cookie_of(scope), now_s=self.clock())
+            if found is not None and await self.sessions.live(found[0]):
                 scope = {**scope, SESSION_SCOPE_KEY: True}
             elif (
                 method == "GET"
@@ -243,23 +367,40 @@ class StatusLogin:
         await self.app(scope, receive, send)
 
     async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
+        address = _address(scope)
+        wait_s = self.limiter.retry_after_s(address)
+        if wait_s is not None:
+            page = login_page(retry_after_s=wait_s)
+            await _page(429, page, retry_after_s=wait_s)(scope, receive, send)
+            return
         form = await _read_form(receive)
         key = (form or {}).get("key", [""])[0].strip()
         if not key_matches(key.encode("utf-8") if key else None, self.keys):
+            self.limiter.failed(address)
             await _page(401, login_page(failed=True))(scope, receive, send)
             return
-        session = self._cookie(scope, cookie_value(self.secret, now_s=self.clock()), max_age_s=SESSION_S)
+        self.limiter.succeeded(address)
+        session_id = new_session_id()
+        now_s = self.clock()
+        await self.sessions.start(session_id, expires_s=int(now_s) + SESSION_S)
+        value = cookie_value(self.secret, now_s=now_s, session_id=session_id)
+        session = self._cookie(scope, value, max_age_s=SESSION_S)
         await _redirect("./", set_cookie=session)(scope, receive, send)
 
 
 __all__ = [
     "COOKIE",
+    "FAILURE_WINDOW_S",
+    "MAX_FAILURES",
     "SESSION_PATHS",
     "SESSION_S",
+    "LoginLimiter",
     "StatusLogin",
-    "cookie_valid",
+    "cookie_session",
     "cookie_value",
     "login_page",
+    "new_session_id",
+    "served_over_https",
     "session_granted",
     "session_secret",
 ]

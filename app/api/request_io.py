@@ -19,7 +19,7 @@ from starlette.types import Receive
 from ..service.driver import Service
 from ..service.request import RequestOptions
 from ..upstream.headers import CONTEXT_PREFIX, Header, is_json_type, labelled_json
-from ..wire import dump_json
+from ..wire import dump_document
 from .errors import BodyTooLarge
 from .headers import NO_OPTIONS, options_of
 
@@ -82,7 +82,8 @@ _CONTEXT_PREFIX_LENGTH = len(_CONTEXT_PREFIX)
 
 
 def json_response(data: object, *, status: int = 200) -> Response:
-    return Response(dump_json(data), status_code=status, media_type="application/json")
+    """One of the proxy's own JSON documents (every figure checked finite: ``app.wire``)."""
+    return Response(dump_document(data), status_code=status, media_type="application/json")
 
 
 async def read_body(request: Request, *, limit_bytes: int) -> bytes:

@@ -28,11 +28,15 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
     call) or an empty answer gives ``None``.
   - ``await longest_summarized(span, cache) -> (n, summary)``: the longest proper prefix of
     ``span`` its chain has a summary of (``(0, None)`` when none).
-  - ``span_key(span)``; ``prompt_tokens(messages)``; counters ``calls``, ``failures``,
-    ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got), ``last_error``;
+  - ``span_key(span)``; ``prompt_tokens(messages)`` (the module's ``prompt_tokens`` with its
+    counter); ``ValueError`` from the constructor when ``window_problem`` finds one; counters
+    ``calls``, ``failures``, ``tokens_in``, ``tokens_out`` (its own counts of what it sent and
+    got), ``last_error``;
     ``on_call`` (keyword, optional): told ``(outcome, tokens_in, tokens_out)`` of every call
     (:data:`CallHook`; never allowed to fail the summary).
 
+* ``window_problem(window_tokens, reply_tokens, count_text) -> str | None``: why a summarizer of
+  that size cannot work (its window does not hold its own prompt), checked before one is built.
 * ``PrefetchedSummaries(mapping, *, summarizer_model, prompt_version=PROMPT_VERSION)``: the
   synchronous ``app.core.fit.SummaryProvider`` the engine calls; answers ``summary_for(span)``
   from ``mapping`` (span key -> summary) that the service filled beforehand, records the keys it
@@ -91,6 +95,27 @@ class SummaryError(CtxproxyError):
         return self.status in PERMANENT_STATUSES
 
 
+def prompt_tokens(messages: Sequence[Mapping[str, Any]], count_text: CountText) -> int:
+    """Input tokens of a summary request (chat accounting: per message, role, text, priming)."""
+    total = REPLY_PRIMING_TOKENS
+    for message in messages:
+        total += TOKENS_PER_MESSAGE + count_text(str(message.get("role", "")))
+        total += count_text(str(message.get("content") or ""))
+    return total
+
+
+def window_problem(window_tokens: int, reply_tokens: int, count_text: CountText) -> str | None:
+    """Why a summarizer of ``window_tokens`` with ``reply_tokens`` for its reply cannot work (its
+    input room does not hold its own smallest prompt twice: a merge of two summaries), or None."""
+    smallest = prompt_tokens(merge_messages(["x", "x"]), count_text)
+    if window_tokens - reply_tokens >= 2 * smallest:
+        return None
+    return (
+        f"summarizer window of {window_tokens} tokens ({reply_tokens} reserved for the reply) is too "
+        f"small for its own prompt ({smallest} tokens)"
+    )
+
+
 CallHook = Callable[[str, int, int], None]
 """``(outcome, tokens_in, tokens_out)`` of one summary call: ``ok``, ``timeout``, ``http_<status>``,
 ``empty`` or ``failed``."""
@@ -147,20 +172,13 @@ class Summarizer:
         self.last_error = ""
         # Spans whose failure was logged (a span backing off is logged once, not per request).
         self._logged: set[str] = set()
-        smallest = self.prompt_tokens(merge_messages(["x", "x"]))
-        if self.input_budget_tokens < 2 * smallest:
-            raise ValueError(
-                f"summarizer window of {window_tokens} tokens ({self.reply_tokens} reserved for the "
-                f"reply) is too small for its own prompt ({smallest} tokens)"
-            )
+        problem = window_problem(window_tokens, self.reply_tokens, count_text)
+        if problem is not None:
+            raise ValueError(problem)
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Input tokens of a summary request (chat accounting: per message, role, text, priming)."""
-        total = REPLY_PRIMING_TOKENS
-        for message in messages:
-            total += TOKENS_PER_MESSAGE + self.count_text(str(message.get("role", "")))
-            total += self.count_text(str(message.get("content") or ""))
-        return total
+        return prompt_tokens(messages, self.count_text)
 
     def span_key(self, span: Sequence[Message]) -> str:
         return summary_key(span, summarizer_model=self.model, prompt_version=self.prompt_version)

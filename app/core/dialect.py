@@ -31,12 +31,22 @@ composition root names an API or branches on which dialect it holds (``tests/tes
   - ``output_in_window``: True when the upstream counts the requested output against the
     model's window (OpenAI, Anthropic: the budget keeps an output reserve); False when its limit
     is on the input alone (Gemini's ``inputTokenLimit``: no output reserve);
-  - ``chat_shaped``: True when a body of this API is itself a chat body to the chat accounting
-    (messages and tool definitions): learning compares the upstream's usage with the body as it
-    is; else with the neutral messages plus the tool definitions' tokens as one priced message;
-  - ``parse(body, *, memo=None) -> Conversation``: validate what planning relies on (raise
-    ``InvalidRequest`` with ``param`` naming the field) and build the neutral messages
-    (``conversation.py``). Never mutates ``body``; unknown fields are the upstream's business.
+  - ``accounting_view(body, messages, tool_tokens) -> Mapping``: a forwarded ``body`` of this
+    API (its neutral ``messages``, its tool definitions' ``tool_tokens`` by ``tool_tokens``) as
+    the chat accounting counts it (``MessageCounter.request_parts``): what learning compares the
+    upstream's usage with (``Forwarded.counted``). The body itself for an API whose bodies are
+    that accounting's own shape (chat: its text and tools split as they are, so the estimate's
+    correction learns from both); else ``conversation.priced_view(messages, tool_tokens)``;
+  - ``parse(body, *, memo=None, kind=None) -> Conversation``: validate what planning relies on
+    and every field the proxy reads, as the API's own server does (types, an output cap an
+    integer of at least the API's minimum, a non-empty history where the API requires one;
+    shared checks in ``fields.py``), raising ``InvalidRequest`` with ``param`` naming the field
+    and the message (and ``code``) in the API's own words; then build the neutral messages
+    (``conversation.py``). ``kind``: the kind of route the body came on (``"fit"``: a whole
+    request to answer, ``"count"``: a counting request), None for a bare conversation (the
+    gateway's messages contract, ``ctxproxy.count``): what only a route's requests must have
+    (Anthropic's ``max_tokens``) is checked for ``"fit"`` alone. Never mutates ``body``; unknown
+    fields are the upstream's business.
     ``memo`` (a ``parse_memo.ParseMemo``, owned by the caller) lets a dialect reuse what it built
     for the strictly equal leading items of an earlier request; the result equals a fresh parse.
     The conversation's ``model`` and ``stream`` are the body's; the service sets them from
@@ -97,15 +107,19 @@ composition root names an API or branches on which dialect it holds (``tests/tes
     (None when it holds none).
 
 * ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
-  ``invalid_request_error``, ``upstream_timeout``, ...), ``message``, ``param``, and for a
-  cannot-fit error the numbers (``tokens``, ``limit_tokens``, ``window_tokens``,
-  ``reserve_tokens``) so a dialect can word it as its own upstream would.
+  ``invalid_request_error``, ``upstream_timeout``, ``invalid_json``, an API's own code of a field
+  error such as ``invalid_type``...), ``message``, ``param``, for a cannot-fit error the numbers
+  (``tokens``, ``limit_tokens``, ``window_tokens``, ``reserve_tokens``) and for a body that is
+  not JSON the parser's finding (``json_error``), so a dialect can word it as its own upstream
+  would (each API answers a malformed body with its own invalid-JSON error).
 * ``SummaryCall`` (frozen): ``path`` (under the upstream base URL), ``body``, ``carry`` (names of
   the client's request headers the call repeats, lower-case), ``carry_query`` (names of the
   client's query parameters it repeats: a key slot in the query, Gemini's ``key``) and ``defaults``
   (headers sent when the client did not send them, e.g. Anthropic's ``anthropic-version``).
-* ``error_info(error) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` -> 400,
-  ``CannotFit`` -> 400 ``context_length_exceeded``).
+* ``error_info(error, dialect) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` ->
+  400 with its own ``param`` and ``code``, ``InvalidJson`` -> 400 ``invalid_json``, ``CannotFit``
+  -> 400 ``context_length_exceeded`` whose ``param`` is the dialect's ``items_key``: the
+  conversation that does not fit).
 * ``model_from_body(body) -> str``: the body's ``model`` (a non-empty string), else
   ``InvalidRequest``; the ``model_of`` of APIs that name the model in the body.
 """
@@ -117,8 +131,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .conversation import Conversation
-from .endpoints import KeySlot, Route, UpstreamTarget
-from .errors import CannotFit, CoreError, InvalidRequest
+from .endpoints import KeySlot, Route, RouteKind, UpstreamTarget
+from .errors import CannotFit, CoreError, InvalidJson, InvalidRequest
+from .fields import a_type, json_type
 from .messages import Message
 from .overflow import ContextOverflow
 from .parse_memo import ParseMemo
@@ -140,6 +155,7 @@ class ErrorInfo:
     limit_tokens: int | None = None
     window_tokens: int | None = None
     reserve_tokens: int | None = None
+    json_error: InvalidJson | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,9 +192,6 @@ class Dialect(Protocol):
     def items_key(self) -> str: ...
 
     @property
-    def chat_shaped(self) -> bool: ...
-
-    @property
     def output_in_window(self) -> bool: ...
 
     @property
@@ -189,9 +202,15 @@ class Dialect(Protocol):
 
     def upstream_count(self, answer: Mapping[str, Any], /) -> int | None: ...
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation: ...
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation: ...
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int: ...
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]: ...
 
     def render(
         self,
@@ -231,27 +250,38 @@ class Dialect(Protocol):
     def summary_text(self, answer: Mapping[str, Any], /) -> str | None: ...
 
 
-def error_info(error: CoreError) -> ErrorInfo:
-    """A core error as an ``ErrorInfo`` (400 for both kinds a request can cause)."""
+def error_info(error: CoreError, dialect: Dialect) -> ErrorInfo:
+    """A core error of a request of ``dialect`` as an ``ErrorInfo`` (400 for both kinds a request
+    can cause; a cannot-fit error names the dialect's conversation, ``items_key``)."""
     if isinstance(error, CannotFit):
         return ErrorInfo(
             status=400,
             code="context_length_exceeded",
             message=error.message,
-            param="messages",
+            param=dialect.items_key,
             tokens=error.tokens,
             limit_tokens=error.budget_tokens,
             window_tokens=error.window_tokens,
             reserve_tokens=error.reserve_tokens,
         )
+    if isinstance(error, InvalidJson):
+        return ErrorInfo(status=400, code="invalid_json", message=error.message, json_error=error)
     if isinstance(error, InvalidRequest):
-        return ErrorInfo(status=400, code="invalid_request_error", message=error.message, param=error.param)
+        code = error.code or "invalid_request_error"
+        return ErrorInfo(status=400, code=code, message=error.message, param=error.param)
     return ErrorInfo(status=400, code="invalid_request_error", message=str(error))
 
 
 def model_from_body(body: Mapping[str, Any]) -> str:
-    """The body's ``model``; ``InvalidRequest`` unless it is a non-empty string."""
+    """The body's ``model``; ``InvalidRequest`` unless it is a non-empty string (the message says
+    which: missing, of another type, empty)."""
     model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
-    return model
+    if isinstance(model, str) and model:
+        return model
+    if model is None:
+        problem = "'model' is required: a non-empty string naming the model."
+    elif not isinstance(model, str):
+        problem = f"Invalid type for 'model': expected a string, but got {a_type(json_type(model))} instead."
+    else:
+        problem = "'model' must be a non-empty string naming the model."
+    raise InvalidRequest(problem, param="model")

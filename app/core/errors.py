@@ -10,7 +10,10 @@ defines each class in brackets; the HTTP status of the errors a client can meet 
     CtxproxyError                   every error raised on purpose
      ├── CoreError                  the budget engine (this module)
      │    ├── InvalidRequest        the body is not a request we can plan: 400, ``param`` names
-     │    │                         the offending field (``messages[3].role``)
+     │    │    │                    the offending field (``messages[3].role``)
+     │    │    └── InvalidJson      the body is not JSON as RFC 8259 defines it (``NaN``,
+     │    │                         ``Infinity``, a number that overflows a double, bad syntax):
+     │    │                         400, each API's own invalid-JSON error
      │    ├── CannotFit             nothing the policy allows makes the request fit its budget:
      │    │    │                    400 ``context_length_exceeded``, with every number
      │    │    └── PlanCannotFit    [service.driver] the same, carrying the plan for the
@@ -54,12 +57,44 @@ class CoreError(CtxproxyError):
 
 
 class InvalidRequest(CoreError):
-    """The body cannot be planned: ``param`` names the offending field (``messages[3].role``)."""
+    """The body cannot be planned: ``param`` names the offending field (``messages[3].role``);
+    ``code`` is the API's own code for the problem when it has one (OpenAI's ``invalid_type``,
+    ``integer_below_min_value``...; None: a plain request error)."""
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code
+
+
+class InvalidJson(InvalidRequest, ValueError):
+    """The body is not JSON as RFC 8259 defines it (a ``ValueError`` too: what callers of a JSON
+    parser catch). ``reason``: the parser's words (``unexpected
+    character``); ``line``, ``column`` (1-based) and ``offset`` (0-based, in characters) where it
+    stopped, all 0 when unknown; ``excerpt``: the text around that place and a caret line under
+    it ("" when unknown); ``unexpected_token``: what stands there starts no JSON value (``NaN``,
+    ``Infinity``, a bare word), as opposed to a value that is malformed or out of range. The
+    message is ``reason: line L column C (char O)``, the parser's own form."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        line: int = 0,
+        column: int = 0,
+        offset: int = 0,
+        excerpt: str = "",
+        unexpected_token: bool = False,
+    ) -> None:
+        where = f": line {line} column {column} (char {offset})" if line else ""
+        super().__init__(f"{reason}{where}", param=None)
+        self.reason = reason
+        self.line = line
+        self.column = column
+        self.offset = offset
+        self.excerpt = excerpt
+        self.unexpected_token = unexpected_token
 
 
 class CannotFit(CoreError):

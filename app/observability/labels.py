@@ -4,8 +4,9 @@
   recorded in the scope, see :mod:`app.observability.context`), ``count`` for an API's
   token-counting endpoint, and the proxy's own endpoints: ``plan``, ``engine`` (the gateway
   engine's ``/v1/compress`` and ``/v1/context/compact/...``: the engine's label, whatever API the
-  body is in; the ``api`` label names that), ``health``, ``observability``; ``passthrough`` for
-  anything else under an API version prefix (``/v1...``), else ``other``.
+  body is in; the ``api`` label names that), ``models`` (the model report, ``GET
+  /v1/context/models``), ``health``, ``observability``; ``passthrough`` for anything else under an
+  API version prefix (``/v1...``), else ``other``.
 * ``api`` (:class:`ApiLabels`): the names of the registered wire APIs (given by the composition
   root), ``none`` when a request has none (health, pass-through, ...); a name from elsewhere is
   sanitized and capped (``MAX_TOKEN_VALUES``).
@@ -41,6 +42,7 @@ ENGINE = "engine"
 # The proxy's own endpoints (no wire API's): their route labels.
 OWN_ROUTES = {
     "/v1/context/plan": "plan",
+    "/v1/context/models": "models",
     "/v1/compress": ENGINE,
     "/healthz": "health",
     "/readyz": "health",

@@ -7,6 +7,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from ..wire import dump_document
 from .context import SESSION_SCOPE_KEY
 from .observer import Observability
 from .page import CONTENT_SECURITY_POLICY, status_html
@@ -43,7 +44,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/status.json")
 async def status_json(request: Request) -> Response:
     data = observability_of(request).status(getattr(request.app.state, "service", None))
-    return Response(orjson.dumps(data), media_type="application/json", headers=_NO_STORE)
+    return Response(dump_document(data), media_type="application/json", headers=_NO_STORE)
 
 
 @router.get("/")

@@ -1,6 +1,7 @@
 """Ask the upstream what it knows about its models' windows (the I/O half of ``app.core.discovered``).
 
-``Discovery(upstream, knowledge, *, timeout_s=1.5, retry_after_s=300.0, on_call=None)``; the app
+``Discovery(upstream, knowledge, *, timeout_s=1.5, retry_after_s=300.0, on_call=None)``
+(``retry_after_s=None``: a one-shot discovery, never asked again: the CLI's); the app
 gives it an ``UpstreamClient`` of its own over the chat client's sender (same pool, without the
 instrumentation: out of the chat traffic's upstream metrics) and reports each call through
 ``on_call(method, path, status)`` (``status`` None: unreachable) to the discovery metric:
@@ -14,6 +15,8 @@ instrumentation: out of the chat traffic's upstream metrics) and reports each ca
   seen, waits for that base's discovery and, when it told us no window for the model, for Ollama's
   ``POST {root}/api/show {"model": name}``; never longer than ``timeout_s`` in all. The discovery
   itself carries on in the background when the request stops waiting, and its result is cached.
+* ``settled(model, base_url)``: whether that is known already (a dry run, which asks nothing,
+  says its window is an estimate otherwise).
 * ``aclose()`` cancels what is still running.
 
 A model list refused (401/403) with the operator's key in the first key slot (``Authorization``)
@@ -34,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -106,7 +110,7 @@ class Discovery:
         knowledge: Knowledge,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+        retry_after_s: float | None = DEFAULT_RETRY_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
         on_call: Callable[[str, str, int | None], None] | None = None,
     ) -> None:
@@ -114,7 +118,7 @@ class Discovery:
         self._on_call = on_call
         self.knowledge = knowledge
         self.timeout_s = timeout_s
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = math.inf if retry_after_s is None else retry_after_s
         self._clock = clock
         self._bases: dict[str, _Base] = {}
         self._models: OrderedDict[tuple[str, str], tuple[asyncio.Task[bool], float]] = OrderedDict()
@@ -136,6 +140,12 @@ class Discovery:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), self.timeout_s)
+
+    def settled(self, model: str, base_url: str) -> bool:
+        """True when what can be discovered about ``model`` is known without asking (its
+        discovery finished, or discovery is closed): ``ensure`` would not wait for an answer."""
+        found = self._models.get((base_url, model))
+        return self._closed or (found is not None and found[0].done())
 
     async def discover_listed(self, base_url: str, *, limit: int = 64) -> tuple[str, ...]:
         """Discover every model ``base_url`` lists (at most ``limit``; the CLI's table), each
@@ -318,14 +328,15 @@ class Discovery:
             )
         except Exception as exc:  # UpstreamError, or a broken transport: unreachable, for discovery
             self._report(method, join_url(base_url, path), None)
+            why = (safe_url(base_url), method, path, type(exc).__name__)
+            if math.isinf(self.retry_after_s):  # one shot: nothing comes later to speak of
+                self._log_once(f"fail:{base.url}", "model discovery could not reach %s (%s %s: %s)", *why)
+                return None, None
             self._log_once(
                 f"fail:{base.url}",
                 "model discovery could not reach %s (%s %s: %s); windows come from the model "
                 "table until it answers (asked again in %.0f s at the earliest)",
-                safe_url(base_url),
-                method,
-                path,
-                type(exc).__name__,
+                *why,
                 self.retry_after_s,
             )
             return None, None

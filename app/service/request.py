@@ -2,8 +2,14 @@
 
 * ``RequestOptions``: the validated ``X-Context-*`` request headers (``upstream_count`` and
   ``lower_output``: the ``X-Context-Upstream-Count`` / ``X-Context-Lower-Output`` switches of
-  ``app.service.boundary``).
-* ``parse_body(raw) -> dict`` turns bad JSON or a non-object into ``InvalidRequest``;
+  ``app.service.boundary``); ``summaries_wanted(policy, requested, default=)``: whether a request
+  wants LLM summaries (its ``X-Context-Summarize``, else the operator's switch; policy ``auto``).
+* ``load_json(raw)``: a JSON value as RFC 8259 defines it: ``NaN``, ``Infinity``, ``-Infinity``
+  and numbers that overflow a double are refused (``ValueError``), as every upstream refuses
+  them; escaped lone surrogates (``"\\ud800"``), which JSON allows, are accepted.
+  ``parse_body(raw) -> dict`` turns what ``load_json`` refuses into ``InvalidJson`` (each API
+  words it as its own invalid-JSON error) and a non-object into ``InvalidRequest``; the
+  ``BodyMemo`` parses only through ``load_json``, so a resent body is held to the same rule.
   ``dump_body(body) -> bytes`` writes a rewritten body back (``app.wire``).
 * ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
   request (``Service.prepare``): the raw bytes and parsed body, the dialect, the matched route
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,9 +39,9 @@ import orjson
 
 from ..core.body_memo import BodyMemo
 from ..core.budget import Limits, Policy, PolicyMode
-from ..core.conversation import PRICE_KEY, Conversation
+from ..core.conversation import Conversation
 from ..core.dialect import Dialect
-from ..core.errors import InvalidRequest
+from ..core.errors import InvalidJson, InvalidRequest
 from ..core.fit import SummaryProvider, plan_request
 from ..core.plan import Plan
 from ..core.registry import ModelSpec
@@ -60,27 +68,88 @@ class RequestOptions:
     lower_output: bool | None = None
 
 
+def summaries_wanted(policy: Policy, requested: bool | None, *, default: bool) -> bool:
+    """Whether a request under ``policy`` wants LLM summaries: its own ``X-Context-Summarize``
+    (``requested``), else the operator's switch (``default``); only under policy ``auto``."""
+    enabled = default if requested is None else requested
+    return enabled and policy.mode == "auto"
+
+
+# An escaped UTF-16 surrogate: where orjson stops on a lone one, which JSON allows.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_EXCERPT_CHARS = 30  # of the text each side of where a body stopped being JSON
+_INFINITE = "number is infinity when parsed as double"  # orjson's words
+
+
+# The standard library's hooks for what it would take but RFC 8259 leaves out (no position known).
+def _constant(name: str) -> Any:
+    raise InvalidJson(f"{name} is not a JSON value", unexpected_token=True)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidJson(_INFINITE)
+    return value
+
+
+def _double_int(text: str) -> int:
+    value = int(text)
+    try:
+        float(value)
+    except OverflowError:
+        raise InvalidJson(_INFINITE) from None
+    return value
+
+
 def load_json(raw: bytes) -> Any:
-    """A JSON value; ``ValueError`` (or ``RecursionError``) for malformed JSON."""
+    """A JSON value of RFC 8259 (see the module docstring); ``ValueError`` (or
+    ``RecursionError``) for anything else: a ``json.JSONDecodeError`` that says where, or an
+    ``InvalidJson`` (a ``ValueError`` too) from the fallback's hooks."""
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        # orjson is stricter than the JSON the upstream accepts (escaped lone surrogates, ...):
-        # fall back to the standard library before calling the body malformed.
-        return json.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        first = exc
+    # orjson refuses escaped lone surrogates (and UTF-16 or UTF-32 text), which JSON allows and
+    # the upstreams take: the standard library, held to the same rule by its hooks, decides.
+    try:
+        return json.loads(raw, parse_constant=_constant, parse_float=_finite_float, parse_int=_double_int)
+    except (ValueError, RecursionError):
+        if _SURROGATE_ESCAPE.match(first.doc, first.pos) is None:
+            raise first from None  # orjson's finding says where
+        raise
+
+
+def invalid_json(exc: Exception) -> InvalidJson:
+    """What ``load_json`` refused, as ``InvalidJson``: where and why, the text around it."""
+    if isinstance(exc, InvalidJson):
+        return exc
+    if isinstance(exc, json.JSONDecodeError):
+        doc, at = exc.doc, exc.pos
+        start = doc.rfind("\n", 0, at) + 1
+        stop = doc.find("\n", at)
+        stop = len(doc) if stop < 0 else stop
+        left, right = max(start, at - _EXCERPT_CHARS), min(stop, at + _EXCERPT_CHARS)
+        excerpt = f"{doc[left:right]}\n{' ' * (at - left)}^" if doc else ""
+        head = doc[at : at + 2]
+        token = head[:1].isalpha() or head == "-I"
+        return InvalidJson(
+            exc.msg, line=exc.lineno, column=exc.colno, offset=at, excerpt=excerpt, unexpected_token=token
+        )
+    if isinstance(exc, RecursionError):
+        return InvalidJson("the body is nested too deeply")
+    return InvalidJson(str(exc))
 
 
 def parse_body(raw: bytes, *, memo: BodyMemo | None = None, key: str = "") -> dict[str, Any]:
-    """The request body as a dict; ``InvalidRequest`` for malformed JSON or a non-object. With
-    ``memo`` and ``key`` (the dialect's ``items_key``), a resent body is parsed only where it
-    changed from a remembered one (``BodyMemo``); the result is equal either way."""
+    """The request body as a dict; ``InvalidJson`` for what is not JSON (``load_json``),
+    ``InvalidRequest`` for a non-object. With ``memo`` and ``key`` (the dialect's ``items_key``), a
+    resent body is parsed only where it changed from a remembered one (``BodyMemo``); the result
+    is equal either way."""
     try:
         body = memo.parse(raw, key=key, loads=load_json) if memo is not None and key else load_json(raw)
     except (ValueError, RecursionError) as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request ({exc}). "
-            "The body must be a JSON object (Content-Type: application/json)."
-        ) from exc
+        raise invalid_json(exc) from exc
     if not isinstance(body, dict):
         raise InvalidRequest(
             f"The request body must be a JSON object, not {type(body).__name__}.", param=None
@@ -165,9 +234,8 @@ class ProxyRequest:
 @dataclass(frozen=True, slots=True)
 class Forwarded:
     """What one plan sends: ``body``, ``content`` (the bytes on the wire) and ``counted``, the same
-    conversation as a chat body for the chat accounting that learning compares usage with (the
-    body itself for a ``chat_shaped`` dialect; else the neutral messages, plus the tool
-    definitions' tokens as one priced message)."""
+    conversation as the chat accounting counts it, which learning compares usage with (the
+    dialect's ``accounting_view`` of the body, its neutral messages and its tools' tokens)."""
 
     plan: Plan | None
     body: Mapping[str, Any]
@@ -183,20 +251,16 @@ class Forwarded:
         else:
             body = plan.body(request.body)
             content = dump_body(body)
-        if request.dialect.chat_shaped:
-            return cls(plan, body, content, body)
         messages = request.conversation.messages if plan is None else plan.messages
-        # The upstream's usage counts the tool definitions too: they join the comparison as a
-        # priced message (fixed tokens, by the dialect's own rule), or a body with many tools
-        # (Claude Code's: ~11K tokens) would teach a correction of about 2 from its first answer.
+        # The upstream's usage counts the tool definitions too: a view that prices them by the
+        # dialect's own rule (a body with many tools, Claude Code's ~11K tokens, would otherwise
+        # teach a correction of about 2 from its first answer).
         tools = (
             request.dialect.tool_tokens(request.body, request.counter)
             if plan is None
             else plan.budget.tool_tokens
         )
-        if tools > 0:
-            messages = (*messages, {"role": "system", "content": None, PRICE_KEY: tools})
-        return cls(plan, body, content, {"messages": messages})
+        return cls(plan, body, content, request.dialect.accounting_view(body, messages, tools))
 
     @classmethod
     def sent_first(cls, request: ProxyRequest, plan: Plan) -> Forwarded:

@@ -22,7 +22,7 @@ from app.api.compress import ASIDE, COMPRESS_PATH, compact_path
 from app.core.dialects import DIALECTS
 from tests.api import proxy
 from tests.service.test_compress import anthropic_history, chat_history, responses_history
-from tests.summaries_kit import conversation, fake_upstream, summary_message
+from tests.summaries_kit import conversation, fake_upstream, settle, summary_message
 from tests.summaries_kit import proxy as summaries_proxy
 
 
@@ -217,6 +217,30 @@ async def test_summaries_when_on_take_the_place_of_the_cut_turns() -> None:
     assert "summarized" in answer["actions"]
     assert summary_message(answer["messages"]) is not None
     assert not fake.client_requests()  # only the summary call reached the upstream
+
+
+async def test_what_the_engine_sends_upstream_is_the_summary_call_with_the_operators_key() -> None:
+    fake = fake_upstream()
+    history = conversation(turns=14, size=40)
+    async with summaries_proxy(fake, discovery=False, upstream_api_key="sk-operator") as (client, app):
+        response = await client.post(
+            COMPRESS_PATH, json={"messages": history, "model": "m"}, headers={ASIDE: "0"}
+        )
+        await settle(app)
+        sent = list(fake.requests)
+        off = await client.post(
+            COMPRESS_PATH,
+            json={"messages": conversation(turns=15, size=40), "model": "m"},
+            headers={ASIDE: "0", "X-Context-Summarize": "off"},
+        )
+    assert response.status_code == off.status_code == 200
+    assert sent and sent == fake.summary_requests()  # the README's list: nothing else went
+    for request in sent:
+        body = request.json()
+        assert (request.method, request.path) == ("POST", "/v1/chat/completions")
+        assert request.headers["authorization"] == "Bearer sk-operator"
+        assert body["model"] == "m" and body["stream"] is False
+    assert "summarized" not in off.json()["actions"] and list(fake.requests) == sent  # off: none sent
 
 
 async def test_the_engines_requests_have_their_own_route_label_and_are_no_fitted_requests() -> None:

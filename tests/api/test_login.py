@@ -1,9 +1,12 @@
 """The status page's login with proxy keys on: a form for browsers, a session cookie that is not the
-key and opens the read-only pages only, never an API call; every worker checks it alike."""
+key and opens the read-only pages only, never an API call; every worker checks it alike; a
+sign-out ends the session on the server side; failed logins are limited per address; the cookie is
+Secure over https, direct or behind a proxy that says so."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,11 +15,17 @@ import respx
 
 from app.api.login import (
     COOKIE,
+    FAILURE_WINDOW_S,
+    MAX_FAILURES,
     SESSION_S,
-    cookie_valid,
+    LoginLimiter,
+    cookie_session,
     cookie_value,
+    new_session_id,
+    served_over_https,
     session_secret,
 )
+from app.service.sessions import Sessions
 from tests.api import UPSTREAM, chat_ok, proxy
 
 KEYS = ("team-a-key-111", "team-b-key-222")
@@ -58,7 +67,7 @@ async def test_a_right_key_sets_a_strict_http_only_session_that_is_not_the_key()
         right = await login(client, KEYS[1])
     assert right.status_code == 303 and right.headers["location"] == "./"
     cookie = right.headers["set-cookie"]
-    assert cookie.startswith(f"{COOKIE}=v1.")
+    assert cookie.startswith(f"{COOKIE}=v2.")
     for attribute in ("HttpOnly", "SameSite=Strict", "Path=/", f"Max-Age={SESSION_S}"):
         assert attribute in cookie
     assert "Secure" not in cookie  # plain http here; https gets Secure
@@ -99,16 +108,118 @@ async def test_logout_clears_the_session() -> None:
     assert again.status_code == 401 and 'name="key"' in again.text
 
 
-async def test_a_session_from_another_worker_with_the_same_keys_is_valid_and_other_keys_end_it() -> None:
-    async with proxy(router(), **settings()) as (one, _):
+async def test_a_copy_of_the_cookie_stops_working_at_once_after_sign_out() -> None:
+    async with proxy(router(), **settings()) as (client, _):
+        await login(client, KEYS[0])
+        copy = {"Cookie": f"{COOKIE}={client.cookies[COOKIE]}"}
+        before = await client.get("/status.json", headers=copy)
+        await client.post("/logout", headers=HTML)
+        after = await client.get("/status.json", headers=copy)
+        page = await client.get("/", headers={**HTML, **copy})
+    assert before.status_code == 200
+    assert after.status_code == 401 and after.json()["error"]["code"] == "invalid_api_key"
+    assert page.status_code == 401 and 'name="key"' in page.text
+
+
+async def test_a_session_is_live_in_every_worker_sharing_the_directory_until_one_ends_it(
+    tmp_path: Path,
+) -> None:
+    shared = settings(worker_dir=tmp_path)
+    async with proxy(router(), **shared) as (one, _), proxy(router(), **shared) as (two, _):
+        await login(one, KEYS[0])
+        copy = {"Cookie": f"{COOKIE}={one.cookies[COOKIE]}"}
+        seen = await two.get("/status.json", headers=copy)  # another worker of the same server
+        await two.get("/logout", headers=copy)  # signed out there
+        gone_here = await one.get("/status.json", headers=copy)
+        gone_there = await two.get("/status.json", headers=copy)
+    assert seen.status_code == 200
+    assert gone_here.status_code == 401 and gone_there.status_code == 401
+    async with proxy(router(), **settings()) as (alone, _):  # a process that shares nothing
+        unknown = await alone.get("/status.json", headers=copy)
+    assert unknown.status_code == 401
+
+
+async def test_other_keys_end_every_session(tmp_path: Path) -> None:
+    async with proxy(router(), **settings(worker_dir=tmp_path)) as (one, _):
         await login(one, KEYS[0])
         value = one.cookies[COOKIE]
-    async with proxy(router(), **settings()) as (two, _):  # another worker (or replica)
-        seen = await two.get("/status.json", headers={"Cookie": f"{COOKIE}={value}"})
-    async with proxy(router(), **settings(api_keys="rotated-key-333")) as (three, _):
-        rotated = await three.get("/status.json", headers={"Cookie": f"{COOKIE}={value}"})
-    assert seen.status_code == 200
+    async with proxy(router(), **settings(worker_dir=tmp_path, api_keys="rotated-key-333")) as (two, _):
+        rotated = await two.get("/status.json", headers={"Cookie": f"{COOKIE}={value}"})
     assert rotated.status_code == 401
+
+
+async def test_failed_logins_are_limited_per_address_then_429_with_retry_after() -> None:
+    async with proxy(router(), **settings()) as (client, app):
+        failures = [await login(client, f"guess-{i}") for i in range(MAX_FAILURES)]
+        limited = await login(client, KEYS[0])  # the right key too, while limited
+        elsewhere = httpx.ASGITransport(app=app, client=("192.0.2.7", 40000))
+        async with httpx.AsyncClient(transport=elsewhere, base_url="http://proxy.test") as other:
+            other_address = await login(other, KEYS[0])
+    assert all(f.status_code == 401 for f in failures)
+    assert limited.status_code == 429 and "set-cookie" not in limited.headers
+    assert 1 <= int(limited.headers["retry-after"]) <= FAILURE_WINDOW_S
+    assert "Too many failed sign-ins" in limited.text and 'name="key"' in limited.text
+    assert limited.headers["content-type"].startswith("text/html")  # the login page's own shape
+    assert other_address.status_code == 303  # another address is not limited
+
+
+def test_the_limit_is_a_sliding_window_per_address_with_bounded_memory() -> None:
+    now = [1000.0]
+    limiter = LoginLimiter(max_failures=3, window_s=60.0, max_addresses=100, clock=lambda: now[0])
+    for second in (0, 20, 40):
+        now[0] = 1000.0 + second
+        assert limiter.retry_after_s("10.0.0.1") is None
+        limiter.failed("10.0.0.1")
+    assert limiter.retry_after_s("10.0.0.1") == 20  # the first failure leaves the window at 1060
+    assert limiter.retry_after_s("10.0.0.2") is None  # another address is not limited
+    now[0] = 1060.0
+    assert limiter.retry_after_s("10.0.0.1") is None  # one fell out: one more try
+    limiter.failed("10.0.0.1")
+    assert limiter.retry_after_s("10.0.0.1") == 20
+    limiter.succeeded("10.0.0.1")
+    assert limiter.retry_after_s("10.0.0.1") is None
+    for i in range(1000):
+        limiter.failed(f"192.0.2.{i}")
+    assert len(limiter) == 100
+
+
+async def test_local_sessions_are_bounded_and_expire() -> None:
+    now = [1000.0]
+    sessions = Sessions(max_local=3, clock=lambda: now[0])
+    ids = [new_session_id() for _ in range(5)]
+    for session_id in ids:
+        await sessions.start(session_id, expires_s=1100)
+    assert [await sessions.live(i) for i in ids] == [False, False, True, True, True]
+    await sessions.end(ids[4], expires_s=1100)
+    assert not await sessions.live(ids[4])
+    now[0] = 1100.0
+    assert not await sessions.live(ids[3])
+
+
+@pytest.mark.parametrize(
+    ("scope", "secure"),
+    [
+        ({"scheme": "https", "headers": []}, True),
+        ({"scheme": "http", "headers": [(b"x-forwarded-proto", b"https")]}, True),
+        ({"scheme": "http", "headers": [(b"x-forwarded-proto", b"https, http")]}, True),
+        ({"scheme": "http", "headers": [(b"forwarded", b'for=192.0.2.1;proto="https";by=x')]}, True),
+        ({"scheme": "http", "headers": [(b"forwarded", b"for=192.0.2.1;proto=http")]}, False),
+        ({"scheme": "http", "headers": [(b"x-forwarded-proto", b"http")]}, False),
+        ({"scheme": "http", "headers": []}, False),
+    ],
+)
+def test_https_is_the_scopes_scheme_or_what_a_proxy_says(scope: dict[str, Any], secure: bool) -> None:
+    assert served_over_https(scope) is secure
+
+
+async def test_the_cookie_is_secure_behind_a_proxy_that_says_https() -> None:
+    async with proxy(router(), **settings()) as (client, _):
+        right = await client.post(
+            "/login", data={"key": KEYS[0]}, headers={**HTML, "X-Forwarded-Proto": "https"}
+        )
+        out = await client.get("/logout", headers={**HTML, "Forwarded": "proto=https"})
+    assert right.status_code == 303 and "; Secure" in right.headers["set-cookie"]
+    assert "; Secure" in out.headers["set-cookie"]
 
 
 async def test_a_key_in_the_header_still_opens_the_page_and_nothing_changes_without_keys() -> None:
@@ -125,16 +236,18 @@ async def test_a_key_in_the_header_still_opens_the_page_and_nothing_changes_with
 def test_cookie_values_expire_and_a_tampered_one_is_refused() -> None:
     secret = session_secret(KEYS)
     assert session_secret(tuple(reversed(KEYS))) == secret  # the set of keys, not their order
-    value = cookie_value(secret, now_s=1_000)
-    assert cookie_valid(secret, value, now_s=1_000 + SESSION_S - 1)
-    assert not cookie_valid(secret, value, now_s=1_000 + SESSION_S)
-    version, expires, mac = value.split(".")
-    assert not cookie_valid(secret, f"{version}.{int(expires) + 3600}.{mac}", now_s=1_000)
+    session_id = new_session_id()
+    value = cookie_value(secret, now_s=1_000, session_id=session_id)
+    assert cookie_session(secret, value, now_s=1_000 + SESSION_S - 1) == (session_id, 1_000 + SESSION_S)
+    assert cookie_session(secret, value, now_s=1_000 + SESSION_S) is None
+    version, expires, sid, mac = value.split(".")
+    assert cookie_session(secret, f"{version}.{int(expires) + 3600}.{sid}.{mac}", now_s=1_000) is None
+    assert cookie_session(secret, f"{version}.{expires}.{new_session_id()}.{mac}", now_s=1_000) is None
     flipped = mac[:-1] + ("1" if mac[-1] == "0" else "0")
-    assert not cookie_valid(secret, f"{version}.{expires}.{flipped}", now_s=1_000)
-    assert not cookie_valid(session_secret(("other",)), value, now_s=1_000)
-    for junk in ("", "v1", "v1..", "v2.99999999999.00", "v1.-5.ab", "v1.1e9.ab", "v1.9999999999999.ab"):
-        assert not cookie_valid(secret, junk, now_s=1_000)
+    assert cookie_session(secret, f"{version}.{expires}.{sid}.{flipped}", now_s=1_000) is None
+    assert cookie_session(session_secret(("other",)), value, now_s=1_000) is None
+    for junk in ("", "v2", "v2...", "v2.99999999999..00", "v2.-5.x.ab", "v2.1e9.x.ab", "v1.9999999999.ab"):
+        assert cookie_session(secret, junk, now_s=1_000) is None
 
 
 @pytest.mark.parametrize("body", [b"key=" + b"x" * 5000, b"\xff\xfe=1", b""])

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def serve_and_stop(env: dict[str, str], *, workers: int) -> str:
-    """Start ``ctxproxy serve``, wait until it answers, stop it with SIGTERM: its stderr."""
+    """Start ``ctxproxy serve``, wait until every worker has started (uvicorn's "Application
+    startup complete" once per worker) and it answers, stop it with SIGTERM: its stderr."""
     port = closed_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--port", str(port), "--workers", str(workers)],
@@ -33,23 +35,35 @@ def serve_and_stop(env: dict[str, str], *, workers: int) -> str:
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines: list[str] = []
+    started = threading.Semaphore(0)
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "Application startup complete" in line:
+                started.release()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, "ctxproxy serve exited during start-up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "ctxproxy serve did not start"
-            time.sleep(0.1)
+        deadline = time.monotonic() + 120
+        for _ in range(workers):  # a SIGTERM before a worker is up would leave its lines out
+            assert started.acquire(timeout=max(0.0, deadline - time.monotonic())), (
+                "ctxproxy serve did not start: " + "".join(lines)
+            )
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate(timeout=10)
+            proc.wait(timeout=10)
+        reader.join(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    err = "".join(lines)
     assert proc.returncode == 0, err
     return err
 
@@ -88,3 +102,24 @@ def test_the_start_up_lines_name_the_upstream_and_never_a_key() -> None:
     assert "INFO ctxproxy.startup model table: built-in" in err
     for secret in ("pw-in-url", "sk-operator-secret", "client-secret"):
         assert secret not in err
+
+
+def test_serve_on_a_port_in_use_exits_2_with_one_line_before_starting_anything() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "serve", "--port", str(port)],
+            cwd=REPO,
+            env=environment(CTXPROXY_UPSTREAM_BASE_URL="http://127.0.0.1:9/v1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ctxproxy: error: cannot listen on 127.0.0.1:{port}")
+    assert "Started server process" not in done.stderr and "Traceback" not in done.stderr

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
+from tests.compaction.conftest import free_port, start_redis
 from tests.e2e.test_status_page import CHROMIUM, CHROMIUM_ARGS
 from tests.fake_upstream import serve_proxy
 from tests.fault_upstream import FaultUpstream
@@ -88,6 +90,8 @@ def test_a_person_signs_in_sees_the_status_page_and_signs_out(browser: Browser, 
         page.wait_for_timeout(2_500)  # one more poll of status.json: still no error
 
         # The page offers to sign out; clicking it ends the session, back to the form.
+        copy = {"Cookie": f"{cookie['name']}={cookie['value']}"}
+        assert httpx.get(f"{proxy_url}/status.json", headers=copy).status_code == 200
         sign_out = page.locator("#sign-out")
         assert sign_out.is_visible() and sign_out.inner_text() == "Sign out"
         sign_out.click()
@@ -96,6 +100,30 @@ def test_a_person_signs_in_sees_the_status_page_and_signs_out(browser: Browser, 
         assert page.url == f"{proxy_url}/"
         again = page.goto(f"{proxy_url}/")  # the session is over: the form again
         assert again is not None and again.status == 401 and page.locator("#sign-out").count() == 0
+        # Over on the server: a copy of the cookie taken before the sign-out opens nothing.
+        assert httpx.get(f"{proxy_url}/status.json", headers=copy).status_code == 401
     finally:
         context.close()
     assert problems == []
+
+
+def test_a_sign_out_on_one_replica_ends_the_session_on_another_sharing_redis(tmp_path: Path) -> None:
+    redis = start_redis(free_port(), tmp_path)
+    upstream = FaultUpstream()
+    shared = {"api_keys": PROXY_KEYS[0], "upstream_api_key": "sk-upstream-e2e", "cache_url": redis.url}
+    try:
+        with (
+            upstream.serve(),
+            serve_proxy(upstream.url, **shared) as one,
+            serve_proxy(upstream.url, **shared) as two,
+        ):
+            with httpx.Client(timeout=30) as browser:
+                assert browser.post(f"{one}/login", data={"key": PROXY_KEYS[0]}).status_code == 303
+                copy = {"Cookie": f"ctxproxy_status={browser.cookies['ctxproxy_status']}"}
+            assert httpx.get(f"{two}/status.json", headers=copy).status_code == 200  # live on both
+            assert httpx.get(f"{one}/status.json", headers=copy).status_code == 200
+            assert httpx.get(f"{two}/logout", headers=copy).status_code == 303  # signed out on two
+            assert httpx.get(f"{one}/status.json", headers=copy).status_code == 401  # over on one, at once
+            assert httpx.get(f"{two}/status.json", headers=copy).status_code == 401
+    finally:
+        redis.kill()

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
-from app.core.conversation import ORIGIN_KEY, Conversation, neutral, origin_of
+from app.core.conversation import ORIGIN_KEY, Conversation, neutral, origin_of, priced_view
 from app.core.dialect import ErrorInfo, Headers
 from app.core.dialects import DIALECTS
 from app.core.errors import InvalidRequest
@@ -35,7 +35,7 @@ from app.core.messages import Message
 from app.core.overflow import ContextOverflow
 from app.core.parse_memo import ParseMemo
 from app.core.registry import ModelSpec
-from app.core.routes import KeySlot, Route
+from app.core.routes import KeySlot, Route, RouteKind
 from app.core.tokens import MessageCounter
 from app.demo import serve_in_thread
 from app.main import create_app
@@ -70,7 +70,6 @@ class ToyDialect:
     )
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-toy-key"), KeySlot("toykey", in_query=True))
     items_key: str = "turns"
-    chat_shaped: bool = False
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"spent"',)
@@ -92,7 +91,9 @@ class ToyDialect:
         tokens = answer.get("tokens")
         return tokens if type(tokens) is int and tokens > 0 else None
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation:
         turns = body.get("turns")
         if not isinstance(turns, list) or not turns:
             raise InvalidRequest("'turns' must be a non-empty array.", param="turns")
@@ -116,6 +117,11 @@ class ToyDialect:
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         return 0
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
 
     def render(
         self,

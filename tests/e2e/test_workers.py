@@ -27,7 +27,9 @@ MODEL = "acme/llm"
 
 
 @contextmanager
-def serve_workers(upstream_url: str, tmp_path: Path, *, workers: int = 2) -> Iterator[str]:
+def serve_workers(
+    upstream_url: str, tmp_path: Path, *, workers: int = 2, environ: dict[str, str] | None = None
+) -> Iterator[str]:
     port = closed_port()
     table = tmp_path / "models.toml"
     # The proxy believes a larger window than the upstream has: the upstream's error teaches it.
@@ -39,6 +41,7 @@ def serve_workers(upstream_url: str, tmp_path: Path, *, workers: int = 2) -> Ite
         "CTXPROXY_DISCOVERY": "false",
         "CTXPROXY_LOG_LEVEL": "WARNING",
         "TMPDIR": str(tmp_path),  # where serve makes the workers' shared directory
+        **(environ or {}),
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--port", str(port), "--workers", str(workers)],
@@ -137,3 +140,32 @@ def test_what_one_worker_learns_reaches_the_other(tmp_path: Path) -> None:
         assert len(served) == 2, "the kernel gave every request to one worker; the test proved nothing"
         # Only the very first request ever overflowed: the other worker knew the window already.
         assert [r.status for r in upstream.client_requests()].count(400) == 1
+
+
+def test_a_sign_out_ends_the_session_in_every_worker(tmp_path: Path) -> None:
+    upstream = FakeUpstream([FakeModel(MODEL, window_tokens=16384)])
+    key = "ops-key-workers-1"
+    keys = {"CTXPROXY_API_KEYS": key, "CTXPROXY_UPSTREAM_API_KEY": "sk-upstream"}
+    with upstream.serve() as upstream_url, serve_workers(upstream_url, tmp_path, environ=keys) as url:
+        with httpx.Client(timeout=30) as browser:
+            assert browser.post(f"{url}/login", data={"key": key}).status_code == 303
+            copy = {"Cookie": f"ctxproxy_status={browser.cookies['ctxproxy_status']}"}
+
+        def status_codes() -> list[int]:
+            # A new connection each time, so the kernel spreads the requests over the workers (the
+            # status page is not on the workers' boards: chat requests, also on new connections,
+            # show that the spread reached both).
+            codes = []
+            for i in range(12):
+                codes.append(httpx.get(f"{url}/status.json", headers=copy, timeout=30).status_code)
+                body = {"model": MODEL, "messages": [{"role": "user", "content": f"hello {i}"}]}
+                auth = {"Authorization": f"Bearer {key}"}
+                answer = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=30)
+                assert answer.is_success
+            return codes
+
+        assert status_codes() == [200] * 12  # the session is live in every worker
+        assert httpx.get(f"{url}/logout", headers=copy, timeout=30).status_code == 303
+        assert status_codes() == [401] * 12  # and over in every worker, at once
+        served = [b for b in boards(tmp_path) if with_totals(b["counters"])["requests"]]  # type: ignore[arg-type]
+        assert len(served) == 2, "the kernel gave every request to one worker; the test proved nothing"

@@ -103,6 +103,8 @@ def test_route_labels_come_from_the_recorded_api_and_the_own_endpoints() -> None
     assert routes.after("/v1/context/compact/v1beta/models/g:generateContent", "gemini") == "engine"
     assert not RouteLabels.fitted(routes.after("/v1/compress", "chat"), "chat")
     assert routes.after("/v1/embeddings", None) == "passthrough"
+    # The proxy's model report is its own endpoint, not traffic passed through.
+    assert routes.after("/v1/context/models", None) == routes.before("/v1/context/models") == "models"
     assert routes.after("/readyz", None) == "health"
     assert routes.after("/metrics", None) == routes.after("/", None) == "observability"
     assert routes.after("/wp-admin/" + "x" * 50, None) == "other"

@@ -217,3 +217,15 @@ async def test_a_new_dialect_is_labelled_and_counted_with_no_edit_in_observabili
     assert 'ctxproxy_requests_total{api="toy",model="gpt-test",outcome="ok",route="toy"} 1.0' in text
     assert f'ctxproxy_tokens_saved_total{{api="toy",model="gpt-test"}} {float(saved)}' in text
     assert data["apis"] == [*DIALECTS, "toy"] and data["counters"]["by_api"]["toy"]["tokens_saved"] == saved
+
+
+async def test_the_model_report_has_its_own_route_label_not_passthrough() -> None:
+    router = respx.Router(assert_all_called=False)
+    router.get(f"{UPSTREAM}/models").mock(return_value=httpx.Response(200, json={"data": []}))
+    async with proxy(router) as (client, _):
+        assert (await client.get("/v1/context/models")).status_code == 200
+        metrics = (await client.get("/metrics")).text
+    lines = [line for line in metrics.splitlines() if line.startswith("ctxproxy_requests_total{")]
+    assert any('route="models"' in line for line in lines), lines
+    assert not any('route="passthrough"' in line for line in lines), lines
+    assert not router.calls or all(call.request.url.path.endswith("/models") for call in router.calls)

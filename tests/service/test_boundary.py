@@ -215,7 +215,8 @@ async def test_when_even_the_floor_leaves_no_room_the_proxy_refuses_with_its_num
     assert response.status_code == 400 and not route.called
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
-    assert int(response.headers["x-context-tokens-after"]) > 800
+    assert int(response.headers["x-context-tokens-before"]) > 800
+    assert "x-context-tokens-after" not in response.headers  # nothing was forwarded
 
 
 async def test_as_the_upstreams_counts_confirm_ours_the_margin_shrinks_for_whole_requests_only() -> None:

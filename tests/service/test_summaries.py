@@ -20,8 +20,9 @@ from app.api.headers import parse_context_headers
 from app.core.dialects import DIALECTS
 from app.core.errors import InvalidRequest
 from app.core.registry import ModelSpec
+from app.core.routes import RouteMatch
 from app.main import create_app
-from app.settings import Settings
+from app.settings import InvalidSettings, Settings
 from tests.api import OneModelRegistry
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
 from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
@@ -90,12 +91,18 @@ def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
         {"summary_base_url": "cheap:8000"},
         {"summary_ahead_ratio": 1.5},
         {"summary_concurrency": 0},
-        {"summary_api": "gemini-ish"},
         {"summary_retry_after_s": 0},
     ]
     for values in bad:
         with pytest.raises(ValueError):
             Settings(**values)
+    # The settings know no API: the composition root checks the name against its registry.
+    named = Settings(summary_api="Gemini-ish")
+    with pytest.raises(InvalidSettings, match="CTXPROXY_SUMMARY_API: unknown API 'gemini-ish'"):
+        named.require_apis(tuple(DIALECTS))
+    Settings(summary_api="Gemini").require_apis(tuple(DIALECTS))
+    with pytest.raises(InvalidSettings):
+        create_app(named)
 
 
 def test_summarize_header_is_validated() -> None:
@@ -679,9 +686,13 @@ async def test_a_gemini_summary_may_fill_the_input_limit_as_its_reply_is_not_cou
         gemini = service.request(
             {"model": "m", "contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
             options,
-            dialect=DIALECTS["gemini"],
+            route=RouteMatch.first(DIALECTS["gemini"]),
         )
-        chat = service.request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, options)
+        chat = service.request(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            options,
+            route=RouteMatch.first(DIALECTS["chat"]),
+        )
         sizes = [
             service.summaries.ahead_for(request, reply_tokens=500, room_tokens=7000).summarizer
             for request in (gemini, chat)
@@ -749,3 +760,40 @@ async def test_a_failed_summary_call_is_counted_with_its_outcome() -> None:
     assert _sample(metrics, "ctxproxy_summary_tokens_total", api="chat", direction="in") > 0
     board = status["counters"]["by_api"]["chat"]["summaries"]
     assert board["calls"] == 1 and board["failures"] == 1 and board["tokens_out"] == 0
+
+
+async def test_a_request_that_leaves_no_room_for_a_summary_call_is_no_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tiny request with a huge output cap on a 4K model: the summarizer's window would be a few
+    # tokens. That is no problem to warn about: no summarizer is built, the request goes on.
+    import app.service.summaries as summaries_module
+
+    built: list[object] = []
+    original = summaries_module.Summarizer
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        built.append(kwargs.get("window_tokens"))
+        return original(*args, **kwargs)
+
+    fake = FakeUpstream([FakeModel("probe-4k", 4096, max_output_tokens=8192)])
+    settings = Settings(
+        upstream_base_url="http://upstream.test/v1",
+        upstream_transport="httpx",
+        discovery=False,
+        default_window_tokens=4096,
+        default_max_output_tokens=4096,
+        log_level="DEBUG",
+    )
+    app = create_app(settings, upstream_transport=httpx.ASGITransport(app=fake.app))
+    body = {"model": "probe-4k", "max_tokens": 5000, "messages": [{"role": "user", "content": "hi there"}]}
+    with caplog.at_level(logging.DEBUG, logger="ctxproxy"):
+        async with app.router.lifespan_context(app):
+            monkeypatch.setattr(summaries_module, "Summarizer", counted)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://proxy.test") as client:
+                response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "summar" in r.getMessage()]
+    assert any("no summaries for this request" in r.getMessage() for r in caplog.records)
+    assert built == []  # no summarizer built for it

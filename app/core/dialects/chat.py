@@ -2,11 +2,15 @@
 
 ``CHAT`` serves ``POST /v1/chat/completions`` (sent to ``chat/completions`` under the upstream base
 URL; the body's ``stream`` chooses streaming), takes the client's key as ``Authorization: Bearer``
-and has no counting endpoint of its own. It is also the registry's default (``DEFAULT_DIALECT``):
-bodies that name no API and routes of no dialect speak it.
+and has no counting endpoint of its own. It is no default: the composition root (``app.main``)
+chooses it to speak for routes of no dialect, and the dry run's detection falls back to it as the
+registry's first. Its body is the chat accounting's own shape (``accounting_view``: the body).
 
 ``CHAT`` parses ``body["messages"]`` by ``messages.validate_messages`` (the same list, no copy of a
-message), counts ``tools``/``functions`` by the chat accounting, renders by replacing ``messages``
+message) after checking the fields it reads as OpenAI does (``check_openai_fields``: types, the
+output caps ``max_tokens``/``max_completion_tokens`` integers of at least 1, a non-empty
+``messages``; OpenAI's wording and codes ``invalid_type``, ``integer_below_min_value``,
+``empty_array``), counts ``tools``/``functions`` by the chat accounting, renders by replacing ``messages``
 only (``{**body, "messages": [...]}``), and speaks OpenAI's error shape
 ``{"error": {"message", "type", "param", "code"}}`` (the table in ``app/api/errors.py``). Its
 mid-stream error is ``data: {"error": {...}}`` followed by a blank line, as OpenAI's servers end a
@@ -24,7 +28,9 @@ from typing import Any
 from ..budget import requested_output_tokens
 from ..conversation import Conversation
 from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
-from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
+from ..endpoints import AUTHORIZATION, KeySlot, Route, RouteKind, UpstreamTarget
+from ..errors import InvalidRequest
+from ..fields import JsonType, a_type, integer_problem, is_json, json_type
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
@@ -33,6 +39,19 @@ from ..tokens import MessageCounter
 
 _AT_INDEX = re.compile(r" at \d+\b")
 OUTPUT_CAP_KEYS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+# OpenAI's minimum of each chat output cap.
+OUTPUT_CAP_MINIMUM = 1
+# The top-level fields of a chat body the proxy reads, and the JSON types OpenAI takes for each
+# (null is always taken: the field's default).
+CHAT_FIELDS: Mapping[str, tuple[JsonType, ...]] = {
+    "model": ("string",),
+    "messages": ("array",),
+    "stream": ("boolean",),
+    "stream_options": ("object",),
+    "tools": ("array",),
+    "functions": ("array",),
+    "tool_choice": ("string", "object"),
+}
 # The client's headers an OpenAI-style summary call repeats: its key and its account scoping.
 OPENAI_SUMMARY_HEADERS: tuple[str, ...] = ("authorization", "openai-organization", "openai-project")
 
@@ -47,17 +66,69 @@ def openai_error_type(error: ErrorInfo) -> str:
     return "invalid_request_error"
 
 
+# OpenAI's answer to a body that is not JSON (400 invalid_request_error, param and code null);
+# ours adds where the parser stopped.
+OPENAI_INVALID_JSON = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+    "your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not "
+    "valid JSON: {}.)"
+)
+
+
+def openai_message(error: ErrorInfo) -> str:
+    """The message of one of our errors as OpenAI words it (its invalid-JSON sentence)."""
+    return OPENAI_INVALID_JSON.format(error.message) if error.code == "invalid_json" else error.message
+
+
+def openai_code(error: ErrorInfo) -> str | None:
+    """OpenAI's ``code``: None for a plain request error and a body that is not JSON."""
+    return None if error.code in ("invalid_request_error", "invalid_json") else error.code
+
+
 def openai_error(error: ErrorInfo) -> dict[str, Any]:
     """``{"error": {...}}`` in OpenAI's shape; a plain request error has no ``code`` (``None``)."""
-    code = None if error.code == "invalid_request_error" else error.code
     return {
         "error": {
-            "message": error.message,
+            "message": openai_message(error),
             "type": openai_error_type(error),
             "param": error.param,
-            "code": code,
+            "code": openai_code(error),
         }
     }
+
+
+def openai_type_error(param: str, value: object, types: tuple[JsonType, ...]) -> InvalidRequest:
+    """OpenAI's answer to a field of the wrong type (code ``invalid_type``)."""
+    expected = " or ".join(a_type(kind) for kind in types)
+    return InvalidRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {a_type(json_type(value))} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def check_openai_integer(body: Mapping[str, Any], key: str, *, minimum: int) -> None:
+    """``body[key]``, when set, is an integer of at least ``minimum``, else OpenAI's error."""
+    value = body.get(key)
+    problem = None if value is None else integer_problem(value, minimum=minimum)
+    if problem == "type":
+        raise openai_type_error(key, value, ("integer",))
+    if problem == "minimum":
+        raise InvalidRequest(
+            f"Invalid '{key}': integer below minimum value. Expected a value >= {minimum}, but got "
+            f"{value} instead.",
+            param=key,
+            code="integer_below_min_value",
+        )
+
+
+def check_openai_fields(body: Mapping[str, Any], fields: Mapping[str, tuple[JsonType, ...]]) -> None:
+    """Each of ``fields`` that ``body`` sets (not null) is of one of its JSON types, else OpenAI's
+    ``invalid_type`` error naming it."""
+    for key, types in fields.items():
+        value = body.get(key)
+        if value is not None and not is_json(value, *types):
+            raise openai_type_error(key, value, types)
 
 
 def prompt_tokens_of(answer: Mapping[str, Any]) -> int | None:
@@ -85,7 +156,6 @@ class ChatDialect:
     routes: tuple[Route, ...] = (Route("/v1/chat/completions", upstream="chat/completions"),)
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "messages"
-    chat_shaped: bool = True
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     # OpenAI's usage chunk (``stream_options.include_usage``); every other chunk says ``"usage":
@@ -105,8 +175,20 @@ class ChatDialect:
     def upstream_count(self, answer: Mapping[str, Any], /) -> int | None:
         return positive_count(answer, "input_tokens")
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation:
         """``memo`` is not used: chat messages are already neutral (nothing is built to reuse)."""
+        check_openai_fields(body, CHAT_FIELDS)
+        for key in OUTPUT_CAP_KEYS:
+            check_openai_integer(body, key, minimum=OUTPUT_CAP_MINIMUM)
+        if body.get("messages") == []:
+            raise InvalidRequest(
+                "Invalid 'messages': empty array. Expected an array with minimum length 1, but got "
+                "an empty array instead.",
+                param="messages",
+                code="empty_array",
+            )
         model = body.get("model")
         return Conversation(
             model=model if isinstance(model, str) else "",
@@ -117,6 +199,13 @@ class ChatDialect:
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         return counter.count_tools(body)
+
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        """The body itself: it is the chat accounting's own shape (its tools counted as text)."""
+        return body
 
     def render(
         self,

@@ -21,7 +21,8 @@ INTERFACE CONTRACT (pure, standard library only; the wire facts are in ``docs/ge
   - ``preamble_events`` is empty: Gemini refuses an input over its window with a 400 before the
     stream opens (gemini-cli #5807: ``generateContentStream`` throws on the status), never inside
     a 200 stream; ``usage_needles``: ``"usageMetadata"`` (on every stream chunk);
-    ``upstream_count``: ``totalTokens`` of a ``:countTokens`` answer; ``chat_shaped`` False;
+    ``upstream_count``: ``totalTokens`` of a ``:countTokens`` answer; ``accounting_view``: the
+    neutral messages with the tools priced (``conversation.priced_view``);
   - ``output_in_window = False``: Gemini's ``inputTokenLimit`` limits the input alone and
     ``maxOutputTokens`` is not counted against it ("The input token count (N) exceeds the maximum
     number of tokens allowed (M)" compares the input with ``inputTokenLimit``), so the budget
@@ -63,9 +64,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from ..conversation import Conversation
+from ..conversation import Conversation, priced_view
 from ..dialect import ErrorInfo, Headers, SummaryCall
-from ..endpoints import KeySlot, Route, UpstreamTarget
+from ..endpoints import KeySlot, Route, RouteKind, UpstreamTarget
 from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
@@ -111,8 +112,21 @@ def status_name(status: int) -> str:
     return "INTERNAL" if status >= 500 else "INVALID_ARGUMENT" if status == 413 else "FAILED_PRECONDITION"
 
 
+def _invalid_json(error: ErrorInfo) -> str:
+    """Google's answer to a body that is not JSON: ``Invalid JSON payload received. Unexpected
+    token.`` and the text around the place, a caret under it."""
+    found = error.json_error
+    if found is None:
+        return f"Invalid JSON payload received. {error.message}"
+    said = found.reason
+    reason = "Unexpected token." if found.unexpected_token else f"{said[:1].upper()}{said[1:]}."
+    return f"Invalid JSON payload received. {reason}" + (f"\n{found.excerpt}" if found.excerpt else "")
+
+
 def _message(error: ErrorInfo) -> str:
     tokens, limit, window = error.tokens, error.limit_tokens, error.window_tokens
+    if error.code == "invalid_json":
+        return _invalid_json(error)
     if error.code != "context_length_exceeded" or tokens is None or limit is None:
         return error.message
     allowed = window if window is not None and tokens > window else limit
@@ -167,7 +181,6 @@ class GeminiDialect:
     routes: tuple[Route, ...] = _routes()
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-goog-api-key"), KeySlot("key", in_query=True))
     items_key: str = "contents"
-    chat_shaped: bool = False
     output_in_window: bool = False
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"usageMetadata"',)
@@ -198,13 +211,15 @@ class GeminiDialect:
         """``{"totalTokens": N, ...}``."""
         return positive_count(answer, "totalTokens")
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation:
         """The model is the body's (``models/`` stripped) or ""; the service sets the path's."""
         if not isinstance(body, Mapping):
-            return parse_gemini(body, model="", stream=False, memo=memo)
+            return parse_gemini(body, model="", stream=False, memo=memo, kind=kind)
         request = counted_request(body)  # once: the model and the parse both read it
         model = body_model(body, counted=request)
-        return parse_gemini(body, model=model or "", stream=False, memo=memo, counted=request)
+        return parse_gemini(body, model=model or "", stream=False, memo=memo, counted=request, kind=kind)
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         body = counted_request(body)
@@ -238,6 +253,12 @@ class GeminiDialect:
         if isinstance(schema, Mapping):
             shaped.append({"type": "json_schema", "json_schema": {"schema": schema}})
         return counter.count_tools({"tools": shaped}) if shaped else 0
+
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
 
     def render(
         self,

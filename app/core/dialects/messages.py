@@ -10,6 +10,12 @@ an auth token). A body is recognised by an ``anthropic-version`` header, a top-l
 or an Anthropic content block (``tool_use``, ``tool_result``, thinking). The ``anthropic-beta``
 header refines the model spec (``window_from_beta``).
 
+Validation (``validate_body``) checks every field the proxy reads as Anthropic does, in its words
+(``model: Field required`` for a missing field, ``max_tokens: Input should be a valid integer``
+for one of another type: a present field is never called missing); ``max_tokens`` (an integer of
+at least 1) is required on ``/v1/messages`` only (``kind="fit"``), an enabled thinking budget is
+an integer of at least 1,024, ``messages`` is not empty.
+
 Parsing (``parse``) maps the body onto neutral messages (``app.core.conversation``):
 
 * ``max_tokens`` (required by ``/v1/messages``, absent from a ``count_tokens`` body) is the output
@@ -75,10 +81,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..conversation import PRICE_KEY, Conversation, neutral
+from ..conversation import PRICE_KEY, Conversation, neutral, priced_view
 from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
-from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
+from ..endpoints import AUTHORIZATION, KeySlot, Route, RouteKind, UpstreamTarget
 from ..errors import InvalidRequest
+from ..fields import JsonType, integer_problem, is_json
 from ..media import image_size_from_data_url
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
@@ -154,6 +161,8 @@ def anthropic_error(error: ErrorInfo) -> dict[str, Any]:
 def _message(error: ErrorInfo) -> str:
     tokens, limit, window = error.tokens, error.limit_tokens, error.window_tokens
     reserve = error.reserve_tokens
+    if error.code == "invalid_json":
+        return f"The request body is not valid JSON: {error.message}"  # Anthropic's own wording
     if error.code != "context_length_exceeded" or tokens is None or limit is None:
         return error.message
     if window is not None and tokens > window:
@@ -255,6 +264,66 @@ def _invalid(message: str, param: str) -> InvalidRequest:
     return InvalidRequest(f"{param}: {message}", param=param)
 
 
+# Anthropic's words (pydantic's) for a field that is not of its type.
+_SHOULD_BE: Mapping[JsonType, str] = {
+    "string": "Input should be a valid string",
+    "boolean": "Input should be a valid boolean",
+    "array": "Input should be a valid list",
+    "object": "Input should be a valid dictionary",
+    "integer": "Input should be a valid integer",
+}
+# The top-level fields of a Messages body the proxy reads (besides ``system``, ``messages`` and
+# the integers below), and their type.
+MESSAGES_FIELDS: Mapping[str, JsonType] = {
+    "model": "string",
+    "stream": "boolean",
+    "tools": "array",
+    "tool_choice": "object",
+    "thinking": "object",
+}
+MAX_TOKENS_MINIMUM = 1
+
+
+def _typed(value: object, kind: JsonType, param: str) -> None:
+    """``value`` (not null) is of JSON type ``kind``, else Anthropic's error."""
+    if value is not None and not is_json(value, kind):
+        raise _invalid(_SHOULD_BE[kind], param)
+
+
+def _integer(value: object, param: str, *, minimum: int) -> None:
+    """``value`` is an integer of at least ``minimum``, else Anthropic's error."""
+    problem = integer_problem(value, minimum=minimum)
+    if problem == "minimum":
+        raise _invalid(f"Input should be greater than or equal to {minimum}", param)
+    if problem == "type":
+        fraction = isinstance(value, float) and not value.is_integer()
+        words = ", got a number with a fractional part" if fraction else ""
+        raise _invalid(_SHOULD_BE["integer"] + words, param)
+
+
+def check_model(body: Mapping[str, Any]) -> None:
+    """The body names its model with a non-empty string, else Anthropic's error."""
+    model = body.get("model")
+    if model is None:
+        raise _invalid("Field required", "model")
+    _typed(model, "string", "model")
+    if not model:
+        raise _invalid("String should have at least 1 character", "model")
+
+
+def _check_thinking(body: Mapping[str, Any]) -> None:
+    """An enabled thinking budget: an integer of at least ``THINKING_MIN_BUDGET_TOKENS``. (Not
+    checked against ``max_tokens``: with the interleaved-thinking beta, a header, it may exceed
+    it.)"""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, Mapping) or thinking.get("type") != "enabled":
+        return
+    budget = thinking.get("budget_tokens")
+    if budget is None:
+        raise _invalid("Field required", "thinking.enabled.budget_tokens")
+    _integer(budget, "thinking.enabled.budget_tokens", minimum=THINKING_MIN_BUDGET_TOKENS)
+
+
 def _check_blocks(content: object, where: str) -> None:
     if isinstance(content, str):
         return
@@ -275,39 +344,53 @@ def _check_blocks(content: object, where: str) -> None:
                 _check_blocks(inner, f"{where}.{k}.content")
 
 
-def validate_body(body: Mapping[str, Any], *, recalled: Recalled = NOTHING) -> list[dict[str, Any]]:
-    """What planning relies on (raise ``InvalidRequest`` naming the field); returns ``messages``.
-    A message ``recalled.reusable`` at its index is not checked again: it is strictly equal to one
-    an earlier parse validated at the same index (the checks are pure functions of both)."""
+def validate_body(
+    body: Mapping[str, Any], *, recalled: Recalled = NOTHING, kind: RouteKind | None = None
+) -> list[dict[str, Any]]:
+    """What planning relies on and every field the proxy reads, as Anthropic checks them (raise
+    ``InvalidRequest`` naming the field, in Anthropic's words: a missing field "Field required", one
+    of another type "Input should be a valid ..."); returns ``messages``. ``max_tokens`` is required
+    on ``kind`` ``"fit"`` (``/v1/messages``; a ``count_tokens`` body has none). A message
+    ``recalled.reusable`` at its index is not checked again: it is strictly equal to one an earlier
+    parse validated at the same index (the checks are pure functions of both)."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("The request body must be a JSON object.", param=None)
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise _invalid("Field required (a model name)", "model")
+    check_model(body)
+    for key, expected in MESSAGES_FIELDS.items():
+        _typed(body.get(key), expected, key)
     max_tokens = body.get("max_tokens")
-    # Required by /v1/messages (the upstream says so), absent from a count_tokens body.
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
-        raise _invalid("Input should be an integer of at least 1", "max_tokens")
+    if max_tokens is not None:
+        _integer(max_tokens, "max_tokens", minimum=MAX_TOKENS_MINIMUM)
+    elif kind == "fit":
+        raise _invalid("Field required", "max_tokens")
+    _check_thinking(body)
     system = body.get("system")
     if system is not None:
         _check_blocks(system, "system")
     messages = body.get("messages")
+    if messages is None:
+        raise _invalid("Field required", "messages")
     if not isinstance(messages, list):
-        raise _invalid("Field required (an array of messages)", "messages")
+        raise _invalid(_SHOULD_BE["array"], "messages")
+    if not messages:
+        raise _invalid("at least one message is required", "messages")
     # Every message below ``recalled.limit`` is reusable: the loop starts past them.
     for i in range(recalled.limit, len(messages)):
         if recalled.reusable(i):
             continue
         message = messages[i]
         if not isinstance(message, dict):
-            raise _invalid("Input should be an object", f"messages.{i}")
+            raise _invalid(_SHOULD_BE["object"], f"messages.{i}")
         role = message.get("role")
+        if role is None:
+            raise _invalid("Field required", f"messages.{i}.role")
         if not isinstance(role, str) or role not in ROLES:
             raise _invalid("Input should be 'user', 'assistant' or 'system'", f"messages.{i}.role")
         if "content" not in message:
             raise _invalid("Field required", f"messages.{i}.content")
         _check_blocks(message["content"], f"messages.{i}.content")
     tools = body.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+    if tools is not None and not all(isinstance(t, dict) for t in tools):
         raise _invalid("Input should be a list of tool objects", "tools")
     return messages
 
@@ -452,7 +535,6 @@ class MessagesDialect:
     )
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-api-key"), AUTHORIZATION)
     items_key: str = "messages"
-    chat_shaped: bool = False
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"usage"',)
@@ -476,6 +558,7 @@ class MessagesDialect:
         return 1
 
     def model_of(self, body: Mapping[str, Any], params: Mapping[str, str], /) -> str:
+        check_model(body)
         return model_from_body(body)
 
     def refine_spec(self, spec: ModelSpec, headers: Headers, /) -> ModelSpec:
@@ -488,7 +571,9 @@ class MessagesDialect:
         """``{"input_tokens": N}``."""
         return positive_count(answer, "input_tokens")
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation:
         """With ``memo``, the neutral messages of a strictly equal leading run of wire messages are
         reused from a remembered parse (``app.core.parse_memo``): those of wire message ``i`` are a
         pure function of ``(i, message, frozen)``, so they are reused under that descriptor."""
@@ -499,7 +584,7 @@ class MessagesDialect:
         previous = recalled.state if isinstance(recalled.state, _Remembered) else None
         if previous is None:
             recalled = NOTHING
-        messages = validate_body(body, recalled=recalled)
+        messages = validate_body(body, recalled=recalled, kind=kind)
         out: list[dict[str, Any]] = []
         system = body.get("system")
         if system is not None and system != "" and system != []:
@@ -552,6 +637,12 @@ class MessagesDialect:
             if isinstance(t, Mapping)
         ]
         return counter.count_tools({"tools": shaped}) + TOOL_USE_SYSTEM_PROMPT_TOKENS
+
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
 
     def render(
         self,

@@ -49,16 +49,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..conversation import Conversation
+from ..conversation import Conversation, priced_view
 from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
-from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
-from ..errors import InvalidRequest
+from ..endpoints import AUTHORIZATION, KeySlot, Route, RouteKind, UpstreamTarget
+from ..fields import JsonType
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
-from .chat import OPENAI_SUMMARY_HEADERS, positive_count
+from .chat import (
+    OPENAI_SUMMARY_HEADERS,
+    check_openai_fields,
+    check_openai_integer,
+    openai_code,
+    openai_message,
+    positive_count,
+)
 from .responses_items import (
     ENCRYPTED_CHARS_PER_TOKEN,
     INSTRUCTIONS_PATH,
@@ -88,6 +95,22 @@ COUNT_FIELDS: frozenset[str] = frozenset(
     }
 )
 
+# OpenAI's minimum of ``max_output_tokens`` ("Expected a value >= 16").
+OUTPUT_CAP_MINIMUM = 16
+# The top-level fields of a Responses body the proxy reads, and the JSON types OpenAI takes for
+# each (null is always taken: the field's default).
+RESPONSES_FIELDS: Mapping[str, tuple[JsonType, ...]] = {
+    "model": ("string",),
+    "input": ("string", "array"),
+    "instructions": ("string",),
+    "stream": ("boolean",),
+    "stream_options": ("object",),
+    "tools": ("array",),
+    "tool_choice": ("string", "object"),
+    "text": ("object",),
+    "previous_response_id": ("string",),
+}
+
 # -- the dialect ------------------------------------------------------------------------------
 
 
@@ -102,7 +125,6 @@ class ResponsesDialect:
     )
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "input"
-    chat_shaped: bool = False
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset(
         {"response.created", "response.in_progress", "response.queued"}
@@ -131,19 +153,18 @@ class ResponsesDialect:
         """``{"object": "response.input_tokens", "input_tokens": N}``."""
         return positive_count(answer, "input_tokens")
 
-    def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation:
+    def parse(
+        self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None, kind: RouteKind | None = None
+    ) -> Conversation:
+        """The fields the proxy reads are checked as OpenAI checks them first (``RESPONSES_FIELDS``,
+        ``max_output_tokens`` an integer of at least ``OUTPUT_CAP_MINIMUM``)."""
+        check_openai_fields(body, RESPONSES_FIELDS)
+        check_openai_integer(body, "max_output_tokens", minimum=OUTPUT_CAP_MINIMUM)
         parsed = parse_input(body, memo=memo)
         reason = unfittable_reason(body)
         if not reason:
             reject_orphan_outputs(parsed)
         cap = body.get("max_output_tokens")
-        if cap is not None and (type(cap) is not int or cap < 0):
-            raise InvalidRequest(
-                "'max_output_tokens' must be a non-negative integer.", param="max_output_tokens"
-            )
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise InvalidRequest("'tools' must be an array of tools.", param="tools")
         return Conversation(
             model=str(body.get("model", "")),
             messages=parsed.messages,
@@ -171,6 +192,12 @@ class ResponsesDialect:
             chat_tools.append({"type": "json_schema", "json_schema": dict(fmt)})
         return counter.count_tools({"tools": chat_tools}) if chat_tools else 0
 
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
+
     def render(
         self,
         body: Mapping[str, Any],
@@ -185,15 +212,12 @@ class ResponsesDialect:
         return input_problems(body)
 
     def error_body(self, error: ErrorInfo, /) -> dict[str, Any]:
-        param = error.param
-        if error.code == "context_length_exceeded" and param in (None, "messages"):
-            param = "input"
         return {
             "error": {
-                "message": error.message,
+                "message": openai_message(error),
                 "type": _error_type(error),
-                "param": param,
-                "code": _code(error),
+                "param": error.param,
+                "code": openai_code(error),
             }
         }
 
@@ -228,8 +252,8 @@ class ResponsesDialect:
     def stream_error(self, error: ErrorInfo, /) -> bytes:
         event = {
             "type": "error",
-            "code": _code(error),
-            "message": error.message,
+            "code": openai_code(error),
+            "message": openai_message(error),
             "param": self.error_body(error)["error"]["param"],
             "sequence_number": 0,
         }
@@ -295,10 +319,6 @@ def _error_type(error: ErrorInfo) -> str:
     if error.code.startswith("upstream_"):
         return "upstream_error"
     return "invalid_request_error"
-
-
-def _code(error: ErrorInfo) -> str | None:
-    return None if error.code == "invalid_request_error" else error.code
 
 
 def _events(body: bytes | str | Mapping[str, object] | None) -> list[Mapping[str, Any]]:

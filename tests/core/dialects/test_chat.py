@@ -61,12 +61,13 @@ def test_problems_are_position_free() -> None:
 def test_our_errors_in_openai_shape() -> None:
     fit = CHAT.error_body(
         error_info(
-            CannotFit(tokens=900, budget_tokens=500, window_tokens=800, reserve_tokens=100, reason="r")
+            CannotFit(tokens=900, budget_tokens=500, window_tokens=800, reserve_tokens=100, reason="r"),
+            CHAT,
         )
     )
     assert fit["error"]["type"] == "invalid_request_error"
     assert fit["error"]["code"] == "context_length_exceeded" and fit["error"]["param"] == "messages"
-    bad = CHAT.error_body(error_info(InvalidRequest("nope", param="model")))
+    bad = CHAT.error_body(error_info(InvalidRequest("nope", param="model"), CHAT))
     assert bad == {
         "error": {"message": "nope", "type": "invalid_request_error", "param": "model", "code": None}
     }
@@ -123,3 +124,33 @@ def test_a_summary_is_asked_as_a_non_streaming_chat_completion() -> None:
     assert CHAT.summary_text(answer) == "- gist"
     for broken in ({}, {"choices": []}, {"choices": [{"message": {"content": None}}]}, {"choices": "x"}):
         assert CHAT.summary_text(broken) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code", "words"),
+    [
+        ("max_tokens", -5, "integer_below_min_value", "Expected a value >= 1, but got -5 instead."),
+        ("max_tokens", 0, "integer_below_min_value", "Expected a value >= 1, but got 0 instead."),
+        ("max_completion_tokens", "10", "invalid_type", "expected an integer, but got a string instead."),
+        ("max_tokens", True, "invalid_type", "expected an integer, but got a boolean instead."),
+        ("max_tokens", 1.5, "invalid_type", "expected an integer, but got a decimal number instead."),
+        ("max_tokens", 1.0, "invalid_type", "expected an integer, but got a decimal number instead."),
+        ("stream", "yes", "invalid_type", "Invalid type for 'stream': expected a boolean"),
+        ("tool_choice", 5, "invalid_type", "expected a string or an object, but got an integer instead."),
+        ("messages", [], "empty_array", "Expected an array with minimum length 1"),
+    ],
+)
+def test_the_fields_the_proxy_reads_are_checked_as_openai_checks_them(
+    field: str, value: object, code: str, words: str
+) -> None:
+    body = {"model": "m", "messages": [user(3)], field: value}
+    with pytest.raises(InvalidRequest) as refused:
+        CHAT.parse(body)
+    shaped = CHAT.error_body(error_info(refused.value, CHAT))["error"]
+    assert (shaped["param"], shaped["code"], shaped["type"]) == (field, code, "invalid_request_error")
+    assert words in shaped["message"]
+
+
+def test_null_is_every_optional_fields_default() -> None:
+    body = {"model": "m", "messages": [user(3)], "max_tokens": None, "stream": None, "tools": None}
+    assert CHAT.parse(body).requested_output_tokens is None

@@ -18,8 +18,8 @@ import pytest
 
 from app.core.budget import Policy
 from app.core.dialect import Dialect, ErrorInfo, error_info
-from app.core.dialects import DEFAULT_DIALECT, DIALECTS
-from app.core.errors import CannotFit, InvalidRequest
+from app.core.dialects import DIALECTS
+from app.core.errors import CannotFit, InvalidJson, InvalidRequest
 from app.core.fit import plan_request
 from app.core.registry import ModelSpec
 from app.core.routes import RouteMatch, RouteTable, detect
@@ -47,6 +47,7 @@ class Kit:
     not_overflow: Callable[[], list[Answer]]  # its fake upstream's other errors
     usage: Callable[[], list[tuple[Mapping[str, Any], int]]]  # answers/events and their prompt count
     error_keys: frozenset[str]  # the top-level keys of its error shape
+    invalid_json: str  # how its own server's answer to a body that is not JSON begins
     headers: Mapping[str, str] = field(default_factory=dict)  # what its clients send (detection)
     # Its strict fake upstream's status for a body (structure, pairing, signatures), when the fake
     # checks structure (chat's fake does not: ``Dialect.problems`` is the check there).
@@ -317,6 +318,7 @@ KITS: dict[str, Kit] = {
         not_overflow=lambda: [(404, b'{"error": {"message": "The model `x` does not exist", "code": null}}')],
         usage=chat_usage,
         error_keys=frozenset({"error"}),
+        invalid_json="We could not parse the JSON body of your request.",
     ),
     "responses": Kit(
         samples=responses_samples,
@@ -325,6 +327,7 @@ KITS: dict[str, Kit] = {
         not_overflow=responses_not_overflow,
         usage=responses_usage,
         error_keys=frozenset({"error"}),
+        invalid_json="We could not parse the JSON body of your request.",
         upstream_status=responses_status,
     ),
     "messages": Kit(
@@ -334,6 +337,7 @@ KITS: dict[str, Kit] = {
         not_overflow=messages_not_overflow,
         usage=messages_usage,
         error_keys=frozenset({"type", "error"}),
+        invalid_json="The request body is not valid JSON: ",
         headers={"anthropic-version": "2023-06-01"},
         upstream_status=messages_status,
     ),
@@ -344,6 +348,7 @@ KITS: dict[str, Kit] = {
         not_overflow=gemini_not_overflow,
         usage=gemini_usage,
         error_keys=frozenset({"error"}),
+        invalid_json="Invalid JSON payload received. ",
         headers={"x-goog-api-key": "k"},
         upstream_status=gemini_status,
     ),
@@ -359,7 +364,21 @@ def api(request: pytest.FixtureRequest) -> tuple[Dialect, Kit]:
 
 def test_every_registered_dialect_has_a_kit() -> None:
     assert set(KITS) == set(DIALECTS)
-    assert DEFAULT_DIALECT in DIALECTS.values()
+
+
+def test_the_accounting_view_counts_what_the_plan_counts(api: tuple[Dialect, Kit]) -> None:
+    # What learning compares the upstream's usage with: the chat accounting of the view is the
+    # plan's own count of the request; a view of the neutral messages carries the tools' price
+    # (here 50 more tokens of tools than the samples have) in one priced message (4 tokens more).
+    dialect, kit = api
+    counter = FakeMessageCounter()
+    for body in kit.samples():
+        plan = plan_request(body, spec=SPEC, policy=Policy(mode="off"), counter=counter, dialect=dialect)
+        view = dialect.accounting_view(body, plan.messages, plan.budget.tool_tokens + 50)
+        if view is body:  # the accounting's own shape: its tools are in it
+            assert counter.count_request(view) == plan.tokens_before
+        else:
+            assert counter.count_request(view) == plan.tokens_before + 50 + 4
 
 
 def test_the_registry_builds_one_route_table_without_clashes() -> None:
@@ -456,10 +475,24 @@ def test_every_error_status_renders_in_the_apis_shape(api: tuple[Dialect, Kit], 
     assert ending is None or b"m!" in ending
 
 
+def test_a_body_that_is_not_json_gets_the_apis_own_invalid_json_error(api: tuple[Dialect, Kit]) -> None:
+    dialect, kit = api
+    refused = InvalidJson("number is infinity when parsed as double", line=1, column=7, offset=6,
+                          excerpt='{"a": 1e400}\n      ^')  # fmt: skip
+    info = error_info(refused, dialect)
+    assert info.status == 400
+    shaped = dialect.error_body(info)
+    assert set(shaped) == kit.error_keys
+    said = json.dumps(shaped)
+    assert json.dumps(kit.invalid_json)[1:-1] in said
+    assert "1e400" in said or "char 6" in said  # where the parser stopped
+    assert "invalid_json" not in said  # no code of ours: each API has its own, or none
+
+
 def test_cannot_fit_carries_the_numbers_in_the_apis_shape(api: tuple[Dialect, Kit]) -> None:
     dialect, kit = api
     error = CannotFit(tokens=9000, budget_tokens=7000, window_tokens=8000, reserve_tokens=500, reason="r")
-    shaped = dialect.error_body(error_info(error))
+    shaped = dialect.error_body(error_info(error, dialect))
     assert set(shaped) == kit.error_keys and "9000" in json.dumps(shaped)
     # Our own refusal is recognised as an overflow by the same dialect (a client's retry logic).
     assert dialect.overflow(400, json.dumps(shaped).encode()) is not None

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.core.dialects.gemini import GEMINI
-from app.core.dialects.gemini_parse import parse_gemini
+from app.core.dialects.gemini_parse import parse_gemini, validate_body
 from app.core.errors import InvalidRequest
 from app.core.parse_memo import ParseMemo
 from tests.core.dialects.gemini_kit import step, user, words
@@ -37,9 +37,13 @@ SYSTEM = {"parts": [{"text": "You are a CLI agent."}]}
             {"contents": [{"parts": [{"functionResponse": {"response": {}}}]}]},
             "contents[0].parts[0].functionResponse",
         ),
-        ({"contents": [], "systemInstruction": "be nice"}, "systemInstruction"),
-        ({"contents": [], "generationConfig": {"maxOutputTokens": 0}}, "generationConfig.maxOutputTokens"),
-        ({"contents": [], "tools": {"functionDeclarations": []}}, "tools"),
+        ({"contents": [user("x")], "systemInstruction": "be nice"}, "systemInstruction"),
+        (
+            {"contents": [user("x")], "generationConfig": {"maxOutputTokens": 0}},
+            "generationConfig.maxOutputTokens",
+        ),
+        ({"contents": [user("x")], "tools": {"functionDeclarations": []}}, "tools"),
+        ({"contents": []}, "contents"),
     ],
 )
 def test_bad_bodies_are_invalid_requests_naming_the_field(request_body: dict[str, Any], param: str) -> None:
@@ -98,3 +102,41 @@ def test_a_bad_content_after_a_resent_history_is_still_refused() -> None:
     with pytest.raises(InvalidRequest) as caught:
         GEMINI.parse(bad, memo=memo)
     assert caught.value.param == f"contents[{len(bad['contents']) - 1}].role"
+
+
+@pytest.mark.parametrize(
+    ("request_body", "words"),
+    [
+        (
+            {"contents": [user("x")], "generationConfig": {"maxOutputTokens": "64"}},
+            "Invalid value at 'generation_config.max_output_tokens' (TYPE_INT32), \"64\"",
+        ),
+        (
+            {"contents": [user("x")], "generationConfig": {"maxOutputTokens": True}},
+            "Invalid value at 'generation_config.max_output_tokens' (TYPE_INT32), true",
+        ),
+        (
+            {"contents": [user("x")], "generationConfig": {"maxOutputTokens": 0}},
+            "maxOutputTokens value of 0 but the supported range is from 1 (inclusive)",
+        ),
+        (
+            {"contents": "a prompt the error must not echo back"},
+            "Invalid value at 'contents' (a repeated field), a string",
+        ),
+        ({"contents": []}, "contents is not specified"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_refused_in_googles_words(
+    request_body: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        validate_body(request_body)
+    assert words in refused.value.message
+    assert "must not echo" not in refused.value.message
+
+
+def test_an_empty_history_is_counted_but_never_answered() -> None:
+    assert validate_body({"contents": []}, kind="count")[0] == []
+    for kind in ("fit", None):
+        with pytest.raises(InvalidRequest, match="contents is not specified"):
+            validate_body({"contents": []}, kind=kind)  # type: ignore[arg-type]

@@ -392,7 +392,8 @@ def cannot_fit(tokens: int, budget: int, window: int, reserve: int) -> ErrorInfo
     return error_info(
         CannotFit(
             tokens=tokens, budget_tokens=budget, window_tokens=window, reserve_tokens=reserve, reason="x"
-        )
+        ),
+        MESSAGES,
     )
 
 
@@ -753,3 +754,32 @@ def test_a_summary_is_asked_with_messages_its_key_and_its_version() -> None:
     assert MESSAGES.summary_text(answer) == "- gist"
     assert MESSAGES.summary_text({"content": [{"type": "tool_use"}]}) is None
     assert MESSAGES.summary_text({"type": "error"}) is None
+
+
+def test_a_present_field_of_the_wrong_type_is_not_called_missing() -> None:
+    valid = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    for field, value, said in (
+        ("model", 5, "model: Input should be a valid string"),
+        ("messages", "hi", "messages: Input should be a valid list"),
+        ("max_tokens", "64", "max_tokens: Input should be a valid integer"),
+        ("max_tokens", 1.5, "Input should be a valid integer, got a number with a fractional part"),
+        ("max_tokens", 0, "max_tokens: Input should be greater than or equal to 1"),
+        ("stream", "yes", "stream: Input should be a valid boolean"),
+        ("messages", [], "messages: at least one message is required"),
+        ("thinking", {"type": "enabled", "budget_tokens": 100}, "greater than or equal to 1024"),
+    ):
+        with pytest.raises(InvalidRequest) as refused:
+            MESSAGES.parse({**valid, field: value})
+        assert said in refused.value.message
+        assert "Field required" not in refused.value.message
+    for field in ("model", "messages"):
+        with pytest.raises(InvalidRequest, match=f"^{field}: Field required$"):
+            MESSAGES.parse({k: v for k, v in valid.items() if k != field})
+
+
+def test_max_tokens_is_required_on_the_answering_route_only() -> None:
+    count_body = {"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(InvalidRequest, match=r"^max_tokens: Field required$"):
+        MESSAGES.parse(count_body, kind="fit")
+    assert MESSAGES.parse(count_body, kind="count").requested_output_tokens is None
+    assert MESSAGES.parse(count_body).requested_output_tokens is None  # a bare conversation

@@ -294,7 +294,7 @@ def test_problems_find_calls_without_outputs_outputs_without_calls_and_trailing_
 
 def test_cannot_fit_is_a_context_length_exceeded_error_with_the_numbers() -> None:
     error = CannotFit(tokens=900, budget_tokens=500, window_tokens=600, reserve_tokens=100, reason="too big")
-    shaped = RESPONSES.error_body(error_info(error))
+    shaped = RESPONSES.error_body(error_info(error, RESPONSES))
     assert shaped["error"]["code"] == "context_length_exceeded"
     assert shaped["error"]["type"] == "invalid_request_error"
     assert shaped["error"]["param"] == "input"
@@ -302,7 +302,7 @@ def test_cannot_fit_is_a_context_length_exceeded_error_with_the_numbers() -> Non
 
 
 def test_error_shapes_of_invalid_requests_and_upstream_failures() -> None:
-    bad = RESPONSES.error_body(error_info(InvalidRequest("nope", param="input[2]")))
+    bad = RESPONSES.error_body(error_info(InvalidRequest("nope", param="input[2]"), RESPONSES))
     assert bad == {
         "error": {"message": "nope", "type": "invalid_request_error", "param": "input[2]", "code": None}
     }
@@ -478,3 +478,29 @@ def test_a_summary_is_asked_with_instructions_and_input_not_stored() -> None:
     assert RESPONSES.summary_text(answer) == "- one\n- two"
     assert RESPONSES.summary_text({"output": [{"type": "reasoning"}]}) is None
     assert RESPONSES.summary_text({}) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (0, "Expected a value >= 16, but got 0 instead."),
+        (15, "Expected a value >= 16, but got 15 instead."),
+        ("16", "expected an integer, but got a string instead."),
+        (16.0, "expected an integer, but got a decimal number instead."),
+    ],
+)
+def test_max_output_tokens_is_an_integer_of_at_least_16(value: object, words: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        RESPONSES.parse({"model": "m", "input": "hi", "max_output_tokens": value})
+    assert words in refused.value.message and refused.value.param == "max_output_tokens"
+    least = RESPONSES.parse({"model": "m", "input": "hi", "max_output_tokens": 16})
+    assert least.requested_output_tokens == 16
+
+
+def test_a_field_of_the_wrong_type_is_named_with_both_types() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        RESPONSES.parse({"model": "m", "input": 5})
+    assert refused.value.message == (
+        "Invalid type for 'input': expected a string or an array, but got an integer instead."
+    )
+    assert refused.value.code == "invalid_type"
