@@ -35,7 +35,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -279,8 +279,10 @@ class CountingPool:
 
     ``counts(count, texts)`` equals ``[count(t) for t in texts]``. A batch of fewer than
     ``PARALLEL_MIN_CHARS`` characters is counted in the calling thread; a larger one is cut into
-    consecutive chunks (about four per thread, ``CHUNK_MIN_CHARS`` at least) of which at most
-    ``threads`` are queued at a time, so concurrent batches share the threads chunk by chunk.
+    consecutive chunks (about four per thread, ``CHUNK_MIN_CHARS`` at least) that at most
+    ``threads`` tasks count (:class:`_Batch`): a task counts the next chunk, then queues itself
+    again behind what other batches queued, so concurrent batches share the threads chunk by chunk
+    and a batch's chunks follow each other without waking its caller.
     """
 
     def __init__(self, threads: int) -> None:
@@ -296,32 +298,80 @@ class CountingPool:
         if self._executor is None or total < PARALLEL_MIN_CHARS or len(texts) < 2:
             return [count(text) for text in texts]
         chunks = _chunks(texts, max(CHUNK_MIN_CHARS, total // (4 * self.threads)))
-        out: list[int] = [0] * len(texts)
-        running: dict[Future[list[int]], int] = {}
-
-        def collect(done: set[Future[list[int]]]) -> None:
-            for future in done:
-                start = running.pop(future)
-                found = future.result()
-                out[start : start + len(found)] = found
-
-        for start, stop in chunks:
-            if len(running) >= self.threads:
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                collect(done)
-            running[self._executor.submit(_count_all, count, texts[start:stop])] = start
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            collect(done)
-        return out
+        batch = _Batch(count, texts, chunks, self._executor)
+        for _ in range(min(self.threads, len(chunks))):
+            try:
+                self._executor.submit(batch.step)
+            except RuntimeError:  # the pool was shut down (reconfigured): the caller counts
+                batch.step()
+        return batch.result()
 
     def shutdown(self) -> None:
+        # Queued steps still run (their batches' callers wait for them); the threads then end.
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=False)
 
 
-def _count_all(count: Callable[[str], int], texts: Sequence[str]) -> list[int]:
-    return [count(text) for text in texts]
+class _Batch:
+    """One batch's chunks, claimed one at a time by the pool's tasks (``step``); ``result()``
+    waits for the last one and raises the first error a chunk met (no chunk is claimed after)."""
+
+    __slots__ = (
+        "_count", "_done", "_error", "_executor", "_left", "_lock", "_next", "chunks", "out", "texts",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        count: Callable[[str], int],
+        texts: Sequence[str],
+        chunks: Sequence[tuple[int, int]],
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self._count = count
+        self.texts = texts
+        self.chunks = chunks
+        self._executor = executor
+        self.out: list[int] = [0] * len(texts)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._next = 0
+        self._left = len(chunks)  # chunks claimed or not yet, whose counting has not ended
+        self._error: BaseException | None = None
+
+    def step(self) -> None:
+        while True:
+            with self._lock:
+                index = self._next
+                if index >= len(self.chunks):
+                    return
+                self._next += 1
+            start, stop = self.chunks[index]
+            try:
+                self.out[start:stop] = [self._count(text) for text in self.texts[start:stop]]
+            except BaseException as error:  # handed to the caller by result()
+                with self._lock:
+                    self._error = self._error or error
+                    self._left -= len(self.chunks) - self._next  # what no task will claim now
+                    self._next = len(self.chunks)
+            with self._lock:
+                self._left -= 1
+                finished = self._left == 0
+                more = self._next < len(self.chunks)
+            if finished:
+                self._done.set()
+            if not more:
+                return
+            try:  # behind the other batches' chunks
+                self._executor.submit(self.step)
+                return
+            except RuntimeError:  # the pool was shut down (reconfigured): this thread counts on
+                continue
+
+    def result(self) -> list[int]:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self.out
 
 
 def _chunks(texts: Sequence[str], chunk_chars: int) -> list[tuple[int, int]]:

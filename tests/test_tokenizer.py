@@ -6,7 +6,6 @@ import gzip
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 import tiktoken
@@ -259,25 +258,60 @@ def test_a_large_batch_is_counted_on_the_pool_with_the_same_counts() -> None:
         pool.shutdown()
 
 
-def test_one_batch_keeps_at_most_threads_chunks_queued(monkeypatch: pytest.MonkeyPatch) -> None:
-    from concurrent.futures import wait
-
-    queued: list[int] = []
-
-    def watched(futures: Any, **options: Any) -> Any:
-        queued.append(len(futures))
-        return wait(futures, **options)
-
-    monkeypatch.setattr(tokenizer, "wait", watched)
+def test_one_batch_counts_on_at_most_threads_threads_at_a_time() -> None:
     texts = ["x" * tokenizer.CHUNK_MIN_CHARS] * 40
     assert tokenizer._chunks(texts, 3 * tokenizer.CHUNK_MIN_CHARS)[:2] == [(0, 3), (3, 6)]
+    lock = threading.Lock()
+    active = peak = calls = 0
+
+    def count(text: str) -> int:
+        nonlocal active, peak, calls
+        with lock:
+            active += 1
+            calls += 1
+            peak = max(peak, active)
+        try:
+            return len(text)
+        finally:
+            with lock:
+                active -= 1
+
     pool = tokenizer.CountingPool(2)
     try:
+        assert pool.counts(count, texts) == [len(t) for t in texts]
+    finally:
+        pool.shutdown()
+    assert calls == len(texts) and 1 <= peak <= 2
+
+
+def test_a_chunk_that_fails_raises_in_the_caller_and_the_pool_serves_on() -> None:
+    texts = ["z" * tokenizer.CHUNK_MIN_CHARS] * 24
+
+    def count(text: str) -> int:
+        if text is texts[13]:
+            raise ValueError("boom")
+        return len(text)
+
+    texts[13] = "w" * tokenizer.CHUNK_MIN_CHARS
+    pool = tokenizer.CountingPool(2)
+    try:
+        with pytest.raises(ValueError, match="boom"):
+            pool.counts(count, texts)
         assert pool.counts(len, texts) == [len(t) for t in texts]
     finally:
         pool.shutdown()
-    # Concurrent batches take turns: one never has more than ``threads`` chunks in the queue.
-    assert max(queued) == 2 and len(queued) >= 4
+
+
+def test_a_pool_shut_down_during_a_batch_finishes_it() -> None:
+    texts = [f"{i} " + "y" * tokenizer.CHUNK_MIN_CHARS for i in range(24)]
+    pool = tokenizer.CountingPool(2)
+
+    def count(text: str) -> int:
+        pool.shutdown()  # as configure_counting does to the pool it replaces
+        return len(text)
+
+    assert pool.counts(count, texts) == [len(t) for t in texts]
+    assert pool.counts(len, texts) == [len(t) for t in texts]  # after: counted in the caller
 
 
 def test_a_pool_of_one_thread_counts_in_the_caller() -> None:
