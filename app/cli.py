@@ -6,10 +6,11 @@
     ctxproxy demo   [--turns N] [--window N]              local demo: no API key, no internet
     ctxproxy plan   FILE.json [--api NAME] [--model-window N] [--policy auto|truncate|reject|off] [...]
                                                           print the plan of a request body, offline
-    ctxproxy models [--models-file PATH] [--upstream URL | --proxy URL]
+    ctxproxy models [--models-file PATH] [--upstream URL | --proxy URL [--key KEY]]
                                                           print the model table; --upstream: the models
                                                           that upstream serves, as discovered; --proxy:
-                                                          what a running ctxproxy knows (calibration too)
+                                                          what a running ctxproxy knows (calibration too:
+                                                          what the requests with --key taught it)
 
 Settings come from the environment (``CTXPROXY_*``, see ``app.settings``); the flags override the few
 they name. ``plan`` never touches the network, nor does ``models`` without ``--upstream`` or
@@ -130,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--proxy",
         metavar="URL",
         help="ask a running ctxproxy (e.g. http://127.0.0.1:8080) what it knows: GET /v1/context/models",
+    )
+    models.add_argument(
+        "--key",
+        metavar="KEY",
+        help="with --proxy: the key your client sends (as Authorization: Bearer): what the proxy learned "
+        "is per client key, and a proxy with keys on asks for one",
     )
     models.add_argument(
         "--timeout", type=float, default=5.0, help="seconds per request with --upstream/--proxy (default 5)"
@@ -443,7 +450,7 @@ def format_models(specs: Sequence[Any], default: Any | None) -> str:
 
 def cmd_models(args: argparse.Namespace) -> int:
     if args.proxy is not None:
-        return _proxy_models(args.proxy, timeout_s=args.timeout)
+        return _proxy_models(args.proxy, key=args.key, timeout_s=args.timeout)
     registry = _registry(args.models_file)
     if args.upstream is None:
         print(format_models(registry.entries(), registry.default))
@@ -460,8 +467,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _proxy_models(url: str, *, timeout_s: float) -> int:
-    """The table a running proxy reports (``GET /v1/context/models``)."""
+def _proxy_models(url: str, *, key: str | None, timeout_s: float) -> int:
+    """The table a running proxy reports (``GET /v1/context/models``) to a client with ``key``."""
     import httpx
 
     from .core.registry import ModelSpec
@@ -470,13 +477,14 @@ def _proxy_models(url: str, *, timeout_s: float) -> int:
         raise CliError(f"--proxy must start with http:// or https://, got {url!r}")
     where = f"{url.rstrip('/')}/v1/context/models"
     try:
-        response = httpx.get(where, timeout=timeout_s)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        response = httpx.get(where, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
         print(f"ctxproxy: could not reach {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     not_ours = f"ctxproxy: {url} does not look like ctxproxy: GET {where} answered"
     if response.status_code == 401:
-        why = "a proxy with CTXPROXY_API_KEYS wants a key, which --proxy does not send"
+        why = "a proxy with CTXPROXY_API_KEYS wants a key it knows (--key)"
         print(f"ctxproxy: GET {where} answered 401: {why}", file=sys.stderr)
         return 1
     if response.status_code != 200:
@@ -510,6 +518,7 @@ async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -
     import httpx
 
     from .core.knowledge import Knowledge
+    from .core.tenant import ANONYMOUS
     from .service.discovery import Discovery
     from .upstream.client import UpstreamClient
 
@@ -523,7 +532,8 @@ async def _discovered_specs(registry: Any, base_url: str, *, timeout_s: float) -
             await discovery.wait_idle()
         finally:
             await discovery.aclose()
-    return [knowledge.effective(registry.resolve(model)) for model in ids]
+    # What the upstream said (discovery) is everyone's: no tenant learned anything here.
+    return [knowledge.effective(registry.resolve(model), tenant=ANONYMOUS) for model in ids]
 
 
 COMMANDS = {"serve": cmd_serve, "demo": cmd_demo, "plan": cmd_plan, "models": cmd_models}

@@ -414,6 +414,10 @@ def create_app(
                 observability=observability,
                 cache=summaries.cache,
             )
+            from .service.recall import Recall
+
+            # Made even with CTXPROXY_RECALL off: X-Context-Recall: on turns it on for a request.
+            recall = Recall(settings=settings, events=observability)
             app.state.service = Service(
                 settings=settings,
                 registry=models,
@@ -421,6 +425,7 @@ def create_app(
                 upstream=upstream,
                 summaries=summaries,
                 learner=learner,
+                recall=recall,
             )
             observability.use_knowledge(learner.knowledge.discovered)
             session_store = shared_store(settings, summaries.cache, name="sessions")
@@ -435,6 +440,7 @@ def create_app(
                 thaw_startup_heap()
                 await learner.aclose()
                 await summaries.aclose()
+                await recall.aclose()
         finally:
             await sender.aclose()
 

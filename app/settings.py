@@ -143,6 +143,15 @@ class Settings(BaseSettings):
         default=None,
         description="Wire API of summary requests (a dialect's name); unset: the request's own.",
     )
+    recall: bool = Field(
+        default=True,
+        description="What a cut removes is named by a recall id where it was and kept for a while; the "
+        "model may fetch it back with the ctx_recall tool, which the proxy adds and answers itself.",
+    )
+    recall_ttl_s: float = Field(default=86400.0, gt=0, description="Seconds what a cut removed is kept.")
+    recall_max_mb: int = Field(
+        default=64, ge=1, description="Megabytes of removed text kept in process (Redis: its own limits)."
+    )
     summary_retry_after_s: float = Field(
         default=60.0,
         gt=0,
@@ -277,6 +286,7 @@ class Settings(BaseSettings):
             cut_target=self.cut_target,
             lower_output=self.lower_output,
             output_floor_tokens=self.output_floor_tokens,
+            recall="tool" if self.recall else "off",
         )
 
     def upstream_key(self) -> str | None:

@@ -24,7 +24,10 @@ Measured from what the upstream received (forwarded messages, compared as JSON v
 
 Each figure is the median of ``--runs`` sessions (different seeds). ``--cut-targets`` sweeps the
 proxy's ``CTXPROXY_CUT_TARGET`` (the choice of the default); ``--baseline`` runs without setting it
-(for a tree that predates it). Writes ``bench/results/cache.md``, ``cache.json`` and ``cache.png``.
+(for a tree that predates it); ``--recall off,on`` runs each row with ``CTXPROXY_RECALL`` off and
+on (recall ids in the placeholders and the ``ctx_recall`` tool offered; the fake never calls it:
+what offering it costs the cache), default: the proxy's default (on). Writes
+``bench/results/cache.md``, ``cache.json`` and ``cache.png``.
 Loopback only; bounded (each session at most ~90 requests).
 """
 
@@ -156,7 +159,13 @@ class Session:
 
 
 def run_session(
-    shape: Shape, *, summaries: bool, seed: int, cut_target: float | None, think_s: float
+    shape: Shape,
+    *,
+    summaries: bool,
+    seed: int,
+    cut_target: float | None,
+    think_s: float,
+    recall: bool | None = None,
 ) -> Session:
     """One session through a fresh proxy and fake upstream; the per-request records."""
     rng = random.Random(seed)
@@ -170,6 +179,8 @@ def run_session(
         models_file = Path(tmp) / "models.toml"
         models_file.write_text(fake.models_toml(), encoding="utf-8")
         options: dict[str, Any] = {"cut_target": cut_target} if cut_target is not None else {}
+        if recall is not None:
+            options["recall"] = recall
         settings = Settings(
             upstream_base_url=f"{upstream_url}/v1",
             upstream_api_key=None,
@@ -279,14 +290,16 @@ def render(results: list[dict[str, Any]], *, runs: int, note: str) -> str:
         "upstream on 127.0.0.1 (uvicorn), exact tiktoken counts, in-process summary cache, fake "
         "summarizer (20 ms). " + note,
         "",
-        "| shape | summaries | cut target | requests | trimmed | prefix stability | cache reuse "
+        "| shape | summaries | recall | cut target | requests | trimmed | prefix stability | cache reuse "
         "(all / trimmed) | summary calls / request | utilization | over window |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in results:
         s, on = row["shape"], row["summaries"]
+        recall = row.get("recall")
         lines.append(
-            f"| {s} | {'on' if on else 'off'} | {_target(row['cut_target'])} "
+            f"| {s} | {'on' if on else 'off'} | {'default' if recall is None else 'on' if recall else 'off'} "
+            f"| {_target(row['cut_target'])} "
             f"| {row['requests']} | {row['trimmed']} "
             f"| {_fmt(row['stability'])}{_verdict(s, 'stability', row['stability'], on)} "
             f"| {_fmt(row['reuse'])}{_verdict(s, 'reuse', row['reuse'], on)} / {_fmt(row['reuse_trimmed'])} "
@@ -337,7 +350,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="cache")
     parser.add_argument("--note", default="")
+    parser.add_argument("--recall", default="", help="off, on or off,on (default: the proxy's default)")
     args = parser.parse_args(argv)
+    recalls: list[bool | None] = [m == "on" for m in args.recall.split(",")] if args.recall else [None]
     targets: list[float | None] = (
         [None] if args.baseline or not args.cut_targets else [float(t) for t in args.cut_targets.split(",")]
     )
@@ -345,17 +360,27 @@ def main(argv: list[str] | None = None) -> None:
     for shape_name in args.shapes.split(","):
         shape = SHAPES[shape_name]
         for mode in args.summaries.split(","):
-            for target in targets:
+            for target, recall in [(t, r) for t in targets for r in recalls]:
                 runs = [
                     measure(
                         shape,
                         run_session(
-                            shape, summaries=mode == "on", seed=seed, cut_target=target, think_s=args.think_s
+                            shape,
+                            summaries=mode == "on",
+                            seed=seed,
+                            cut_target=target,
+                            think_s=args.think_s,
+                            recall=recall,
                         ),
                     )
                     for seed in range(1, args.runs + 1)
                 ]
-                row: dict[str, Any] = {"shape": shape.name, "summaries": mode == "on", "cut_target": target}
+                row: dict[str, Any] = {
+                    "shape": shape.name,
+                    "summaries": mode == "on",
+                    "cut_target": target,
+                    "recall": recall,
+                }
                 for key in (
                     "requests",
                     "trimmed",

@@ -24,8 +24,19 @@ expired: ``CTXPROXY_UPSTREAM_KEEPALIVE_S`` is 2 s here); they must be back to th
 The bodies come from a fixed pool (``--distinct`` per kind) so that the comparison measures what
 requests leave behind, not cache fill.
 
-Writes the table to ``bench/results/soak.md``; ``--readme`` also puts it in README.md between the
-``<!-- SOAK:START -->`` and ``<!-- SOAK:END -->`` markers. Exit code 0 when every check passes.
+``--churn`` (issue 27: bounded per-key state): every request is another client's, for another
+model, with another output cap: its own key (in every key slot), its own model name
+(``soak-small-c<n>``, which the model table resolves by its prefix, so the window and the cuts are
+the same), its own ``max_tokens`` (32 to 511); the over-long ones are cut and summarized (summaries
+are on by default), so the summarizers, the summary cache, the learned knowledge, the anchors, the
+discovery's and the labels' memos all see a new key each time. The warm-up then sends
+``CHURN_WARMUP`` such requests (more than any per-key map holds, so every bound is reached) before
+the run (unless ``--warmup`` says otherwise), and the run passes when the resident memory grew by
+at most ``CHURN_RSS_TOLERANCE``.
+
+Writes the table to ``bench/results/soak.md`` (``--churn``: ``soak-churn.md``); ``--readme`` also
+puts it in README.md between the ``<!-- SOAK:START -->`` and ``<!-- SOAK:END -->`` markers
+(``--churn``: ``SOAK-CHURN``). Exit code 0 when every check passes.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -58,9 +70,15 @@ KINDS = (
 )  # fmt: skip
 BAD_VARIANTS = ("json", "budget", "role", "too_large")
 RSS_TOLERANCE = 0.05
+# --churn: every per-key map is bounded (the largest hold 4,096 keys): a warm-up past that fills
+# them all, after which the resident memory may grow by at most this share.
+CHURN_WARMUP = 6000
+CHURN_RSS_TOLERANCE = 0.10
+KEY_HEADERS = ("Authorization", "x-api-key", "x-goog-api-key")
 FD_TOLERANCE = 2
 KEEPALIVE_S = 2.0
 SETTLE_S = KEEPALIVE_S + 3.0
+IDLE_MAX_S = 60.0
 
 
 # What the last event of a good stream holds, per route.
@@ -131,7 +149,7 @@ def build_pool(distinct: int) -> dict[str, list[Expect]]:
     return pool
 
 
-def in_route(expect: Expect, route: routes.Route) -> Expect:
+def in_route(expect: Expect, route: routes.Route, *, model: str = MODEL) -> Expect:
     """``expect`` (a chat request) sent to ``route``: its body written in that API's shape (a body
     that is not a chat request is sent as is: malformed JSON, an over-limit pad), its headers."""
     headers = {**dict(route.headers), **expect.headers}
@@ -155,7 +173,7 @@ def in_route(expect: Expect, route: routes.Route) -> Expect:
     path = route.path
     if route.name == "gemini":
         # The model is in Gemini's path, and so is streaming (an event stream with alt=sse).
-        path = f"/v1beta/models/{MODEL}:" + (
+        path = f"/v1beta/models/{model}:" + (
             "streamGenerateContent?alt=sse" if expect.stream else "generateContent"
         )
     return Expect(
@@ -170,6 +188,33 @@ def build_route_pool(distinct: int, names: list[str]) -> dict[str, list[list[Exp
         kind: [[in_route(e, routes.BY_NAME[name]) for e in bodies] for name in names]
         for kind, bodies in chat_pool.items()
     }
+
+
+def churned(expect: Expect, route: routes.Route, n: int) -> Expect:
+    """Request ``n`` of ``--churn``: ``expect`` (a chat request of the pool) as another client's, for
+    another model name with another output cap (a bad request keeps its body: only its key is new)."""
+    key = f"sk-soak-churn-{n}"
+    try:
+        chat = json.loads(expect.body)
+    except ValueError:
+        chat = None
+    if expect.status == 200 and isinstance(chat, dict):
+        model = f"{MODEL}-c{n}"
+        changed = Expect(
+            json.dumps({**chat, "model": model, "max_tokens": 32 + (n * 7) % 480}).encode(),
+            expect.status,
+            expect.headers,
+            expect.stream,
+            expect.fitted,
+        )
+        done = in_route(changed, route, model=model)
+    else:
+        done = in_route(expect, route)
+    headers = {
+        **done.headers,
+        **{name: (f"Bearer {key}" if name == "Authorization" else key) for name in KEY_HEADERS},
+    }
+    return Expect(done.body, done.status, headers, done.stream, done.fitted, done.path, done.stream_end)
 
 
 @dataclass
@@ -189,7 +234,8 @@ class Tally:
 
 async def one(session: aiohttp.ClientSession, base_url: str, kind: str, expect: Expect, tally: Tally) -> None:
     tally.sent[kind] += 1
-    tally.routes[expect.path] += 1
+    # A churned model in the path (Gemini's) is counted under one name, not 20,000.
+    tally.routes[re.sub(rf"/{MODEL}-c\d+:", f"/{MODEL}-c<n>:", expect.path)] += 1
     headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-soak", **expect.headers}
     started = time.perf_counter()
     try:
@@ -225,8 +271,11 @@ async def drive(
     count: int,
     concurrency: int,
     deadline: float,
+    churn: dict[str, list[Expect]] | None = None,
+    names: list[str] | None = None,
 ) -> Tally:
-    """Requests ``start .. start+count-1`` of the mix, ``concurrency`` at a time, until the deadline."""
+    """Requests ``start .. start+count-1`` of the mix, ``concurrency`` at a time, until the deadline;
+    with ``churn`` (the chat pool) and ``names`` (the routes), each as ``churned`` makes it."""
     tally = Tally()
     counter = iter(range(start, start + count))
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -240,7 +289,11 @@ async def drive(
                 kind = KINDS[n % len(KINDS)]
                 per_route = pool[kind]
                 bodies = per_route[n % len(per_route)]
-                await one(session, base_url, kind, bodies[(n // len(KINDS)) % len(bodies)], tally)
+                expect = bodies[(n // len(KINDS)) % len(bodies)]
+                if churn is not None and names is not None:
+                    chat = churn[kind][(n // len(KINDS)) % len(bodies)]
+                    expect = churned(chat, routes.BY_NAME[names[n % len(names)]], n)
+                await one(session, base_url, kind, expect, tally)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return tally
@@ -253,8 +306,19 @@ def fd_count(pid: int) -> int:
         return -1
 
 
-def settle(server: Server, seconds: float = SETTLE_S) -> tuple[int, int]:
+def settle(server: Server, seconds: float = SETTLE_S, *, idle_fds: int | None = None) -> tuple[int, int]:
+    """RSS and file descriptors after ``seconds``; with ``idle_fds``, and then until the proxy is
+    back to that many descriptors (``FD_TOLERANCE`` more) or ``IDLE_MAX_S`` more have passed: with
+    ``--churn`` its background summaries (a bounded backlog, ``summary_concurrency`` at a time)
+    still hold upstream connections for a while after the last answer."""
     time.sleep(seconds)
+    deadline = time.monotonic() + IDLE_MAX_S
+    while (
+        idle_fds is not None
+        and fd_count(server.pid) > idle_fds + FD_TOLERANCE
+        and time.monotonic() < deadline
+    ):
+        time.sleep(1.0)
     return server.rss_kib(), fd_count(server.pid)
 
 
@@ -285,7 +349,7 @@ def render(result: dict[str, Any]) -> str:
         (
             "proxy RSS after warm-up / after run (MiB)",
             f"{result['rss_warm_kib'] / 1024:.1f} / {result['rss_after_kib'] / 1024:.1f}"
-            f" ({result['rss_change']:+.1%})",
+            f" ({result['rss_change']:+.1%}; limit {result.get('tolerance', RSS_TOLERANCE):.0%})",
         ),
         (
             "proxy file descriptors idle: start / after warm-up / after run",
@@ -298,12 +362,12 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(table: str, header: str) -> None:
+def update_readme(table: str, header: str, *, marker: str = "SOAK") -> None:
     readme = REPO / "README.md"
     text = readme.read_text(encoding="utf-8")
-    start, end = "<!-- SOAK:START -->", "<!-- SOAK:END -->"
+    start, end = f"<!-- {marker}:START -->", f"<!-- {marker}:END -->"
     if start not in text or end not in text:
-        raise SystemExit("README.md has no <!-- SOAK:START --> / <!-- SOAK:END --> markers")
+        raise SystemExit(f"README.md has no {start} / {end} markers")
     before, rest = text.split(start, 1)
     _, after = rest.split(end, 1)
     readme.write_text(f"{before}{start}\n{header}\n\n{table}\n{end}{after}", encoding="utf-8")
@@ -312,6 +376,8 @@ def update_readme(table: str, header: str) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     names = list(getattr(args, "routes", None) or [r.name for r in routes.ROUTES])
     pool_bodies = build_route_pool(args.distinct, names)
+    churn = build_pool(args.distinct) if getattr(args, "churn", False) else None
+    tolerance = CHURN_RSS_TOLERANCE if churn is not None else RSS_TOLERANCE
     with tempfile.TemporaryDirectory(prefix="ctxproxy-soak-") as tmp, ServerPool(Path(tmp)) as servers:
         models = Path(tmp) / "models.toml"
         models.write_text(
@@ -345,14 +411,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         url = proxy.base_url
         _, fd_start = settle(proxy, 0.5)  # ready, before any chat request
         deadline = time.monotonic() + args.max_duration_s
-        # Every distinct body of every route once (request n: kind n % 20, route n % routes).
-        warm_count = max(args.warmup, len(KINDS) * args.distinct * len(names))
+        # Every distinct body of every route once (request n: kind n % 20, route n % routes); with
+        # --churn, more new keys than any bounded map holds.
+        warmup = args.warmup or (CHURN_WARMUP if churn is not None else 0)
+        warm_count = max(warmup, len(KINDS) * args.distinct * len(names))
         warm = asyncio.run(
             drive(
-                url, pool_bodies, start=0, count=warm_count, concurrency=args.concurrency, deadline=deadline
+                url,
+                pool_bodies,
+                start=0,
+                count=warm_count,
+                concurrency=args.concurrency,
+                deadline=deadline,
+                churn=churn,
+                names=names,
             )
         )
-        rss_warm, fd_warm = settle(proxy)
+        idle = fd_start if churn is not None else None
+        rss_warm, fd_warm = settle(proxy, idle_fds=idle)
         began = time.monotonic()
         tally = asyncio.run(
             drive(
@@ -362,10 +438,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 count=args.requests,
                 concurrency=args.concurrency,
                 deadline=deadline,
+                churn=churn,
+                names=names,
             )
         )
         duration_s = time.monotonic() - began
-        rss_after, fd_after = settle(proxy)
+        rss_after, fd_after = settle(proxy, idle_fds=idle)
         alive = proxy.proc.poll() is None
     failures: list[str] = []
     sent = sum(tally.sent.values())
@@ -377,8 +455,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if any(tally.ok[k] != tally.sent[k] for k in good):
         failures.append("a good request was not answered")
     rss_change = (rss_after - rss_warm) / rss_warm if rss_warm else float("nan")
-    if not rss_change <= RSS_TOLERANCE:
-        failures.append(f"RSS grew {rss_change:+.1%} (limit {RSS_TOLERANCE:.0%})")
+    if not rss_change <= tolerance:
+        failures.append(f"RSS grew {rss_change:+.1%} (limit {tolerance:.0%})")
     if fd_after > fd_start + FD_TOLERANCE or fd_warm > fd_start + FD_TOLERANCE:
         failures.append(f"file descriptors {fd_start} -> {fd_warm} -> {fd_after}")
     if not alive:
@@ -397,6 +475,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fd_after": fd_after,
         "passed": not failures,
         "failures": failures,
+        "churn": churn is not None,
+        "tolerance": tolerance,
     }
 
 
@@ -410,21 +490,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--distinct", type=int, default=50, help="distinct bodies per kind")
     parser.add_argument(
+        "--churn",
+        action="store_true",
+        help="every request another client's (key), model name and output cap; memory within 10%%",
+    )
+    parser.add_argument(
         "--routes",
         type=lambda text: [name for name in text.split(",") if name],
         default=[r.name for r in routes.ROUTES],
         help="comma-separated routes to mix (default chat,responses,messages)",
     )
     parser.add_argument("--max-duration-s", type=float, default=900.0, help="hard stop (the run then fails)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.md")
+    parser.add_argument(
+        "--out", type=Path, help="the table (default bench/results/soak.md, or soak-churn.md)"
+    )
     parser.add_argument("--readme", action="store_true", help="also write the table into README.md")
     args = parser.parse_args(argv)
     args.requests = args.requests or (2000 if args.quick else 20000)
     args.concurrency = args.concurrency or (32 if args.quick else 64)
     result = run(args)
     table = render(result)
+    flags = (" --quick" if args.quick else "") + (" --churn" if args.churn else "")
     header = (
-        f"`python -m bench.soak{' --quick' if args.quick else ''}` on {platform.machine()}, "
+        f"`python -m bench.soak{flags}` on {platform.machine()}, "
         f"{os.cpu_count()} cores shared with the load generator and the fake upstream, "
         f"{time.strftime('%Y-%m-%d')}: {args.requests:,} requests after a warm-up of "
         f"{sum(result['warm'].sent.values()):,}."
@@ -433,10 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     for example in result["tally"].examples + result["warm"].examples:
         print("  example:", example)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(f"# Soak\n\n{header}\n\n{table}\n", encoding="utf-8")
+    out = args.out or REPO / "bench" / "results" / ("soak-churn.md" if args.churn else "soak.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    title = "Soak: a new client, model and output cap on every request" if args.churn else "Soak"
+    out.write_text(f"# {title}\n\n{header}\n\n{table}\n", encoding="utf-8")
     if args.readme:
-        update_readme(table, header)
+        update_readme(table, header, marker="SOAK-CHURN" if args.churn else "SOAK")
     return 0 if result["passed"] else 1
 
 

@@ -103,8 +103,10 @@ def run_session(
     think_s: float = 0.3,
     summary_delay_s: float = 0.2,
     seed: int = 11,
+    recall: bool | None = None,
 ) -> dict[str, Any]:
-    """Drive one session and return the raw per-turn records plus the proxy's counters."""
+    """Drive one session and return the raw per-turn records plus the proxy's counters
+    (``recall``: ``CTXPROXY_RECALL``, None for the proxy's default)."""
     rng = random.Random(seed)
     fake = FakeUpstream([FakeModel(MODEL, window_tokens, max_output_tokens=1024)])
     fake.summary_mode, fake.summary_delay_s = "slow", summary_delay_s
@@ -118,6 +120,7 @@ def run_session(
             models_file=models_file,
             summarize=True,
             log_level="WARNING",
+            **({} if recall is None else {"recall": recall}),
         )
         app = create_app(settings)
         with serve_app(app) as proxy_url, httpx.Client(base_url=proxy_url, timeout=60) as client:

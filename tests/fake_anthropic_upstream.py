@@ -28,7 +28,8 @@ capped summarizer of ``tests.fake_summarizer`` (no kinder than a real model), co
 
 Answers (``respond``): :attr:`FakeAnthropic.script` when set (a scripted model: its blocks), else
 scripted tool loops (while the request has ``tools`` and the current loop has fewer than
-``FakeClaude.loop_calls`` tool results, it calls the first tool with ``{"step": n}``; then a final
+``FakeClaude.loop_calls`` tool results, it calls the first tool of the client (never the proxy's
+``ctx_recall``) with ``{"step": n}``; then a final
 text repeating every ``FACT-...`` token it was sent, in order), optional thinking first (when the
 body enables it), ``usage`` with ``input_tokens`` = its count, as JSON or real SSE
 (``message_start``, ``ping``, ``content_block_start/delta/stop``, ``message_delta``,
@@ -405,7 +406,10 @@ class FakeAnthropic:
             text = f"Thinking about step {results} of this loop."
             signature = self.signer.sign(text, loop_results(messages, len(messages)))
             content.append({"type": "thinking", "thinking": text, "signature": signature})
-        tools = body.get("tools") or []
+        # The client's tools: a model with nothing to fetch back does not call the proxy's ctx_recall.
+        tools = [
+            t for t in body.get("tools") or [] if isinstance(t, Mapping) and t.get("name") != "ctx_recall"
+        ]
         n = next(self._ids)
         scripted = self.script(body) if self.script is not None else None
         if scripted is not None:

@@ -160,12 +160,15 @@ class FakeModelServer:
         with self._lock:
             self.requests.clear()
 
-    def count_prompt(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        """The server's own count: per message its overhead, role and text; then reply priming."""
+    def count_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> int:
+        """The server's own count: per message its overhead, role and text; then reply priming; and
+        the tool definitions its chat template renders (their JSON), when there are any."""
         total = self.priming_tokens
         for message in messages:
             total += self.tokens_per_message + self.tokenizer(str(message.get("role", "")))
             total += self.tokenizer(_text(message.get("content")))
+        if tools:
+            total += self.tokenizer(json.dumps(tools))
         return total
 
     # -- discovery endpoints ------------------------------------------------------------------------
@@ -255,7 +258,7 @@ class FakeModelServer:
         if model is None:
             self._record(request, raw, 404)
             return JSONResponse({"error": {"message": "no such model", "code": 404}}, status_code=404)
-        prompt = await asyncio.to_thread(self.count_prompt, body["messages"])
+        prompt = await asyncio.to_thread(self.count_prompt, body["messages"], body.get("tools"))
         requested = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         error = self._overflow(model, prompt, requested)
         if error is not None:

@@ -10,9 +10,14 @@ proxy talks to it exactly as it talks to vLLM, llama.cpp or OpenAI:
   the model's error dialect (``openai``, ``vllm`` or ``llamacpp``, the bodies those servers send);
   otherwise it answers a deterministic reply with ``usage`` (``prompt_tokens`` = its own count), as
   JSON or as SSE chunks (``stream: true``; a final usage chunk when
-  ``stream_options.include_usage``; then ``data: [DONE]``). When the request has ``tools`` and the
-  last message is a user message naming a tool (or ``tool_choice`` forces one) it answers with a
-  tool call instead.
+  ``stream_options.include_usage``; then ``data: [DONE]``; a tool call's arguments come in
+  pieces, as OpenAI sends them). When the request has ``tools`` and the last message is a user
+  message naming a tool (or ``tool_choice`` forces one) it answers with a tool call instead. With
+  :attr:`FakeUpstream.recaller` (``tests.fake_recaller``) it is a model that needs one fact and
+  fetches it back with ``ctx_recall`` when it sees it only as a recall id.
+* It refuses (400, OpenAI's wordings) a conversation whose tool calls and results do not pair:
+  an assistant message with ``tool_calls`` not followed by a ``tool`` message for each, a ``tool``
+  message that answers no call of the assistant message before it.
 * It doubles as a summarizer: a chat request whose system prompt starts with the project's
   summary prompt (``app.compaction.prompts.SYSTEM_MARKER``) is answered with the extractive,
   capped summary of ``tests.fake_summarizer`` (no kinder than a real model: it knows nothing of
@@ -21,6 +26,9 @@ proxy talks to it exactly as it talks to vLLM, llama.cpp or OpenAI:
   requests fail (``"error"``: a 500; ``"missing"``: a 404, as an upstream without that route),
   answer nothing (``"empty"``) or wait :attr:`summary_delay_s` first (``"slow"``);
   :attr:`summary_padding` is appended to every summary (to make it long).
+* A request whose ``Authorization: Bearer`` key is in :attr:`FakeUpstream.refused_keys` is answered
+  401 (OpenAI's ``invalid_api_key``), whatever it asks, summaries included, as a real upstream
+  refuses a wrong key.
 * ``GET /v1/models`` lists its models.
 * Every request is recorded (method, path, headers, raw body) in :attr:`FakeUpstream.requests`.
 
@@ -50,6 +58,7 @@ from starlette.routing import Route
 
 from app.core.tokens import MessageCounter, TokenCounter
 from app.demo import serve_in_thread
+from tests.fake_recaller import RECALL_TOOL, Recall, Recaller
 from tests.fake_summarizer import is_summary_prompt, prompt_text, summary_answer
 
 Dialect = Literal["openai", "vllm", "llamacpp"]
@@ -141,9 +150,14 @@ def context_error(
 
 
 def _openai_error(
-    status: int, message: str, *, code: str | None = None, param: str | None = None
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    error_type: str = "invalid_request_error",
 ) -> Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
 
 
@@ -171,8 +185,10 @@ class FakeUpstream:
         self.summary_mode: SummaryMode = "ok"
         self.summary_delay_s = 0.0
         self.summary_padding = ""
+        self.refused_keys: set[str] = set()
         self.summary_calls = 0
         self.summary_prompt_tokens = 0
+        self.recaller: Recaller | None = None
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -251,6 +267,12 @@ class FakeUpstream:
 
     async def _chat(self, request: Request) -> Response:
         raw = await request.body()
+        key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if key and key in self.refused_keys:
+            self._record(request, raw, status=401)
+            return _openai_error(
+                401, "Incorrect API key provided.", code="invalid_api_key", error_type="invalid_request_error"
+            )
         try:
             body = json.loads(raw)
         except ValueError:
@@ -265,6 +287,10 @@ class FakeUpstream:
             return _openai_error(
                 404, f"The model `{body.get('model')}` does not exist.", code="model_not_found", param="model"
             )
+        unpaired = pairing_error(body["messages"])
+        if unpaired is not None:
+            self._record(request, raw, status=400)
+            return _openai_error(400, unpaired, param="messages")
         # Counting the real tokenizer on a big prompt is CPU work: keep the event loop free.
         prompt = await asyncio.to_thread(self.prompt_tokens, model, body)
         output = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -279,7 +305,7 @@ class FakeUpstream:
         self._record(request, raw, status=200, prompt_tokens=prompt)
         reply = self._reply(body, prompt_tokens=prompt)
         completion = self._counter(model.encoding).counter.count_text(
-            reply["content"] or json.dumps(reply.get("tool_calls"))
+            (reply["content"] or "") + json.dumps(reply.get("tool_calls") or "")
         )
         usage = {
             "prompt_tokens": prompt,
@@ -346,8 +372,11 @@ class FakeUpstream:
         return self._completion(body, model, reply, usage, f"chatcmpl-fake{next(self._ids)}")
 
     def _reply(self, body: Mapping[str, Any], *, prompt_tokens: int) -> dict[str, Any]:
-        """A tool call when asked for one, else a short deterministic text."""
+        """The recaller's turn when there is one, else a tool call when asked for one, else a short
+        deterministic text."""
         messages = body["messages"]
+        if self.recaller is not None:
+            return self._recalling(self.recaller, body)
         tool = _requested_tool(body)
         if tool is not None:
             params = tool.get("parameters") or {}
@@ -361,6 +390,72 @@ class FakeUpstream:
             return {"role": "assistant", "content": None, "tool_calls": [call]}
         text = f"Fake reply to {len(messages)} messages ({prompt_tokens} prompt tokens)."
         return {"role": "assistant", "content": text}
+
+
+    def _recalling(self, recaller: Recaller, body: Mapping[str, Any]) -> dict[str, Any]:
+        messages = body["messages"]
+        offered = any(
+            isinstance(t, dict) and (t.get("function") or {}).get("name") == RECALL_TOOL
+            for t in body.get("tools") or []
+        )
+        fetched = []
+        for message in messages:
+            for call in message.get("tool_calls") or [] if isinstance(message, dict) else []:
+                function = call.get("function") or {}
+                if function.get("name") == RECALL_TOOL:
+                    args = json.loads(function.get("arguments") or "{}")
+                    fetched.append((str(args.get("id")), int(args.get("page", 1))))
+        prompt = "\n".join(prompt_text(m.get("content")) for m in messages if isinstance(m, dict))
+        decision = recaller.decide(prompt, offered=offered, fetched=fetched)
+        if isinstance(decision, Recall):
+            arguments = json.dumps({"id": decision.ref, "page": decision.page})
+            call = {
+                "id": f"call_fake{next(self._ids)}",
+                "type": "function",
+                "function": {"name": RECALL_TOOL, "arguments": arguments},
+            }
+            calls = [call]
+            if recaller.also_call is not None:
+                own = {"name": recaller.also_call, "arguments": json.dumps({"n": 99})}
+                calls.append({"id": f"call_fake{next(self._ids)}", "type": "function", "function": own})
+            return {"role": "assistant", "content": recaller.text_before_call or None, "tool_calls": calls}
+        return {"role": "assistant", "content": decision.text}
+
+
+def pairing_error(messages: Any) -> str | None:
+    """OpenAI's refusal of tool calls and results that do not pair, else None."""
+    if not isinstance(messages, list):
+        return None
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            ids = [str(c.get("id")) for c in message["tool_calls"] if isinstance(c, dict)]
+            answered = set()
+            for following in messages[i + 1 :]:
+                if not isinstance(following, dict) or following.get("role") != "tool":
+                    break
+                answered.add(str(following.get("tool_call_id")))
+            missing = [x for x in ids if x not in answered]
+            if missing:
+                return (
+                    "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                    f"each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                    f"{', '.join(missing)}"
+                )
+        if message.get("role") == "tool":
+            k = i - 1
+            while k >= 0 and isinstance(messages[k], dict) and messages[k].get("role") == "tool":
+                k -= 1
+            before = messages[k] if k >= 0 else None
+            assistant = isinstance(before, dict) and before.get("role") == "assistant"
+            calls = before.get("tool_calls") if assistant and isinstance(before, dict) else None
+            if not calls or str(message.get("tool_call_id")) not in {str(c.get("id")) for c in calls}:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+                    "with 'tool_calls'."
+                )
+    return None
 
 
 def is_summary_request(body: Any) -> bool:
@@ -416,14 +511,21 @@ async def _sse_events(
 
     yield chunk({"role": "assistant", "content": ""}, None)
     calls = reply.get("tool_calls")
-    if calls:
-        for index, call in enumerate(calls):
-            yield chunk({"tool_calls": [{"index": index, **call}]}, None)
-        finish = "tool_calls"
-    else:
+    if reply.get("content"):
         for word in str(reply["content"]).split(" "):
             yield chunk({"content": word + " "}, None)
             await asyncio.sleep(0)
+    if calls:
+        for index, call in enumerate(calls):
+            function = call["function"]
+            head = {**call, "function": {"name": function["name"], "arguments": ""}}
+            yield chunk({"tool_calls": [{"index": index, **head}]}, None)
+            arguments = function["arguments"]
+            for start in range(0, len(arguments), 8):
+                piece = {"index": index, "function": {"arguments": arguments[start : start + 8]}}
+                yield chunk({"tool_calls": [piece]}, None)
+        finish = "tool_calls"
+    else:
         finish = "stop"
     yield chunk({}, finish)
     if usage is not None:

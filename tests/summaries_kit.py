@@ -38,7 +38,9 @@ SMALL_WINDOW_TOKENS = 600
 LARGE_MODEL = "large-summarizer"
 LARGE_WINDOW_TOKENS = 8000
 FACT = re.compile(r"FACT-\w+")
-SUMMARY_HEAD = re.compile(r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?\]\n")
+SUMMARY_HEAD = re.compile(
+    r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?(?:; recall id [0-9a-f]{12})?\]\n"
+)
 NOTE = re.compile(r"^\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(was|were) removed here")
 
 
@@ -85,8 +87,11 @@ class RecordingTransport(httpx.AsyncBaseTransport):
 async def proxy(
     fake: FakeUpstream, *, transport: httpx.AsyncBaseTransport | None = None, **settings: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
-    """The app (summaries on unless overridden) with its lifespan running, and a client for it."""
+    """The app (summaries on unless overridden; recall off unless asked for: its tool's tokens in a
+    cut's budget would move the spans these tests measure, and recall has its own tests) with its
+    lifespan running, and a client for it."""
     settings.setdefault("summarize", True)
+    settings.setdefault("recall", False)
     settings.setdefault("log_level", "WARNING")
     app = create_app(
         make_settings(**settings),

@@ -127,7 +127,9 @@ def test_plan_fits_a_long_conversation_by_truncating(
     assert report["changed"] is True
     assert report["tokens_after"] <= report["budget"]["input_budget_tokens"] < report["tokens_before"]
     forwarded = report["body"]
-    assert forwarded.keys() == body.keys() and forwarded["model"] == body["model"]
+    # What the proxy would forward: with recall on (the default), the cut offers ctx_recall.
+    assert forwarded.keys() - {"tools"} == body.keys() and forwarded["model"] == body["model"]
+    assert [t["function"]["name"] for t in forwarded["tools"]] == ["ctx_recall"]
     assert forwarded["messages"][0] == body["messages"][0]
     assert forwarded["messages"][-1] == body["messages"][-1]
     assert len(forwarded["messages"]) == len(report["message_tokens"]) < len(body["messages"])

@@ -73,6 +73,15 @@ async def test_fitting_request_gets_reply_with_usage_and_is_recorded(fake, clien
     assert recorded.status == 200
 
 
+async def test_a_refused_key_is_answered_401_whatever_it_asks(fake, client) -> None:
+    fake.refused_keys.add("bad")
+    refused = await client.post("/v1/chat/completions", json=body(5), headers={"Authorization": "Bearer bad"})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    taken = await client.post("/v1/chat/completions", json=body(5), headers={"Authorization": "Bearer good"})
+    assert taken.status_code == 200
+    assert [r.status for r in fake.chat_requests()] == [401, 200]
+
+
 @pytest.mark.parametrize(
     ("model", "fits_words"),
     [("m-openai", 93), ("m-vllm", 93), ("m-llamacpp", 92)],

@@ -25,7 +25,7 @@ def test_defaults() -> None:
     assert settings.upstream_routes == {}
     assert settings.upstream_transport == "aiohttp"
     assert settings.max_body_bytes == 32 * 1024 * 1024
-    assert settings.fit_policy() == Policy()
+    assert settings.fit_policy() == Policy(recall="tool")  # recall on (CTXPROXY_RECALL)
 
 
 def test_environment_is_read_with_the_prefix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

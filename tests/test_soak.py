@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-from bench import soak
+from bench import routes, soak
 
 
 def test_tiny_soak_run_answers_every_request_as_expected(tmp_path: Path) -> None:
@@ -77,3 +78,42 @@ def test_every_kind_goes_to_every_route_in_its_shape() -> None:
         "/v1/messages",
         f"/v1beta/models/{soak.MODEL}:generateContent",
     ]
+
+
+def test_a_churned_request_is_another_clients_for_another_model_and_cap() -> None:
+    pool = soak.build_pool(2)
+    gemini, messages = routes.BY_NAME["gemini"], routes.BY_NAME["messages"]
+    long_one = soak.churned(pool["long"][0], messages, 7)
+    other = soak.churned(pool["long"][0], messages, 8)
+    body = json.loads(long_one.body)
+    assert body["model"] == f"{soak.MODEL}-c7" and body["max_tokens"] == 32 + 49
+    assert long_one.headers["x-api-key"] == "sk-soak-churn-7" != other.headers["x-api-key"]
+    assert long_one.headers["Authorization"] == "Bearer sk-soak-churn-7" and long_one.fitted
+    assert (
+        soak.churned(pool["stream"][0], gemini, 9).path
+        == f"/v1beta/models/{soak.MODEL}-c9:streamGenerateContent?alt=sse"
+    )
+    bad = soak.churned(pool["bad"][0], messages, 10)
+    assert (
+        bad.body == pool["bad"][0].body
+        and bad.status == 400
+        and bad.headers["x-api-key"] == "sk-soak-churn-10"
+    )
+
+
+def test_a_tiny_churn_run_answers_every_new_client_as_expected() -> None:
+    args = argparse.Namespace(
+        requests=80,
+        concurrency=8,
+        warmup=20,
+        distinct=1,
+        max_duration_s=120.0,
+        routes=["chat", "gemini"],
+        churn=True,
+    )
+    result = soak.run(args)
+    tally = result["tally"]
+    assert sum(tally.sent.values()) == 80 and sum(tally.unexpected.values()) == 0, tally.examples
+    assert sum(result["warm"].unexpected.values()) == 0, result["warm"].examples
+    assert tally.ok == tally.sent and result["churn"] and result["tolerance"] == soak.CHURN_RSS_TOLERANCE
+    assert any("-c<n>:" in path for path in tally.routes)

@@ -23,6 +23,7 @@ SUMMARIZE = "X-Context-Summarize"
 CUT_TARGET = "X-Context-Cut-Target"
 UPSTREAM_COUNT = "X-Context-Upstream-Count"
 LOWER_OUTPUT = "X-Context-Lower-Output"
+RECALL = "X-Context-Recall"
 API = "X-Context-Api"  # the dry run's choice of wire API (app.api.routes.plan_dialect)
 SWITCH_VALUES = {"on": True, "off": False}
 
@@ -89,6 +90,7 @@ def parse_context_headers(headers: Mapping[str, str]) -> RequestOptions:
         cut_target=_share(headers, CUT_TARGET),
         upstream_count=_switch(headers, UPSTREAM_COUNT),
         lower_output=_switch(headers, LOWER_OUTPUT),
+        recall=_switch(headers, RECALL),
     )
 
 

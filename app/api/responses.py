@@ -23,6 +23,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -34,6 +35,7 @@ from ..core.plan import Plan
 from ..core.reuse import PrefixReuse
 from ..observability.context import ACCESS_SCOPE_KEY, RELAYED_SCOPE_KEY
 from ..service.outcome import Outcome
+from ..service.recall_stream import RecallStreamResponse
 from ..service.report import request_budget_tokens
 from ..upstream.client import UpstreamResponse
 from ..upstream.errors import UpstreamError, UpstreamTimeout
@@ -290,7 +292,10 @@ def fitted_response(
 ) -> UpstreamStreamResponse:
     """The upstream's answer to a fitted request, with our ``X-Context-*`` headers; the plan's
     access fields recorded in ``scope`` when given (:func:`record_plan`). What was rendered while
-    the upstream worked (``outcome.rendered``, :func:`render_ahead`) is used as it is."""
+    the upstream worked (``outcome.rendered``, :func:`render_ahead`) is used as it is. An answer
+    read whole after the plan offered ``ctx_recall`` carries ``X-Context-Recalls: N`` (the rounds
+    the proxy answered the tool in; 0: it was offered, not called); a stream's rounds, known only
+    at its end, go to the access line's ``recalls`` field and the metrics."""
     rendered = outcome.rendered
     if isinstance(rendered, Rendered):
         raw_extra, fields = rendered.raw_headers, rendered.fields
@@ -302,9 +307,20 @@ def fitted_response(
             prefix_reuse=outcome.prefix_reuse,
         )
         fields = plan_fields(outcome.plan, retries=outcome.retries, prefix_reuse=outcome.prefix_reuse)
+    if outcome.recalls is not None:
+        # The rounds the proxy answered ctx_recall in (a whole answer: known before the headers).
+        raw_extra = [*raw_extra, (b"x-context-recalls", b"%d" % outcome.recalls)]
+        fields = {**fields, "recalls": outcome.recalls}
     if scope is not None:
         access_fields(scope).update(fields)
+        if isinstance(outcome.response, RecallStreamResponse):
+            # A stream's rounds are known at its end: the access line and the metrics get them.
+            outcome.response.on_end = partial(_record_recalls, access_fields(scope))
     return UpstreamStreamResponse(outcome.response, raw_extra=raw_extra, dialect=dialect)
+
+
+def _record_recalls(fields: dict[str, Any], rounds: int) -> None:
+    fields["recalls"] = rounds
 
 
 access_logger = logging.getLogger("ctxproxy.access")

@@ -36,7 +36,8 @@ from starlette.responses import Response
 
 from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
-from ..core.routes import RouteMatch, RouteTable, detect
+from ..core.routes import RouteMatch, RouteTable, detect, key_slots
+from ..core.tenant import tenant_of
 from ..service.driver import Service
 from ..service.outcome import Outcome
 from ..service.report import plan_report
@@ -133,7 +134,11 @@ async def context_plan(request: Request) -> Response:
 
 @router.get("/v1/context/models")
 async def context_models(request: Request) -> Response:
-    return json_response({"object": "list", "data": service_of(request).models_report()})
+    # The caller's view: what the upstream said, and what the caller's own requests taught (its key
+    # in any registered slot); never what another client's requests taught.
+    slots = key_slots(request.app.state.dialects.values())
+    tenant = tenant_of(raw_headers(request), request.url.query, slots)
+    return json_response({"object": "list", "data": service_of(request).models_report(tenant=tenant)})
 
 
 @router.head("/")

@@ -7,16 +7,18 @@ Self-contained building blocks (no HTTP): the service injects the upstream call 
 
     cache.py       SummaryCache protocol, MemoryCache, RedisCache, cache_from_url, summary_key
     prompts.py     PROMPT_VERSION, the prompts, message rendering
-    summarizer.py  Summarizer (incremental chain, chunked, fail-open, back-off), PrefetchedSummaries
-    ahead.py       AheadOfTime (background, deduplicated, bounded)
+    summarizer.py  Summarizer (incremental chain, chunked, fail-open, back-off), SummaryJob (the
+                   owner and sizes of each call), PrefetchedSummaries
+    ahead.py       AheadOfTime (background, deduplicated, bounded: a Backlog shared by several)
 
 Errors: nothing here raises into a request. ``SummaryError`` is internal to the summarizer and
 becomes ``None`` (its ``status`` tells a failure the endpoint will repeat from one the span
-caused); configuration mistakes (a too-small window, an unknown cache URL scheme) raise
-``ValueError`` at construction.
+caused, and whether the credential was refused); a window too small for the prompt is a
+``SummaryJob.problem()`` (no call is made); configuration mistakes (an unknown cache URL scheme,
+a cache of no entries) raise ``ValueError`` at construction.
 """
 
-from .ahead import AheadOfTime
+from .ahead import AheadOfTime, Backlog
 from .cache import (
     CacheStats,
     MemoryCache,
@@ -27,12 +29,13 @@ from .cache import (
     summary_key,
 )
 from .prompts import PROMPT_VERSION, SYSTEM_MARKER
-from .summarizer import Complete, PrefetchedSummaries, Summarizer, SummaryError
+from .summarizer import Complete, PrefetchedSummaries, Summarizer, SummaryError, SummaryJob
 
 __all__ = [
     "PROMPT_VERSION",
     "SYSTEM_MARKER",
     "AheadOfTime",
+    "Backlog",
     "CacheStats",
     "Complete",
     "MemoryCache",
@@ -41,6 +44,7 @@ __all__ = [
     "Summarizer",
     "SummaryCache",
     "SummaryError",
+    "SummaryJob",
     "cache_from_url",
     "prefix_keys",
     "summary_key",

@@ -3,21 +3,26 @@
 INTERFACE CONTRACT (the service relies on these):
 
 * ``AheadOfTime(summarizer, cache, *, max_concurrency=2, max_pending=64, lock_ttl_s=60.0,
-  poll_interval_s=0.1, semaphore=None)``; pass one ``asyncio.Semaphore`` to several instances
-  (one per summarizer model) to bound their summaries together (``max_concurrency`` is then
-  ignored).
-* ``schedule(span) -> bool``: synchronous, call it from a running event loop. Starts a
-  background task that makes sure ``cache`` holds the summary of ``span`` (``memory_for``) and returns
-  True; returns False when a task for the same span is already in flight in this process, when
-  ``max_pending`` tasks are pending, after ``aclose()``, or outside an event loop. The task checks
+  poll_interval_s=0.1, semaphore=None, backlog=None)``; pass one ``asyncio.Semaphore`` to
+  several instances (one per summarizer) to bound their running summaries together
+  (``max_concurrency`` is then ignored), and one ``Backlog`` to bound their pending ones together
+  (``max_pending`` is then ignored): a task holds its span (a conversation) until it ends, so
+  work that arrives faster than it is done must be refused, not queued without end.
+* ``schedule(span, job) -> bool``: synchronous, call it from a running event loop. Starts a
+  background task that makes sure ``cache`` holds ``job.tenant``'s summary of ``span``
+  (``memory_for``, sized by ``job``) and returns True; returns False when a task for the same
+  span and tenant is already in flight in this process, when the backlog is full (``max_pending``
+  tasks pending, or the shared ``Backlog``'s limit: the bound of the task map; a task leaves it
+  when it ends), after ``aclose()``, or outside an event loop. The task checks
   the cache first (a cached span costs no call), takes the cache's lock on the span's key (so
   one replica summarizes while the others poll the cache for it) and runs at most
   ``max_concurrency`` summaries at a time.
-* ``await wait_for(span, timeout_s) -> str | None``: the summary of ``span`` if it is cached
-  or its in-flight task finishes within ``timeout_s``; the task keeps running after a timeout.
-  The in-line path of the service is ``schedule(span)`` then ``wait_for(span, t)``, which
-  also deduplicates concurrent identical requests.
-* ``await aclose()``: cancels and awaits every task. ``in_flight``, ``running(span)``, ``stats()``.
+* ``await wait_for(span, tenant, timeout_s) -> str | None``: ``tenant``'s summary of ``span`` if
+  it is cached or its in-flight task finishes within ``timeout_s``; the task keeps running after
+  a timeout. The in-line path of the service is ``schedule(span, job)`` then ``wait_for(span,
+  job.tenant, t)``, which also deduplicates concurrent identical requests of one tenant.
+* ``await aclose()``: cancels and awaits every task. ``in_flight``, ``running(span, tenant)``,
+  ``stats()``.
 
 Nothing here raises into the caller: failures are logged (``ctxproxy.compaction``) and give None.
 """
@@ -30,11 +35,24 @@ from collections.abc import Sequence
 
 from ..core.messages import Message
 from .cache import SummaryCache
-from .summarizer import Summarizer
+from .summarizer import Summarizer, SummaryJob
 
 logger = logging.getLogger("ctxproxy.compaction")
 
 Span = tuple[Message, ...]
+
+
+class Backlog:
+    """The summaries pending in one or more ``AheadOfTime`` (scheduled, not finished): at most
+    ``limit`` together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.pending = 0
+
+    @property
+    def full(self) -> bool:
+        return self.pending >= self.limit
 
 
 class AheadOfTime:
@@ -50,6 +68,7 @@ class AheadOfTime:
         lock_ttl_s: float = 60.0,
         poll_interval_s: float = 0.1,
         semaphore: asyncio.Semaphore | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -60,6 +79,8 @@ class AheadOfTime:
         self.lock_ttl_s = lock_ttl_s
         self.poll_interval_s = poll_interval_s
         self._semaphore = semaphore if semaphore is not None else asyncio.Semaphore(max_concurrency)
+        self._backlog = backlog if backlog is not None else Backlog(max_pending)
+        # span key -> its task, while it runs: bounded by the backlog (schedule refuses more).
         self._tasks: dict[str, asyncio.Task[str | None]] = {}
         self._closed = False
         self._counts = {"scheduled": 0, "deduplicated": 0, "rejected": 0, "done": 0, "failed": 0}
@@ -68,42 +89,44 @@ class AheadOfTime:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def running(self, span: Sequence[Message]) -> bool:
-        """True while a task for ``span`` is in flight in this process."""
-        return self.summarizer.span_key(span) in self._tasks
+    def running(self, span: Sequence[Message], tenant: str) -> bool:
+        """True while a task for ``tenant``'s ``span`` is in flight in this process."""
+        return self.summarizer.span_key(span, tenant) in self._tasks
 
     def stats(self) -> dict[str, int]:
         return {**self._counts, "in_flight": len(self._tasks)}
 
-    def schedule(self, span: Sequence[Message]) -> bool:
+    def schedule(self, span: Sequence[Message], job: SummaryJob) -> bool:
         try:
-            return self._schedule(span)
+            return self._schedule(span, job)
         except Exception as exc:
             logger.warning("could not schedule a summary: %s: %.200s", type(exc).__name__, exc)
             return False
 
-    def _schedule(self, span: Sequence[Message]) -> bool:
+    def _schedule(self, span: Sequence[Message], job: SummaryJob) -> bool:
         if self._closed or not span:
             return False
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return False
-        key = self.summarizer.span_key(span)
+        key = self.summarizer.span_key(span, job.tenant)
         if key in self._tasks:
             self._counts["deduplicated"] += 1
             return False
-        if len(self._tasks) >= self.max_pending:
+        if self._backlog.full:
             self._counts["rejected"] += 1
-            logger.debug("ahead-of-time summary not scheduled: %d already pending", len(self._tasks))
+            logger.debug("ahead-of-time summary not scheduled: %d already pending", self._backlog.pending)
             return False
-        task = loop.create_task(self._run(key, tuple(span)), name=f"ctxproxy-summary-{key[:12]}")
+        task = loop.create_task(self._run(key, tuple(span), job), name=f"ctxproxy-summary-{key[:12]}")
         self._tasks[key] = task
+        self._backlog.pending += 1
         self._counts["scheduled"] += 1
         task.add_done_callback(lambda finished: self._finished(key, finished))
         return True
 
     def _finished(self, key: str, task: asyncio.Task[str | None]) -> None:
+        self._backlog.pending -= 1
         if self._tasks.get(key) is task:
             del self._tasks[key]
         if task.cancelled():
@@ -113,14 +136,14 @@ class AheadOfTime:
         else:
             self._counts["done"] += 1
 
-    async def _run(self, key: str, span: Span) -> str | None:
+    async def _run(self, key: str, span: Span, job: SummaryJob) -> str | None:
         try:
-            return await self._summarize_once(key, span)
+            return await self._summarize_once(key, span, job)
         except Exception as exc:
             logger.warning("ahead-of-time summary failed: %s: %.200s", type(exc).__name__, exc)
             return None
 
-    async def _summarize_once(self, key: str, span: Span) -> str | None:
+    async def _summarize_once(self, key: str, span: Span, job: SummaryJob) -> str | None:
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.lock_ttl_s
         while True:
@@ -129,16 +152,16 @@ class AheadOfTime:
                 return cached
             async with self._semaphore, self.cache.lock(key, ttl_s=self.lock_ttl_s) as acquired:
                 if acquired:
-                    return await self.summarizer.memory_for(span, self.cache)
+                    return await self.summarizer.memory_for(span, self.cache, job)
             # another replica holds the lock: its summary lands in the shared cache
             if loop.time() >= give_up_at:
                 logger.info("gave up waiting for another replica's summary of %s", key[:12])
                 return None
             await asyncio.sleep(self.poll_interval_s)
 
-    async def wait_for(self, span: Sequence[Message], timeout_s: float) -> str | None:
+    async def wait_for(self, span: Sequence[Message], tenant: str, timeout_s: float) -> str | None:
         try:
-            key = self.summarizer.span_key(span)
+            key = self.summarizer.span_key(span, tenant)
             task = self._tasks.get(key)
             if task is None:
                 return await self.cache.get(key)

@@ -2,44 +2,54 @@
 
 INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
 
-* ``Complete = Callable[[list[dict], str], Awaitable[str]]``: the injected upstream call,
-  ``(messages, model) -> text``; the service builds it over its upstream client in the request's
-  own wire API (and sends ``max_tokens=summarizer.reply_tokens``). It may raise anything: the
-  summarizer fails open. A ``SummaryError`` with an HTTP ``status`` tells it what kind of failure
-  it was (``SummaryError.permanent``: the endpoint or the credentials cannot work).
-* ``Summarizer(complete, *, model, window_tokens, count_text, prompt_version=PROMPT_VERSION,
-  timeout_s, reply_tokens=None, identity="", retry_after_s=60.0, retry_max_s=3600.0)``:
+* ``Complete = Callable[[list[dict], str, int], Awaitable[str]]``: the injected upstream call,
+  ``(messages, model, max_tokens) -> text``; the service builds it over its upstream client in
+  the request's own wire API (``max_tokens``: the job's ``reply_tokens``). It may raise anything:
+  the summarizer fails open. A ``SummaryError`` with an HTTP ``status`` tells it what kind of
+  failure it was (``SummaryError.permanent``: the endpoint or the credentials cannot work;
+  ``SummaryError.refused``: the credential was refused, 401 or 403).
+* ``SummaryJob(tenant, credential, window_tokens, reply_tokens, count_text)`` (frozen): whose
+  summary it is and how big it may be, given with every call (a summarizer is what it is: an
+  API, a model and an upstream; the sizes and the owner are each request's). ``tenant``
+  (``app.core.tenant``) keys the summaries, the chains and the back-offs of spans; ``credential``
+  (``UpstreamClient.credential_of``) the back-off of a refused key; every request sent fits
+  ``window_tokens - reply_tokens`` by ``count_text``. ``problem()``: why no summary can be asked
+  in that window (too small for the prompt), else None.
+* ``Summarizer(complete, *, model, prompt_version=PROMPT_VERSION, timeout_s, identity="",
+  retry_after_s=60.0, retry_max_s=3600.0, on_call=None)``:
 
-  - ``await memory_for(span, cache) -> str | None``: the summary of exactly ``span`` (the
-    messages a memory stands for, ``app.core.memory.span_messages``). Incremental: a session's
-    spans grow from the same start, so the longest prefix of ``span`` already summarized (found
-    through the conversation's *chain*, one cache entry per first message listing the spans
-    summarized from it) is folded with the messages after it: one call per cut step, each
-    forgotten message summarized about once. The result is cached under ``span_key(span)`` and
-    joins the chain. A failed span is not asked for again before its back-off ends (``fail:``
-    entries in the cache, ``retry_after_s`` doubling up to ``retry_max_s``; shared by replicas
-    through a shared cache) and its cause is logged once; a ``permanent`` failure turns the
-    summarizer (``identity``: the API, base URL and model) off for the same back-off.
-  - ``await summarize_span(messages, *, previous_summary=None) -> str | None``: one handoff
+  - ``await memory_for(span, cache, job) -> str | None``: the summary of exactly ``span`` (the
+    messages a memory stands for, ``app.core.memory.span_messages``) for ``job.tenant``.
+    Incremental: a session's spans grow from the same start, so the longest prefix of ``span``
+    already summarized (found through the conversation's *chain*, one cache entry per tenant and
+    first message listing the spans summarized from it) is folded with the messages after it:
+    one call per cut step, each forgotten message summarized about once. The result is cached
+    under ``span_key(span, tenant)`` and joins the chain (``SummaryCache.merge_chain``: atomic).
+    A failed span is not asked for again before its back-off ends (``fail:`` entries in the
+    cache, ``retry_after_s`` doubling up to ``retry_max_s``, the failures counted by
+    ``SummaryCache.incr``; shared by replicas through a shared cache) and its cause is logged
+    once. A ``permanent`` failure turns summaries off for the same back-off: for the job's
+    credential only when it was refused (401, 403: another client's key may work), for the
+    summarizer (``identity``: the API, base URL and model) when the upstream lacks the route
+    (404, 405). Everything else (5xx, timeouts, an answer that is no answer) backs off the span.
+  - ``await summarize_span(messages, job, *, previous_summary=None) -> str | None``: one handoff
     summary of ``messages`` (folding in ``previous_summary``). A span whose request would not fit
-    the summarizer's window is cut into parts that each fit, summarized part by part, and the
-    parts' summaries are merged (hierarchically if even they do not fit). Every request it sends
-    fits ``window_tokens - reply_tokens``. Any exception, a timeout (``timeout_s`` for the whole
-    call) or an empty answer gives ``None``.
-  - ``await longest_summarized(span, cache) -> (n, summary)``: the longest proper prefix of
-    ``span`` its chain has a summary of (``(0, None)`` when none).
-  - ``span_key(span)``; ``prompt_tokens(messages)`` (the module's ``prompt_tokens`` with its
-    counter); ``ValueError`` from the constructor when ``window_problem`` finds one; counters
-    ``calls``, ``failures``, ``tokens_in``, ``tokens_out`` (its own counts of what it sent and
-    got), ``last_error``;
-    ``on_call`` (keyword, optional): told ``(outcome, tokens_in, tokens_out)`` of every call
-    (:data:`CallHook`; never allowed to fail the summary).
+    the job's window is cut into parts that each fit, summarized part by part, and the parts'
+    summaries are merged (hierarchically if even they do not fit). Any exception, a timeout
+    (``timeout_s`` for the whole call) or an empty answer gives ``None``.
+  - ``await longest_summarized(span, cache, tenant) -> (n, summary)``: the longest proper prefix
+    of ``span`` its chain has a summary of (``(0, None)`` when none).
+  - ``await blocked(key, cache, job) -> str | None``: why the span under ``key`` is not asked
+    for now (its back-off, the job's credential's, the summarizer's), else None.
+  - ``span_key(span, tenant)``; counters ``calls``,
+    ``failures``, ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got),
+    ``last_error``; ``on_call`` (keyword, optional): told ``(outcome, tokens_in, tokens_out)``
+    of every call (:data:`CallHook`; never allowed to fail the summary).
 
-* ``window_problem(window_tokens, reply_tokens, count_text) -> str | None``: why a summarizer of
-  that size cannot work (its window does not hold its own prompt), checked before one is built.
-* ``PrefetchedSummaries(mapping, *, summarizer_model, prompt_version=PROMPT_VERSION)``: the
-  synchronous ``app.core.fit.SummaryProvider`` the engine calls; answers ``summary_for(span)``
-  from ``mapping`` (span key -> summary) that the service filled beforehand, records the keys it
+* ``prompt_tokens(messages, count_text) -> int``: the input tokens of a summary request.
+* ``PrefetchedSummaries(mapping, *, summarizer_model, tenant, prompt_version=PROMPT_VERSION)``:
+  the synchronous ``app.core.fit.SummaryProvider`` the engine calls; answers ``summary_for(span)``
+  from ``mapping`` (span key of ``tenant`` -> summary) that the service filled beforehand, records the keys it
   was asked for and those it missed; with ``lengths`` (of the mapped spans), a span of another
   length is a miss at once.
 """
@@ -50,7 +60,9 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import CtxproxyError
@@ -66,7 +78,7 @@ from .prompts import (
 
 logger = logging.getLogger("ctxproxy.compaction")
 
-Complete = Callable[[list[dict[str, Any]], str], Awaitable[str]]
+Complete = Callable[[list[dict[str, Any]], str, int], Awaitable[str]]
 CountText = Callable[[str], int]
 Render = Callable[[list[str]], list[dict[str, Any]]]
 
@@ -78,7 +90,12 @@ _PART_PLACEHOLDER = 99999
 
 # HTTP statuses that say the summary endpoint or its credentials cannot work: no span can succeed.
 PERMANENT_STATUSES: frozenset[int] = frozenset({401, 403, 404, 405})
+# Of those, the ones that refuse the credential: another client's key may work.
+REFUSED_STATUSES: frozenset[int] = frozenset({401, 403})
 CHAIN_LENGTH = 16
+# Spans whose failure was logged (a span backing off is logged once, not per request): the most
+# recent ones, least recently logged forgotten first (a forgotten one is logged again, once).
+LOGGED_SPANS_MAX = 1024
 
 
 class SummaryError(CtxproxyError):
@@ -94,6 +111,41 @@ class SummaryError(CtxproxyError):
         """The endpoint or the credentials cannot work (no other span would fare better)."""
         return self.status in PERMANENT_STATUSES
 
+    @property
+    def refused(self) -> bool:
+        """The credential was refused (another client's may work)."""
+        return self.status in REFUSED_STATUSES
+
+
+CallHook = Callable[[str, int, int], None]
+"""``(outcome, tokens_in, tokens_out)`` of one summary call: ``ok``, ``timeout``, ``http_<status>``,
+``empty`` or ``failed``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryJob:
+    """Whose summary a call makes and how big it may be (see the module contract)."""
+
+    tenant: str
+    credential: str
+    window_tokens: int
+    reply_tokens: int
+    count_text: CountText
+
+    @property
+    def input_budget_tokens(self) -> int:
+        return self.window_tokens - self.reply_tokens
+
+    def problem(self) -> str | None:
+        """Why this window cannot hold a summary request (too small for the prompt), else None."""
+        smallest = prompt_tokens(merge_messages(["x", "x"]), self.count_text)
+        if self.input_budget_tokens < 2 * smallest:
+            return (
+                f"a summarizer window of {self.window_tokens} tokens ({self.reply_tokens} reserved "
+                f"for the reply) is too small for its own prompt ({smallest} tokens)"
+            )
+        return None
+
 
 def prompt_tokens(messages: Sequence[Mapping[str, Any]], count_text: CountText) -> int:
     """Input tokens of a summary request (chat accounting: per message, role, text, priming)."""
@@ -102,23 +154,6 @@ def prompt_tokens(messages: Sequence[Mapping[str, Any]], count_text: CountText) 
         total += TOKENS_PER_MESSAGE + count_text(str(message.get("role", "")))
         total += count_text(str(message.get("content") or ""))
     return total
-
-
-def window_problem(window_tokens: int, reply_tokens: int, count_text: CountText) -> str | None:
-    """Why a summarizer of ``window_tokens`` with ``reply_tokens`` for its reply cannot work (its
-    input room does not hold its own smallest prompt twice: a merge of two summaries), or None."""
-    smallest = prompt_tokens(merge_messages(["x", "x"]), count_text)
-    if window_tokens - reply_tokens >= 2 * smallest:
-        return None
-    return (
-        f"summarizer window of {window_tokens} tokens ({reply_tokens} reserved for the reply) is too "
-        f"small for its own prompt ({smallest} tokens)"
-    )
-
-
-CallHook = Callable[[str, int, int], None]
-"""``(outcome, tokens_in, tokens_out)`` of one summary call: ``ok``, ``timeout``, ``http_<status>``,
-``empty`` or ``failed``."""
 
 
 def call_outcome(exc: BaseException) -> str:
@@ -143,11 +178,8 @@ class Summarizer:
         complete: Complete,
         *,
         model: str,
-        window_tokens: int,
-        count_text: CountText,
         prompt_version: str = PROMPT_VERSION,
         timeout_s: float | None,
-        reply_tokens: int | None = None,
         identity: str = "",
         retry_after_s: float = 60.0,
         retry_max_s: float = 3600.0,
@@ -156,12 +188,8 @@ class Summarizer:
         self.complete = complete
         self.on_call = on_call
         self.model = model
-        self.window_tokens = window_tokens
-        self.count_text = count_text
         self.prompt_version = prompt_version
         self.timeout_s = timeout_s
-        self.reply_tokens = reply_tokens if reply_tokens is not None else min(2048, window_tokens // 4)
-        self.input_budget_tokens = window_tokens - self.reply_tokens
         self.identity = identity or model
         self.retry_after_s = max(0.001, retry_after_s)
         self.retry_max_s = max(self.retry_after_s, retry_max_s)
@@ -170,32 +198,32 @@ class Summarizer:
         self.tokens_in = 0
         self.tokens_out = 0
         self.last_error = ""
-        # Spans whose failure was logged (a span backing off is logged once, not per request).
-        self._logged: set[str] = set()
-        problem = window_problem(window_tokens, self.reply_tokens, count_text)
-        if problem is not None:
-            raise ValueError(problem)
+        # Bounded: LOGGED_SPANS_MAX keys, the least recently logged forgotten first.
+        self._logged: OrderedDict[str, None] = OrderedDict()
 
-    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        """Input tokens of a summary request (chat accounting: per message, role, text, priming)."""
-        return prompt_tokens(messages, self.count_text)
+    def span_key(self, span: Sequence[Message], tenant: str) -> str:
+        return summary_key(
+            span, summarizer_model=self.model, prompt_version=self.prompt_version, tenant=tenant
+        )
 
-    def span_key(self, span: Sequence[Message]) -> str:
-        return summary_key(span, summarizer_model=self.model, prompt_version=self.prompt_version)
-
-    def chain_key(self, span: Sequence[Message]) -> str:
-        """The cache key of the chain of ``span``'s conversation (by its first message)."""
-        return "chain:" + self.span_key(span[:1])
+    def chain_key(self, span: Sequence[Message], tenant: str) -> str:
+        """The cache key of the chain of ``span``'s conversation (by its tenant and first message)."""
+        return "chain:" + self.span_key(span[:1], tenant)
 
     # -- failures and back-off -------------------------------------------------------------
 
-    def _off_key(self) -> str:
-        return "off:" + hashlib.sha256(f"{self.identity}\n{self.model}".encode()).hexdigest()
+    def _off_keys(self, job: SummaryJob) -> tuple[str, str]:
+        """The summarizer's back-off (the upstream's fault) and the job credential's (refused)."""
+        upstream = f"{self.identity}\n{self.model}"
+        return (
+            "off:" + hashlib.sha256(upstream.encode()).hexdigest(),
+            "off:" + hashlib.sha256(f"{upstream}\n{job.credential}".encode()).hexdigest(),
+        )
 
-    async def blocked(self, key: str, cache: SummaryCache) -> str | None:
-        """Why ``key`` is not summarized now (its own back-off, or the summarizer is off), or
-        None when it may be."""
-        for name in (self._off_key(), "fail:" + key):
+    async def blocked(self, key: str, cache: SummaryCache, job: SummaryJob) -> str | None:
+        """Why ``key`` is not summarized now (its own back-off, the job's credential refused, or
+        the summarizer off), or None when it may be."""
+        for name in (*self._off_keys(job), "fail:" + key):
             raw = await cache.get(name)
             if raw:
                 try:
@@ -205,30 +233,34 @@ class Summarizer:
         return None
 
     async def _failed(
-        self, key: str, span: Sequence[Message], exc: BaseException, cache: SummaryCache
+        self, key: str, span: Sequence[Message], exc: BaseException, cache: SummaryCache, job: SummaryJob
     ) -> None:
-        """Back off ``key`` (and the whole summarizer after a permanent failure); log the cause
-        once per span."""
+        """Back off ``key`` (the credential or the whole summarizer after a permanent failure); log
+        the cause once per span."""
         self.failures += 1
         cause = _cause(exc)
         self.last_error = cause
         permanent = isinstance(exc, SummaryError) and exc.permanent
-        name = self._off_key() if permanent else "fail:" + key
-        # The failures in a row outlive each back-off (so the next one doubles), not forever.
-        raw = await cache.get("tries:" + name)
-        attempts = int(raw) + 1 if raw and raw.isdigit() else 1
+        refused = isinstance(exc, SummaryError) and exc.refused
+        upstream, credential = self._off_keys(job)
+        name = (credential if refused else upstream) if permanent else "fail:" + key
+        # The failures in a row outlive each back-off (so the next one doubles), not forever;
+        # counted atomically, so failures on two replicas at once are two.
+        attempts = await cache.incr("tries:" + name, ttl_s=4 * self.retry_max_s)
         ttl_s = min(self.retry_max_s, self.retry_after_s * 2 ** (attempts - 1))
-        await cache.set("tries:" + name, str(attempts), ttl_s=4 * self.retry_max_s)
         await cache.set(name, json.dumps({"attempts": attempts, "cause": cause}), ttl_s=ttl_s)
         if permanent:
             logger.warning(
-                "summaries by %s are off for %.0fs: %s (the cut's note and placeholders stand alone)",
+                "summaries by %s are off for %.0fs%s: %s (the cut's note and placeholders stand alone)",
                 self.identity,
                 ttl_s,
+                " for the key that was refused" if refused else "",
                 cause,
             )
         elif key not in self._logged:
-            self._logged.add(key)
+            self._logged[key] = None
+            while len(self._logged) > LOGGED_SPANS_MAX:
+                self._logged.popitem(last=False)
             logger.warning(
                 "no summary of %d cut messages (%s); not asked again for %.0fs, the note stands in",
                 len(span),
@@ -236,40 +268,42 @@ class Summarizer:
                 ttl_s,
             )
         else:
+            self._logged.move_to_end(key)
             logger.debug("summary of %s failed again: %s", key[:12], cause)
 
     # -- summaries -------------------------------------------------------------------------
 
-    async def memory_for(self, span: Sequence[Message], cache: SummaryCache) -> str | None:
+    async def memory_for(self, span: Sequence[Message], cache: SummaryCache, job: SummaryJob) -> str | None:
         if not span:
             return None
-        key = self.span_key(span)
+        key = self.span_key(span, job.tenant)
         try:
             cached = await cache.get(key)
             if cached:
                 return cached
-            if await self.blocked(key, cache) is not None:
+            if await self.blocked(key, cache, job) is not None:
                 return None
-            start, previous = await self.longest_summarized(span, cache)
-            summary = await self._summarize_logged(span[start:], previous)
+            start, previous = await self.longest_summarized(span, cache, job.tenant)
+            summary = await self._summarize_logged(span[start:], previous, job)
         except Exception as exc:  # a broken cache: fail open
             self.failures += 1
             self.last_error = _cause(exc)
             logger.warning("summary of %d cut messages failed: %s", len(span), self.last_error)
             return None
         if isinstance(summary, BaseException):
-            await self._failed(key, span, summary, cache)
+            await self._failed(key, span, summary, cache, job)
             return None
         await cache.set(key, summary)
-        await self._extend_chain(span, key, cache)
+        # One atomic merge: a span another replica added meanwhile stays in the chain.
+        await cache.merge_chain(self.chain_key(span, job.tenant), len(span), key, limit=CHAIN_LENGTH)
         return summary
 
     async def longest_summarized(
-        self, span: Sequence[Message], cache: SummaryCache
+        self, span: Sequence[Message], cache: SummaryCache, tenant: str
     ) -> tuple[int, str | None]:
         """``(n, summary)``: the longest proper prefix of ``span`` (``n`` messages) already
         summarized in its chain, or ``(0, None)``."""
-        raw = await cache.get(self.chain_key(span))
+        raw = await cache.get(self.chain_key(span, tenant))
         try:
             chain = [(int(n), str(k)) for n, k in json.loads(raw)] if raw else []
         except (ValueError, TypeError):
@@ -278,7 +312,10 @@ class Summarizer:
         if not lengths:
             return 0, None
         keys = prefix_keys(
-            [[m] for m in span[: lengths[0]]], summarizer_model=self.model, prompt_version=self.prompt_version
+            [[m] for m in span[: lengths[0]]],
+            summarizer_model=self.model,
+            prompt_version=self.prompt_version,
+            tenant=tenant,
         )
         known = dict(chain)
         for n in lengths:
@@ -286,32 +323,25 @@ class Summarizer:
                 return n, summary
         return 0, None
 
-    async def _extend_chain(self, span: Sequence[Message], key: str, cache: SummaryCache) -> None:
-        name = self.chain_key(span)
-        raw = await cache.get(name)
-        try:
-            chain = [[int(n), str(k)] for n, k in json.loads(raw)] if raw else []
-        except (ValueError, TypeError):
-            chain = []
-        entries = [[len(span), key], *(e for e in chain if e[1] != key)][:CHAIN_LENGTH]
-        await cache.set(name, json.dumps(entries))
-
     async def _summarize_logged(
-        self, messages: Sequence[Message], previous: str | None
+        self, messages: Sequence[Message], previous: str | None, job: SummaryJob
     ) -> str | BaseException:
         """The summary, or the exception that stopped it (cancellation is never swallowed)."""
         try:
+            problem = job.problem()
+            if problem is not None:
+                raise SummaryError(problem)
             async with asyncio.timeout(self.timeout_s):
-                return await self._summarize(render_messages(messages), previous)
+                return await self._summarize(render_messages(messages), previous, job)
         except Exception as exc:
             return exc
 
     async def summarize_span(
-        self, messages: Sequence[Message], *, previous_summary: str | None = None
+        self, messages: Sequence[Message], job: SummaryJob, *, previous_summary: str | None = None
     ) -> str | None:
         if not messages:
             return previous_summary
-        result = await self._summarize_logged(messages, previous_summary)
+        result = await self._summarize_logged(messages, previous_summary, job)
         if isinstance(result, BaseException):
             self.failures += 1
             self.last_error = _cause(result)
@@ -319,21 +349,21 @@ class Summarizer:
             return None
         return result
 
-    async def _call(self, messages: list[dict[str, Any]]) -> str:
-        tokens = self.prompt_tokens(messages)
-        if tokens > self.input_budget_tokens:
-            raise SummaryError(f"summary request of {tokens} tokens over budget {self.input_budget_tokens}")
+    async def _call(self, messages: list[dict[str, Any]], job: SummaryJob) -> str:
+        tokens = prompt_tokens(messages, job.count_text)
+        if tokens > job.input_budget_tokens:
+            raise SummaryError(f"summary request of {tokens} tokens over budget {job.input_budget_tokens}")
         self.calls += 1
         self.tokens_in += tokens
         try:
-            answer = await self.complete(messages, self.model)
+            answer = await self.complete(messages, self.model, job.reply_tokens)
         except BaseException as exc:  # cancelled by the timeout too: reported, then re-raised
             self._report(call_outcome(exc), tokens, 0)
             raise
         if not isinstance(answer, str) or not answer.strip():
             self._report("empty", tokens, 0)
             raise SummaryError("the summarizer returned an empty answer")
-        out = self.count_text(answer)
+        out = job.count_text(answer)
         self.tokens_out += out
         self._report("ok", tokens, out)
         return answer.strip()
@@ -346,48 +376,50 @@ class Summarizer:
         except Exception:  # reporting must never fail a summary
             logger.debug("reporting a summary call failed", exc_info=True)
 
-    def _fits(self, messages: list[dict[str, Any]]) -> bool:
-        return self.prompt_tokens(messages) <= self.input_budget_tokens
+    @staticmethod
+    def _fits(messages: list[dict[str, Any]], job: SummaryJob) -> bool:
+        return prompt_tokens(messages, job.count_text) <= job.input_budget_tokens
 
-    async def _summarize(self, pieces: list[str], previous: str | None) -> str:
+    async def _summarize(self, pieces: list[str], previous: str | None, job: SummaryJob) -> str:
         whole = summarize_messages("\n\n".join(pieces), previous_summary=previous)
-        if self._fits(whole):
-            return await self._call(whole)
-        chunks = self._pack(pieces, _render_chunk)
+        if self._fits(whole, job):
+            return await self._call(whole, job)
+        chunks = self._pack(pieces, _render_chunk, job)
         partials: list[str] = []
         for number, chunk in enumerate(chunks, start=1):
             text = "\n\n".join(chunk)
-            partials.append(await self._call(chunk_messages(text, part=number, parts=len(chunks))))
-        return await self._merge(([previous] if previous else []) + partials)
+            partials.append(await self._call(chunk_messages(text, part=number, parts=len(chunks)), job))
+        return await self._merge(([previous] if previous else []) + partials, job)
 
-    async def _merge(self, items: list[str], depth: int = 0) -> str:
+    async def _merge(self, items: list[str], job: SummaryJob, depth: int = 0) -> str:
         request = merge_messages(items)
-        if self._fits(request):
-            return await self._call(request)
+        if self._fits(request, job):
+            return await self._call(request, job)
         if depth >= MAX_MERGE_DEPTH:
             raise SummaryError("partial summaries do not shrink enough to merge")
-        groups = self._pack(items, merge_messages)
-        merged = [await self._call(merge_messages(group)) for group in groups]
-        if sum(map(self.count_text, merged)) >= sum(map(self.count_text, items)):
+        groups = self._pack(items, merge_messages, job)
+        merged = [await self._call(merge_messages(group), job) for group in groups]
+        if sum(map(job.count_text, merged)) >= sum(map(job.count_text, items)):
             raise SummaryError("merging partial summaries does not make them shorter")
-        return await self._merge(merged, depth + 1)
+        return await self._merge(merged, job, depth + 1)
 
-    def _pack(self, texts: Sequence[str], render: Render) -> list[list[str]]:
+    def _pack(self, texts: Sequence[str], render: Render, job: SummaryJob) -> list[list[str]]:
         """Consecutive groups of ``texts`` whose ``render(group)`` each fits; big texts are split."""
         pieces: list[str] = []
         for text in texts:
-            if self._fits(render([text])):
+            if self._fits(render([text]), job):
                 pieces.append(text)
             else:
-                pieces.extend(self._split_text(text, render))
-        base = self.prompt_tokens(render([]))
-        per_item = max(1, self.prompt_tokens(render(["x", "x"])) - self.prompt_tokens(render(["x"])) - 1)
-        room = self.input_budget_tokens - base
+                pieces.extend(self._split_text(text, render, job))
+        count = job.count_text
+        base = prompt_tokens(render([]), count)
+        per_item = max(1, prompt_tokens(render(["x", "x"]), count) - prompt_tokens(render(["x"]), count) - 1)
+        room = job.input_budget_tokens - base
         groups: list[list[str]] = []
         current: list[str] = []
         used = 0
         for piece in pieces:
-            cost = self.count_text(piece) + per_item + 1
+            cost = count(piece) + per_item + 1
             if current and used + cost > room:
                 groups.append(current)
                 current, used = [], 0
@@ -395,27 +427,27 @@ class Summarizer:
             used += cost
         if current:
             groups.append(current)
-        return [part for group in groups for part in self._verified(group, render)]
+        return [part for group in groups for part in self._verified(group, render, job)]
 
-    def _verified(self, group: list[str], render: Render) -> list[list[str]]:
+    def _verified(self, group: list[str], render: Render, job: SummaryJob) -> list[list[str]]:
         """``group`` as is if it really fits, else halves of it (the estimate above is additive)."""
-        if len(group) == 1 or self._fits(render(group)):
+        if len(group) == 1 or self._fits(render(group), job):
             return [group]
         middle = len(group) // 2
-        return self._verified(group[:middle], render) + self._verified(group[middle:], render)
+        return self._verified(group[:middle], render, job) + self._verified(group[middle:], render, job)
 
-    def _split_text(self, text: str, render: Render) -> list[str]:
+    def _split_text(self, text: str, render: Render, job: SummaryJob) -> list[str]:
         """``text`` cut into consecutive parts each of which fits ``render([part])``."""
         parts: list[str] = []
         rest = text
         while rest:
-            if self._fits(render([rest])):
+            if self._fits(render([rest]), job):
                 parts.append(rest)
                 break
             low, high = 0, len(rest)
             while low < high:  # the longest prefix that fits
                 mid = (low + high + 1) // 2
-                if self._fits(render([rest[:mid]])):
+                if self._fits(render([rest[:mid]]), job):
                     low = mid
                 else:
                     high = mid - 1
@@ -437,8 +469,8 @@ def _render_chunk(group: list[str]) -> list[dict[str, Any]]:
 class PrefetchedSummaries:
     """A synchronous ``SummaryProvider`` over summaries fetched before planning.
 
-    ``mapping`` is keyed by ``summary_key`` of the span (the service gets it from
-    ``Summarizer.key_for(blocks)`` of the plan's dropped span). ``asked`` lists the keys the engine
+    ``mapping`` is keyed by ``summary_key`` of the span for ``tenant`` (the service gets it from
+    ``Summarizer.span_key(span, tenant)`` of the plan's dropped span). ``asked`` lists the keys the engine
     asked for, ``missed`` those with no summary (the engine then writes its deterministic note).
     """
 
@@ -447,11 +479,13 @@ class PrefetchedSummaries:
         mapping: Mapping[str, str],
         *,
         summarizer_model: str,
+        tenant: str,
         prompt_version: str = PROMPT_VERSION,
         lengths: Iterable[int] | None = None,
     ) -> None:
         self.mapping = dict(mapping)
         self.summarizer_model = summarizer_model
+        self.tenant = tenant
         self.prompt_version = prompt_version
         # The lengths of the spans in ``mapping``, when known: a span of another length is a miss
         # without hashing it (the engine may offer many earlier spans).
@@ -460,7 +494,12 @@ class PrefetchedSummaries:
         self.missed: list[str] = []
 
     def key(self, span: Sequence[Message]) -> str:
-        return summary_key(span, summarizer_model=self.summarizer_model, prompt_version=self.prompt_version)
+        return summary_key(
+            span,
+            summarizer_model=self.summarizer_model,
+            prompt_version=self.prompt_version,
+            tenant=self.tenant,
+        )
 
     def summary_for(self, span: Sequence[Message], /) -> str | None:
         if self.lengths is not None and len(span) not in self.lengths:

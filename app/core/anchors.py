@@ -13,13 +13,13 @@ INTERFACE CONTRACT (``app.service.boundary`` relies on these):
   over ours, on the remembered part), ``estimate_tokens``, and the bounds ``lower_tokens`` <=
   ``estimate_tokens`` <= ``upper_tokens`` of the upstream's count of the new request.
 * ``AnchorMemory(*, max_conversations=256)``:
-  ``remember(model, messages, message_tokens, *, context, counted_tokens, upstream_tokens)``:
+  ``remember(model, messages, message_tokens, *, tenant, context, counted_tokens, upstream_tokens)``:
   the neutral ``messages`` a request forwarded, our counts of them (per message and of the whole
   request), what else it sent that is prompt (``context``, compared with ``==``: ``context_of``)
   and the upstream's count of it;
-  ``count(model, messages, message_tokens, *, context, exact) -> AnchoredCount | None``: the
-  count of a new request that continues a remembered one (the same model and context, every
-  remembered message but at most ``CHANGED_TAIL_MAX`` last ones equal), else None.
+  ``count(model, messages, message_tokens, *, tenant, context, exact) -> AnchoredCount | None``:
+  the count of a new request that continues a remembered one (the same tenant, model and
+  context, every remembered message but at most ``CHANGED_TAIL_MAX`` last ones equal), else None.
 * ``context_of(body, items_key) -> tuple``: the body's values besides its history array
   (``items_key``) that can hold prompt text (tools, instructions, a schema...): every value but
   numbers, booleans and null (output caps, ``stream``, sampling settings), in key order. Tools
@@ -45,8 +45,10 @@ reasoning, images: priced by rule, and an upstream may count them far below it) 
 rest. The upper bound never trusts a ratio below 1 for new text (a conversation whose history we
 over-count, e.g. encrypted reasoning priced high, may append plain text we count right).
 
-A conversation is recognised by its model and its first two messages (``frozen.anchor_of``); the
-latest request of each is kept, the least recently used forgotten first. Thread-safe; pure
+A conversation is recognised by its tenant (``app.core.tenant``: whose it is; another client's
+conversation with the same opening neither anchors nor displaces it), its model and its first two
+messages (``frozen.anchor_of``); the latest request of each is kept, at most ``max_conversations``,
+the least recently used forgotten first. Thread-safe; pure
 standard library; the messages are kept by reference and never mutated.
 """
 
@@ -100,7 +102,7 @@ class AnchorMemory:
 
     def __init__(self, *, max_conversations: int = DEFAULT_MAX_CONVERSATIONS) -> None:
         self.max_conversations = max(1, max_conversations)
-        self._anchors: OrderedDict[tuple[str, Any], _Anchor] = OrderedDict()
+        self._anchors: OrderedDict[tuple[str, str, Any], _Anchor] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -113,12 +115,13 @@ class AnchorMemory:
         messages: Sequence[Message],
         message_tokens: Sequence[int],
         *,
+        tenant: str,
         context: object,
         counted_tokens: int,
         upstream_tokens: int,
     ) -> None:
         """Keep ``messages`` (as forwarded, with our counts) and the upstream's count of the request."""
-        key = _key(model, messages)
+        key = _key(tenant, model, messages)
         if key is None or upstream_tokens <= 0 or counted_tokens <= 0 or len(messages) != len(message_tokens):
             return
         anchor = _Anchor(tuple(messages), tuple(message_tokens), context, counted_tokens, upstream_tokens)
@@ -134,11 +137,12 @@ class AnchorMemory:
         messages: Sequence[Message],
         message_tokens: Sequence[int],
         *,
+        tenant: str,
         context: object,
         exact: bool,
     ) -> AnchoredCount | None:
         """The upstream's count of a request of ``messages`` that continues a remembered one, or None."""
-        key = _key(model, messages)
+        key = _key(tenant, model, messages)
         if key is None:
             return None
         with self._lock:
@@ -214,11 +218,11 @@ def _unmarked(message: Message) -> Message:
     return {k: v for k, v in message.items() if k != OPAQUE_KEY} if OPAQUE_KEY in message else message
 
 
-def _key(model: str, messages: Sequence[Message]) -> tuple[str, Any] | None:
+def _key(tenant: str, model: str, messages: Sequence[Message]) -> tuple[str, str, Any] | None:
     if len(messages) < 2:
         return None
     try:
         anchor = anchor_of(messages)
     except RecursionError:
         return None
-    return None if anchor is None else (model, anchor)
+    return None if anchor is None else (tenant, model, anchor)

@@ -260,7 +260,9 @@ class BodyMemo:
         self._max_bytes = max_bytes
         self._min_bytes = min_bytes
         self._min_reuse_bytes = min_reuse_bytes
-        self._entries: list[_Entry] = []  # most recent first
+        # Most recent first, at most max_entries and max_bytes (the oldest out). Shared by every
+        # client: a reused parse equals a fresh one (the contract), so it cannot change another's.
+        self._entries: list[_Entry] = []
         self._lock = threading.Lock()
 
     def __len__(self) -> int:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .tokens import MessageCounter
 
 PolicyMode = Literal["auto", "truncate", "reject", "off"]
+RecallMode = Literal["off", "ids", "tool"]
 DEFAULT_CUT_TARGET = 0.6
 """Share of the input budget a cut brings a request down to (``bench/cache.py`` chose it: the
 trade-off between window use, prompt-cache reuse and summary calls is in README)."""
@@ -55,6 +56,10 @@ class Policy:
     move in steps of ``(1 - t)`` of the input budget (``context.step_tokens_for``), so right after
     a cut the request uses about ``t`` of the budget and the next turns fit with the very same
     forwarded prefix (upstream prompt caches keep hitting). ``1.0`` cuts as little as possible.
+
+    ``recall`` (``app.core.recall``): ``off``; ``ids``: what a cut removes is named by its recall id
+    in the placeholder, note, marker or memory that stands for it; ``tool``: that, and the
+    ``ctx_recall`` tool is offered when the plan names an id and the request allows it.
     """
 
     mode: PolicyMode = "auto"
@@ -76,6 +81,7 @@ class Policy:
     cut_target: float = DEFAULT_CUT_TARGET
     lower_output: bool = True
     output_floor_tokens: int = 1024
+    recall: RecallMode = "off"
 
     def refined(
         self,
@@ -85,6 +91,7 @@ class Policy:
         reserve_tokens: int | None = None,
         cut_target: float | None = None,
         lower_output: bool | None = None,
+        recall: RecallMode | None = None,
     ) -> Policy:
         """This policy with a request's overrides applied (None leaves a field as it is).
 
@@ -101,6 +108,8 @@ class Policy:
             changes["cut_target"] = cut_target
         if lower_output is not None:
             changes["lower_output"] = lower_output
+        if recall is not None:
+            changes["recall"] = recall
         return replace(self, **changes) if changes else self
 
 

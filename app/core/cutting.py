@@ -2,7 +2,8 @@
 
 INTERFACE CONTRACT (``strategies.py`` relies on it):
 
-* ``truncate_message(message, *, current_tokens, target_tokens, counter) -> (message, tokens) | None``:
+* ``truncate_message(message, *, current_tokens, target_tokens, counter, recall=False) -> (message,
+  tokens) | None``:
   the message cut to at most ``target_tokens`` (best effort) as a new dict, with its count, always
   smaller than ``current_tokens``; None when it cannot shrink. The input is never mutated.
 * ``PendingCuts``: cuts decided but made only for the messages a later step keeps (``cut(i)``,
@@ -10,7 +11,8 @@ INTERFACE CONTRACT (``strategies.py`` relies on it):
   counts less (the per-message overhead).
 
 Only text is cut (string content or ``text`` parts, largest first), each to its head and tail around
-one marker ``[ctxproxy: N characters removed from the middle of this message]``; cutting a cut text
+one marker ``[ctxproxy: N characters removed from the middle of this message]`` (with ``recall``:
+``...; recall id ID]``, the id of the whole text, ``app.core.recall``); cutting a cut text
 again keeps the one marker and adds up ``N``. ``N`` counts characters of the removed text, a pure
 function of the cut (a token count of a model counted by estimate would change with calibration).
 The older wording (``N tokens removed``, which clients may resend) is recognised; cut again, its
@@ -27,6 +29,7 @@ from typing import Any
 from .accounting import TOKENS_PER_MESSAGE
 from .conversation import is_opaque
 from .messages import Message
+from .recall import REF_PATTERN, is_recalled, recall_ref, ref_suffix
 from .tokens import MessageCounter
 
 # Every message counts at least its overhead, however much of its text a cut removes.
@@ -36,21 +39,34 @@ CUT_FLOOR_TOKENS = TOKENS_PER_MESSAGE
 MIN_KEEP_TOKENS = 16
 
 _MARKER_RE = re.compile(
-    r"\n\n\[ctxproxy: ([0-9][0-9,]*) (tokens|characters) removed from the middle of this message\]\n\n"
+    r"\n\n\[ctxproxy: ([0-9][0-9,]*) (tokens|characters) removed from the middle of this message"
+    + REF_PATTERN
+    + r"\]\n\n"
 )
-_LONGEST_MARKER = "\n\n[ctxproxy: 100,000,000 characters removed from the middle of this message]\n\n"
+_LONGEST_MARKER = (
+    "\n\n[ctxproxy: 100,000,000 characters removed from the middle of this message; recall id "
+    "f0e1d2c3b4a5]\n\n"
+)
 
 
-def marker(removed_chars: int) -> str:
-    """The marker that stands for ``removed_chars`` characters cut from the middle of a text."""
-    return f"\n\n[ctxproxy: {removed_chars:,} characters removed from the middle of this message]\n\n"
+def marker(removed_chars: int, ref: str | None = None) -> str:
+    """The marker that stands for ``removed_chars`` characters cut from the middle of a text (with
+    recall, the recall id of the whole text it was cut from)."""
+    return (
+        f"\n\n[ctxproxy: {removed_chars:,} characters removed from the middle of this message"
+        f"{ref_suffix(ref)}]\n\n"
+    )
 
 
-def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter, total_tokens: int) -> str | None:
+def _cut_text(
+    text: str, *, keep_tokens: int, counter: MessageCounter, total_tokens: int, ref: str | None = None
+) -> str | None:
     """``text`` (of ``total_tokens``) with only its head and tail (``keep_tokens`` in all) and a
     marker; None if no gain.
 
-    A text already cut keeps one marker: its head and tail are cut further and the count adds up.
+    A text already cut keeps one marker: its head and tail are cut further and the count adds up
+    (and its recall id stays: it names the text as it was first cut); a first cut names the whole
+    text by ``ref``, its recall id, when given.
     """
     tc = counter.counter
     count = counter.text_tokens
@@ -66,6 +82,7 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter, total_tok
     else:
         old_head, old_tail = text[: found.start()], text[found.end() :]
         before = int(found.group(1).replace(",", "")) if found.group(2) == "characters" else 0
+        ref = found.group(3)
         head_total, tail_total = count(old_head), count(old_tail)
         if keep >= head_total + tail_total:
             return None
@@ -77,7 +94,7 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter, total_tok
         removed = before + len(old_head) + len(old_tail) - len(head) - len(tail)
     if removed <= 0:
         return None
-    return f"{head}{marker(removed)}{tail}"
+    return f"{head}{marker(removed, ref)}{tail}"
 
 
 def _text_slots(message: Message) -> list[int | None]:
@@ -111,21 +128,28 @@ def _with_texts(message: Message, texts: dict[int | None, str]) -> dict[str, Any
 
 
 def truncate_message(
-    message: Message, *, current_tokens: int, target_tokens: int, counter: MessageCounter
+    message: Message,
+    *,
+    current_tokens: int,
+    target_tokens: int,
+    counter: MessageCounter,
+    recall: bool = False,
 ) -> tuple[dict[str, Any], int] | None:
     """Middle-out ``message`` to at most ``target_tokens`` (best effort); None when it cannot shrink.
 
     Only text is cut (string content or ``text`` parts, largest first); images, other parts and
     tool-call arguments are never touched, nor anything in an
-    opaque message (``conversation``). Returns the new message and its count, always smaller.
+    opaque message (``conversation``) or a recall's answer. Returns the new message and its
+    count, always smaller. ``recall``: the marker names the cut text by its recall id.
     """
-    if is_opaque(message):  # signed or encrypted content: kept whole or dropped whole, never cut
+    if is_opaque(message) or is_recalled(message):  # signed content, or recalled: never cut
         return None
     slots = _text_slots(message)
     if not slots or current_tokens <= target_tokens:
         return None
     # Through the counter's text cache: a long text counted in its message is not encoded again.
     sizes = {slot: counter.text_tokens(_slot_text(message, slot)) for slot in slots}
+    refs = {slot: recall_ref(_slot_text(message, slot)) for slot in slots} if recall else {}
     marker_tokens = counter.text_tokens(_LONGEST_MARKER)
     best: tuple[dict[str, Any], int] | None = None
     excess = current_tokens - target_tokens
@@ -144,6 +168,7 @@ def truncate_message(
                 keep_tokens=sizes[slot] - cut - marker_tokens,
                 counter=counter,
                 total_tokens=sizes[slot],
+                ref=refs.get(slot),
             )
             if new_text is not None:
                 texts[slot] = new_text
@@ -163,7 +188,8 @@ def truncate_message(
 class PendingCuts:
     """Middle-out cuts decided but not made: each message of ``indices`` (positions in
     ``messages``, whose counts are ``tokens``) is to be cut to ``target_tokens``
-    (``truncate_message``); a cut is made when asked, once.
+    (``truncate_message``, ``recall``: its marker names the text by its recall id); a cut is made
+    when asked, once.
 
     ``cut(i)``: message ``i`` cut, with its count, or None when it cannot shrink. ``tokens_of(i)``:
     the count message ``i`` has once the cuts are made. ``known(i)``: that count when its cut is
@@ -171,7 +197,7 @@ class PendingCuts:
     request fit: the drop decides what is kept first, and only what it keeps is cut.
     """
 
-    __slots__ = ("_made", "counter", "indices", "messages", "target_tokens", "tokens")
+    __slots__ = ("_made", "counter", "indices", "messages", "recall", "target_tokens", "tokens")
 
     def __init__(
         self,
@@ -181,8 +207,10 @@ class PendingCuts:
         *,
         target_tokens: int,
         counter: MessageCounter,
+        recall: bool = False,
     ) -> None:
         self.messages = messages
+        self.recall = recall
         self.tokens = tokens
         self.indices = frozenset(indices)
         self.target_tokens = target_tokens
@@ -196,6 +224,7 @@ class PendingCuts:
                 current_tokens=self.tokens[index],
                 target_tokens=self.target_tokens,
                 counter=self.counter,
+                recall=self.recall,
             )
         return self._made[index]
 

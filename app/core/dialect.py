@@ -104,7 +104,10 @@ composition root names an API or branches on which dialect it holds (``tests/tes
     under the upstream base URL, or from its origin when ``at_origin``), the non-streaming body and
     the client's headers to carry (credentials, API version);
   - ``summary_text(answer) -> str | None``: the summary text of this API's answer to that call
-    (None when it holds none).
+    (None when it holds none);
+  - ``recall``: the ``ctx_recall`` tool in this API's shape (``app.core.recall_shape.RecallShape``:
+    offering it, executing its calls, hiding them from the client, streaming included), or None
+    for an API without it (recall is then off for its requests).
 
 * ``ErrorInfo`` (frozen): ``status``, ``code`` (``context_length_exceeded``,
   ``invalid_request_error``, ``upstream_timeout``, ``invalid_json``, an API's own code of a field
@@ -137,6 +140,7 @@ from .fields import a_type, json_type
 from .messages import Message
 from .overflow import ContextOverflow
 from .parse_memo import ParseMemo
+from .recall_shape import RecallShape
 from .registry import ModelSpec
 from .tokens import MessageCounter
 
@@ -248,6 +252,9 @@ class Dialect(Protocol):
     ) -> SummaryCall: ...
 
     def summary_text(self, answer: Mapping[str, Any], /) -> str | None: ...
+
+    @property
+    def recall(self) -> RecallShape | None: ...
 
 
 def error_info(error: CoreError, dialect: Dialect) -> ErrorInfo:

@@ -62,6 +62,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .budget import Budget, Limits, Policy, request_budget
@@ -80,6 +81,7 @@ from .memory import (
 )
 from .messages import Message
 from .plan import Action, DroppedSpan, Plan
+from .recall import Recallable, is_compaction, recall_ref, recallables, span_text
 from .registry import ModelSpec
 from .strategies import STRATEGIES, Strategy
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
@@ -88,12 +90,12 @@ __all__ = [
     "HISTORY_UPSTREAM",
     "StructureGuardWarning",
     "SummaryProvider",
+    "cut_tool_tokens",
     "next_cut_headroom",
     "plan_request",
 ]
 
 HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation kept upstream
-
 
 
 class StructureGuardWarning(RuntimeWarning):
@@ -257,9 +259,10 @@ def plan_request(
     parsed = dialect.parse(body) if conversation is None else conversation
     messages = parsed.messages
     per_message = counter.count_messages(messages)
-    budget = request_budget(
-        body,
-        parsed,
+    # The budget of this body, or (the recall tool offered by a cut) of it with the tool.
+    budget_of = partial(
+        request_budget,
+        conversation=parsed,
         dialect=dialect,
         spec=spec,
         policy=policy,
@@ -268,6 +271,7 @@ def plan_request(
         cap_tokens=cap_tokens,
         limits=limits,
     )
+    budget = body_budget = budget_of(body)
     tool_tokens = budget.tool_tokens
     requested = parsed.requested_output_tokens
     output_cap = limits.output_cap_tokens if limits is not None else None
@@ -294,14 +298,19 @@ def plan_request(
         warnings: tuple[str, ...] = (),
         memory: MemorySpan | None = None,
         broken: tuple[str, ...] = (),
+        recall: tuple[Recallable, ...] = (),
     ) -> Plan:
+        # The tool's tokens count only in a plan that offers it (one that names no id leaves the
+        # body's own budget: its output cap is not lowered for a tool it does not carry).
+        tool_offered = offered and bool(recall)
+        planned = budget if tool_offered else body_budget
         return Plan(
             model=parsed.model or str(body.get("model", "")),
             spec=spec,
-            budget=budget,
+            budget=planned,
             count_kind=count_kind,
             tokens_before=before,
-            tokens_after=sum(tokens) + REPLY_PRIMING_TOKENS + tool_tokens,
+            tokens_after=sum(tokens) + REPLY_PRIMING_TOKENS + planned.tool_tokens,
             changed=changed or (lowered is not None and fits),
             fits=fits,
             output_cap_tokens=lowered if fits else None,
@@ -314,8 +323,11 @@ def plan_request(
             source=parsed.messages,
             memory=memory,
             broken=broken,
+            recall=recall,
+            recall_tool=tool_offered,
         )
 
+    offered = False
     if not parsed.fittable:
         return plan(messages, per_message, changed=False, fits=True, warnings=(HISTORY_UPSTREAM,))
     if policy.mode == "off" or (fits and headroom_tokens <= 0):
@@ -325,6 +337,12 @@ def plan_request(
         rejected = Action("rejected", 1, 0, f"over the input budget by {over} tokens (policy reject)")
         return plan(messages, per_message, changed=False, fits=False, actions=(rejected,))
 
+    offered = policy.recall == "tool" and offers_recall(body, parsed, dialect)
+    if offered and dialect.recall is not None:
+        # A plan that cuts may offer the recall tool: its definition is in the budget from here on.
+        budget = budget_of(dialect.recall.with_tool(body))
+        tool_tokens = budget.tool_tokens
+        limit = budget.input_budget_tokens
     room = memory_tokens_for(budget, policy)
     steps = _run_steps(
         messages,
@@ -349,9 +367,18 @@ def plan_request(
             step_tokens=memory_step_tokens(budget, policy),
             gap_tokens=MEMORY_GAP_FACTOR * room,
         )
+    remembered_ref: list[Recallable] = []
     if span is not None and summaries is not None:
         current, tokens = _remember(
-            current, tokens, steps, span, summaries, messages=messages, counter=counter, limit=limit
+            current,
+            tokens,
+            steps,
+            span,
+            summaries,
+            messages=messages,
+            counter=counter,
+            limit=limit,
+            recall=remembered_ref if policy.recall != "off" else None,
         )
 
     broken = tuple(new_problems(body, current, dialect=dialect, source=parsed.messages))
@@ -365,8 +392,13 @@ def plan_request(
         if remembered:  # the deterministic cut: the same steps, without the memory
             current, tokens, span = steps.messages, steps.tokens, None
             actions = [a for a in actions if a.kind != "summarized"]
+            remembered_ref.clear()
         if not remembered or new_problems(body, current, dialect=dialect, source=parsed.messages):
             return plan(messages, per_message, changed=False, fits=fits, broken=broken)
+    recall: tuple[Recallable, ...] = ()
+    if policy.recall != "off":
+        found = recallables(messages, steps.messages, steps.origins, note_at=steps.note_at)
+        recall = (*found, *(r for r in remembered_ref if r.ref not in {f.ref for f in found}))
     fitted = sum(tokens) + REPLY_PRIMING_TOKENS <= limit
     if not fitted:
         over = sum(tokens) + REPLY_PRIMING_TOKENS - limit
@@ -380,16 +412,48 @@ def plan_request(
         dropped=steps.dropped,
         memory=span,
         broken=broken,
+        recall=recall,
     )
 
 
-def next_cut_headroom(plan: Plan, policy: Policy) -> int:
+def offers_recall(body: Mapping[str, Any], conversation: Conversation, dialect: Dialect) -> bool:
+    """True when a plan of this request that names a recall id may offer the ``ctx_recall`` tool:
+    its API has one (``Dialect.recall``), the body allows it (no forced tool choice, ...) and it is
+    not a client's own compaction request (``recall.is_compaction``)."""
+    shape = dialect.recall
+    return (
+        shape is not None
+        and conversation.fittable
+        and shape.offered(body)
+        and not is_compaction(conversation.messages)
+    )
+
+
+def next_cut_headroom(plan: Plan, policy: Policy, *, cut_tool_tokens: int | None = None) -> int:
     """The ``headroom_tokens`` whose plan forgets more than ``plan`` (a plan of the same request
     without a summary provider): its strategies aim one token below what ``plan`` kept, with the
-    memory's room, so they reach the next level."""
+    memory's room, so they reach the next level. ``cut_tool_tokens``: the tool definitions' tokens
+    of a cut of this request (``cut_tool_tokens``: with the recall tool when a cut offers it),
+    when ``plan`` did not cut: the budget of the next cut is smaller by the difference."""
     room = memory_tokens_for(plan.budget, policy)
-    target = plan.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - room
+    extra = max(0, cut_tool_tokens - plan.budget.tool_tokens) if cut_tool_tokens is not None else 0
+    target = plan.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - room - extra
     return max(1, target - (sum(plan.message_tokens) - 1))
+
+
+def cut_tool_tokens(
+    body: Mapping[str, Any],
+    conversation: Conversation,
+    *,
+    dialect: Dialect,
+    policy: Policy,
+    counter: MessageCounter,
+) -> int:
+    """The tool definitions' tokens in the budget of a plan of this request that cuts: with the
+    recall tool when such a plan offers it (``offers_recall``)."""
+    offered = policy.recall == "tool" and offers_recall(body, conversation, dialect)
+    shape = dialect.recall
+    return dialect.tool_tokens(shape.with_tool(body) if offered and shape is not None else body, counter)
 
 
 def _remember(
@@ -402,20 +466,26 @@ def _remember(
     messages: Sequence[Message],
     counter: MessageCounter,
     limit: int,
+    recall: list[Recallable] | None = None,
 ) -> tuple[tuple[Message, ...], tuple[int, ...]]:
     """The fitted messages with the memory of ``span`` in place when the provider has its summary
     (or, else, the summary of one of its ``earlier`` spans) and it fits (``summarized``, counting
-    the messages it stands for), else unchanged (``summary_failed``, with why)."""
+    the messages it stands for), else unchanged (``summary_failed``, with why). With ``recall``
+    (a list), the memory names the transcript of its messages by its recall id, added there."""
     count = len(span.indices)
     summary: str | None = None
+    shown: list[dict[str, Any]] = []
     for candidate in (span, *(span.until(stop) for stop in span.earlier)):
-        found = summaries.summary_for(span_messages(messages, candidate))
+        shown = span_messages(messages, candidate)
+        found = summaries.summary_for(shown)
         if isinstance(found, str) and found.strip():
             summary, span = found, candidate
             break
     if summary is None:
         steps.actions.append(Action("summary_failed", count, detail="no summary available"))
         return current, tokens
+    transcript = span_text(shown) if recall is not None else ""
+    ref = recall_ref(transcript) if recall is not None else None
     placed = place_memory(
         current,
         tokens,
@@ -425,7 +495,10 @@ def _remember(
         counter=counter,
         limit_tokens=limit - REPLY_PRIMING_TOKENS,
         note_at=steps.note_at,
+        ref=ref,
     )
+    if placed is not None and recall is not None and ref is not None:
+        recall.append(Recallable(ref, transcript))
     if placed is None:
         steps.actions.append(Action("summary_failed", count, detail="summary too large to fit"))
         return current, tokens

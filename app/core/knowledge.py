@@ -10,27 +10,37 @@ INTERFACE CONTRACT (the service, the CLI and the learning glue rely on these):
   Ollama ``num_ctx``, LM Studio ``loaded_context_length``; False for a declared maximum such as
   OpenRouter's ``context_length`` or Ollama's ``model_info`` ``*.context_length``) and ``detail``
   (which endpoint and field, e.g. ``"GET /v1/models max_model_len"``: never a host or a secret).
-* ``Knowledge(*, max_models=MAX_MODELS)``, keyed by the model name as the client sends it:
-  ``set_discovered(model, figures)``, ``discovered(model)``,
-  ``effective(spec, *, header_window_tokens=None) -> ModelSpec`` (the precedence below),
-  ``observe_usage(model, *, prompt_tokens, fixed_tokens, text_tokens, exact, window_tokens=None)
-  -> UsageVerdict``,
-  ``observe_overflow(model, overflow, *, fixed_tokens, text_tokens, exact, sent_tokens=None,
-  output_tokens=None) -> None`` (an error without numbers teaches an upper bound of the window from
-  ``sent_tokens`` + ``output_tokens``, see below),
-  ``observe_count(model, *, input_tokens, fixed_tokens, text_tokens, exact) -> bool`` (the upstream's
-  counting endpoint: a calibration sample, never a truncation),
-  ``take_warning(model) -> bool`` (a truncation seen on a streamed response, reported once),
-  ``precision(model, *, exact) -> Precision | None`` (how far the upstream's counts strayed from
-  ours, once ``PRECISION_MIN_SAMPLES`` samples are in: what ``app.core.boundary`` sizes the
-  margin and the uncertainty zone with),
-  ``facts(model) -> ModelFacts | None`` and ``models()`` (every model with knowledge, oldest first).
+* ``Knowledge(*, max_models=MAX_MODELS)``: what the upstream said when the proxy asked it
+  (discovery) is everyone's, keyed by the model name as clients send it: ``set_discovered(model,
+  figures)``, ``discovered(model)``. What a client's requests taught (learned windows, the
+  calibration samples, truncations, precision) is that client's tenant's (``app.core.tenant``),
+  keyed by ``(tenant, model)``: every other method takes ``tenant``. Why: each of these facts
+  depends on what the client sent (our count of its text, the output cap it asked for) and on the
+  key it sent it with (a gateway may give another key another deployment); shared, one client's
+  crafted text could shrink the window or skew the calibration every other client is planned
+  with. Each table holds at most ``max_models`` entries, the least recently used forgotten first.
+  ``effective(spec, *, tenant, header_window_tokens=None) -> ModelSpec`` (the precedence below),
+  ``observe_usage(model, *, tenant, prompt_tokens, fixed_tokens, text_tokens, exact,
+  window_tokens=None) -> UsageVerdict``,
+  ``observe_overflow(model, overflow, *, tenant, fixed_tokens, text_tokens, exact,
+  sent_tokens=None, output_tokens=None) -> None`` (an error without numbers teaches an upper bound
+  of the window from ``sent_tokens`` + ``output_tokens``, see below),
+  ``observe_count(model, *, tenant, input_tokens, fixed_tokens, text_tokens, exact) -> bool`` (the
+  upstream's counting endpoint: a calibration sample, never a truncation),
+  ``take_warning(model, *, tenant) -> bool`` (a truncation seen on a streamed response, reported
+  once), ``precision(model, *, tenant, exact) -> Precision | None`` (how far the upstream's
+  counts strayed from ours, once ``PRECISION_MIN_SAMPLES`` samples are in: what
+  ``app.core.boundary`` sizes the margin and the uncertainty zone with),
+  ``facts(model, *, tenant) -> ModelFacts | None``, ``models(*, tenant=None)`` (the models
+  discovered or learned by ``tenant``, None: by anyone; oldest first) and ``learned()`` (every
+  ``(tenant, model)`` with learned facts, oldest first).
 * ``is_truncated(*, prompt_tokens, expected_tokens, calibrated) -> bool``: the silent-truncation rule.
-* Sharing between replicas (``app.service.knowledge_share``): ``export(model) -> dict | None`` (the learned
-  window and the calibration samples: numbers only) and ``absorb(model, data) -> bool``, which
-  validates ``data`` and takes a shared learned window when it is smaller than ours (or we have
-  none) and the shared samples only when we have none of our own (so nothing is counted twice);
-  ``version(model) -> int`` grows with every change ``export`` would show.
+* Sharing between replicas (``app.service.knowledge_share``), per tenant: ``export(model, *,
+  tenant) -> dict | None`` (the learned window and the calibration samples: numbers only) and
+  ``absorb(model, data, *, tenant) -> bool``, which validates ``data`` and takes a shared learned
+  window when it is smaller than ours (or we have none) and the shared samples only when we have
+  none of our own (so nothing is counted twice); ``version(model, *, tenant) -> int`` grows with
+  every change ``export`` would show.
 
 Precedence of each figure (each spec carries the source of each in ``ModelSpec.sources``):
 
@@ -155,7 +165,8 @@ class ModelFacts:
 
 @dataclass(slots=True)
 class _Entry:
-    discovered: DiscoveredFigures | None = None
+    """What one tenant's requests taught about one model."""
+
     learned_window_tokens: int | None = None
     learned_from: str | None = None
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=CALIBRATION_SAMPLES))
@@ -213,49 +224,63 @@ FACTOR_SOURCES = frozenset({"usage", "overflow", "truncation", "count"})
 
 
 class Knowledge:
-    """The per-model knowledge table (bounded: the least recently used model is forgotten)."""
+    """The per-model knowledge tables (bounded: the least recently used model is forgotten)."""
 
     def __init__(self, *, max_models: int = MAX_MODELS) -> None:
         self.max_models = max(1, max_models)
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        # What the upstream said (discovery): everyone's, by model.
+        self._discovered: OrderedDict[str, DiscoveredFigures] = OrderedDict()
+        # What a client's requests taught: its tenant's, by (tenant, model).
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._lock = threading.RLock()
+        # Effective specs by what they are made of; cleared when EFFECTIVE_MEMO_MAX is reached.
         self._effective: dict[Hashable, ModelSpec] = {}
 
     # -- storage ------------------------------------------------------------------------------
 
-    def _entry(self, model: str) -> _Entry:
-        entry = self._entries.get(model)
+    def _entry(self, tenant: str, model: str) -> _Entry:
+        key = (tenant, model)
+        entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[model] = _Entry()
+            entry = self._entries[key] = _Entry()
             while len(self._entries) > self.max_models:
                 self._entries.popitem(last=False)
         else:
-            self._entries.move_to_end(model)
+            self._entries.move_to_end(key)
         return entry
 
     @_locked
-    def models(self) -> tuple[str, ...]:
+    def models(self, *, tenant: str | None = None) -> tuple[str, ...]:
+        learned = (m for t, m in self._entries if tenant is None or t == tenant)
+        return tuple(dict.fromkeys([*self._discovered, *learned]))
+
+    @_locked
+    def learned(self) -> tuple[tuple[str, str], ...]:
         return tuple(self._entries)
 
     @_locked
     def set_discovered(self, model: str, figures: DiscoveredFigures) -> None:
         if figures.window_tokens is None and figures.max_output_tokens is None:
             return
-        self._entry(model).discovered = figures
+        self._discovered[model] = figures
+        self._discovered.move_to_end(model)
+        while len(self._discovered) > self.max_models:
+            self._discovered.popitem(last=False)
 
     @_locked
     def discovered(self, model: str) -> DiscoveredFigures | None:
-        entry = self._entries.get(model)
-        return entry.discovered if entry is not None else None
+        return self._discovered.get(model)
 
     @_locked
-    def facts(self, model: str) -> ModelFacts | None:
-        entry = self._entries.get(model)
-        if entry is None:
+    def facts(self, model: str, *, tenant: str) -> ModelFacts | None:
+        entry = self._entries.get((tenant, model))
+        discovered = self._discovered.get(model)
+        if entry is None and discovered is None:
             return None
+        entry = entry if entry is not None else _Entry()
         return ModelFacts(
             model=model,
-            discovered=entry.discovered,
+            discovered=discovered,
             learned_window_tokens=entry.learned_window_tokens,
             learned_from=entry.learned_from,
             factor=entry.factor(),
@@ -265,37 +290,38 @@ class Knowledge:
         )
 
     @_locked
-    def correction(self, model: str) -> float | None:
+    def correction(self, model: str, *, tenant: str) -> float | None:
         """The calibrated factor for ``model`` (None before the first sample)."""
-        entry = self._entries.get(model)
+        entry = self._entries.get((tenant, model))
         return entry.factor() if entry is not None else None
 
     # -- the effective spec -------------------------------------------------------------------
 
     @_locked
-    def effective(self, spec: ModelSpec, *, header_window_tokens: int | None = None) -> ModelSpec:
-        """``spec`` (the table's answer for ``spec.name``) with what we know applied. The answer
-        is a pure function of ``spec``, the header and the entry's figures it reads: the same
-        object comes back while they are the same (``EFFECTIVE_MEMO_MAX`` kept)."""
-        entry = self._entries.get(spec.name)
+    def effective(
+        self, spec: ModelSpec, *, tenant: str, header_window_tokens: int | None = None
+    ) -> ModelSpec:
+        """``spec`` (the table's answer for ``spec.name``) with what is known applied: what the
+        upstream said and what ``tenant``'s requests taught. The answer is a pure function of
+        ``spec``, the header and the figures it reads: the same object comes back while they are
+        the same (``EFFECTIVE_MEMO_MAX`` kept)."""
+        entry = self._entries.get((tenant, spec.name))
+        discovered = self._discovered.get(spec.name)
         estimate = spec.encoding == "estimate"
         factor = entry.factor() if entry is not None and estimate else None
         key = (
             spec,
             header_window_tokens,
+            discovered,
             None
             if entry is None
-            else (
-                entry.discovered,
-                entry.learned_window_tokens,
-                entry.learned_from,
-                factor,
-                entry.factor_source,
-            ),
+            else (entry.learned_window_tokens, entry.learned_from, factor, entry.factor_source),
         )
         made = self._effective.get(key)
         if made is None:
-            made = self._effective_spec(spec, entry, factor, header_window_tokens=header_window_tokens)
+            made = self._effective_spec(
+                spec, entry, discovered, factor, header_window_tokens=header_window_tokens
+            )
             if len(self._effective) >= EFFECTIVE_MEMO_MAX:
                 self._effective.clear()
             self._effective[key] = made
@@ -303,13 +329,17 @@ class Knowledge:
 
     @staticmethod
     def _effective_spec(
-        spec: ModelSpec, entry: _Entry | None, factor: float | None, *, header_window_tokens: int | None
+        spec: ModelSpec,
+        entry: _Entry | None,
+        discovered: DiscoveredFigures | None,
+        factor: float | None,
+        *,
+        header_window_tokens: int | None,
     ) -> ModelSpec:
         table = "default" if spec.guessed else spec.source
         operator = table not in _TABLE_SOURCES
         window, window_source = spec.window_tokens, table
         max_output, max_output_source = spec.max_output_tokens, table
-        discovered = entry.discovered if entry is not None else None
         learned = entry.learned_window_tokens if entry is not None else None
         learned_from = (entry.learned_from if entry is not None else None) or "learned:overflow"
         if header_window_tokens is not None:
@@ -350,6 +380,7 @@ class Knowledge:
         self,
         model: str,
         *,
+        tenant: str,
         prompt_tokens: int,
         fixed_tokens: int,
         text_tokens: int,
@@ -359,7 +390,7 @@ class Knowledge:
         """Learn from a successful response's ``usage.prompt_tokens`` for what we forwarded (our
         ``fixed_tokens`` and uncorrected ``text_tokens``, see ``MessageCounter.request_parts``),
         planned for ``window_tokens`` (None when that window was a guess)."""
-        entry = self._entry(model)
+        entry = self._entry(tenant, model)
         factor = None if exact else entry.factor()  # an exact count is never corrected
         if exact:
             expected = fixed_tokens + text_tokens
@@ -416,6 +447,7 @@ class Knowledge:
         model: str,
         overflow: ContextOverflow,
         *,
+        tenant: str,
         fixed_tokens: int,
         text_tokens: int,
         exact: bool,
@@ -425,7 +457,7 @@ class Knowledge:
         """Learn from a context-length error: the window it states, and its count of our prompt;
         an error that states no window, the upper bound ``sent_tokens`` (our count of the input
         sent) plus ``output_tokens`` (the output cap sent, None when the body had none) proves."""
-        entry = self._entry(model)
+        entry = self._entry(tenant, model)
         entry.version += 1
         if overflow.limit_tokens is not None and overflow.limit_tokens > 0:
             entry.learned_window_tokens, entry.learned_from = overflow.limit_tokens, "learned:overflow"
@@ -442,22 +474,22 @@ class Knowledge:
 
     @_locked
     def observe_count(
-        self, model: str, *, input_tokens: int, fixed_tokens: int, text_tokens: int, exact: bool
+        self, model: str, *, tenant: str, input_tokens: int, fixed_tokens: int, text_tokens: int, exact: bool
     ) -> bool:
         """Learn from the upstream's own count of a request (Anthropic's ``count_tokens``, OpenAI's
         ``input_tokens``): the same sample a response's usage gives, but nothing was sent to the
         model, so a count far below ours is our over-estimate, never a cut. True when sampled."""
         if input_tokens <= 0:
             return False
-        entry = self._entry(model)
+        entry = self._entry(tenant, model)
         return self._sample(entry, input_tokens, fixed_tokens, text_tokens, exact=exact, source="count")
 
     @_locked
-    def observe_proven(self, model: str, window_tokens: int) -> bool:
+    def observe_proven(self, model: str, window_tokens: int, *, tenant: str) -> bool:
         """A success after a refusal that stated no window proved ``window_tokens`` enough for what
         it carried (``exchange.Deliver.proven_window_tokens``): a window learned from such a
         refusal (a geometric guess, possibly above the real one) comes down to it. True when it did."""
-        entry = self._entries.get(model)
+        entry = self._entries.get((tenant, model))
         if entry is None or entry.learned_from != "learned:bound" or window_tokens <= 0:
             return False
         current = entry.learned_window_tokens
@@ -468,9 +500,9 @@ class Knowledge:
         return True
 
     @_locked
-    def precision(self, model: str, *, exact: bool) -> Precision | None:
+    def precision(self, model: str, *, tenant: str, exact: bool) -> Precision | None:
         """How far the upstream's counts strayed from ours (None before ``PRECISION_MIN_SAMPLES``)."""
-        entry = self._entries.get(model)
+        entry = self._entries.get((tenant, model))
         if entry is None or len(entry.samples) < PRECISION_MIN_SAMPLES:
             return None
         applied = 1.0 if exact else (entry.factor() or 1.0)
@@ -479,13 +511,13 @@ class Knowledge:
         return Precision(under=max(0.0, high - 1.0), over=max(0.0, 1.0 - low), samples=len(entry.samples))
 
     @_locked
-    def version(self, model: str) -> int:
-        entry = self._entries.get(model)
+    def version(self, model: str, *, tenant: str) -> int:
+        entry = self._entries.get((tenant, model))
         return entry.version if entry is not None else 0
 
     @_locked
-    def export(self, model: str) -> dict[str, object] | None:
-        entry = self._entries.get(model)
+    def export(self, model: str, *, tenant: str) -> dict[str, object] | None:
+        entry = self._entries.get((tenant, model))
         if entry is None or (entry.learned_window_tokens is None and not entry.samples):
             return None
         return {
@@ -497,7 +529,7 @@ class Knowledge:
         }
 
     @_locked
-    def absorb(self, model: str, data: object) -> bool:
+    def absorb(self, model: str, data: object, *, tenant: str) -> bool:
         """Take what another replica learned about ``model`` (see the module contract); False when
         ``data`` is malformed or taught nothing new."""
         if not isinstance(data, dict) or data.get("model") != model:
@@ -518,7 +550,7 @@ class Knowledge:
         ):
             return False
         source = data.get("factor_source")
-        entry = self._entry(model)
+        entry = self._entry(tenant, model)
         changed = False
         current = entry.learned_window_tokens
         if window is not None and (current is None or window < current):
@@ -531,8 +563,8 @@ class Knowledge:
             changed = True
         return changed
 
-    def take_warning(self, model: str) -> bool:
-        entry = self._entries.get(model)
+    def take_warning(self, model: str, *, tenant: str) -> bool:
+        entry = self._entries.get((tenant, model))
         if entry is None or not entry.warning:  # nearly always: no lock taken to say so
             return False
         with self._lock:

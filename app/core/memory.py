@@ -14,10 +14,11 @@ INTERFACE CONTRACT (``fit.py`` places the memory; the service summarizes its spa
   of this one is not there yet, so a late summary never takes away the memory a request had).
 * ``memory_stops(messages, tokens, *, step_tokens) -> list[int]`` and ``memory_span(messages,
   tokens, *, forgotten, pinned, step_tokens, gap_tokens=0) -> MemorySpan | None``.
-* ``memory_text(count, summary) -> str`` and ``MEMORY_HEAD_RE`` (the framing, a pure function of
-  the span's size and its summary); ``span_messages(messages, span)`` (what a summarizer reads:
-  the messages without the engine's reserved keys, so the same history gives the same span
-  whatever the dialect froze or priced this time).
+* ``memory_text(count, summary, ref=None) -> str`` and ``MEMORY_HEAD_RE`` (the framing, a pure
+  function of the span's size, its summary and, with recall, the recall id of its messages);
+  ``span_messages(messages, span)`` (what a summarizer reads: the messages without the engine's
+  reserved keys, so the same history gives the same span whatever the dialect froze or priced
+  this time).
 * ``place_memory(messages, tokens, origins, *, span, summary, counter, limit_tokens) ->
   Placed | None``: ``messages`` with the memory inserted before the first message from input
   index ``span.at`` on (and the drop's note, which it stands for, removed); None when it does
@@ -62,13 +63,14 @@ from .budget import Budget, Policy
 from .context import step_tokens_for
 from .conversation import strip_reserved
 from .messages import Message, group_turns, group_units
+from .recall import REF_PATTERN, ref_suffix
 from .tokens import MessageCounter
 
 MEMORY_MAX_TOKENS = 4096
 MEMORY_BUDGET_SHARE = 0.15
 MEMORY_STEP_FACTOR = 4
 MEMORY_GAP_FACTOR = 2
-MEMORY_HEAD_RE = re.compile(r"\[ctxproxy: summary of [0-9,]+ earlier messages?\]\n")
+MEMORY_HEAD_RE = re.compile(r"\[ctxproxy: summary of [0-9,]+ earlier messages?" + REF_PATTERN + r"\]\n")
 
 
 def memory_step_tokens(budget: Budget, policy: Policy) -> int:
@@ -116,11 +118,12 @@ class Placed:
     memory_tokens: int
 
 
-def memory_text(count: int, summary: str) -> str:
+def memory_text(count: int, summary: str, ref: str | None = None) -> str:
     """The memory as prompt text: the framing (which the engine recognises as its own, see
-    ``strategies.is_ctxproxy_note``) and the summary."""
+    ``strategies.is_ctxproxy_note``; with recall, the recall id of the messages it stands for)
+    and the summary."""
     noun = "message" if count == 1 else "messages"
-    return f"[ctxproxy: summary of {count:,} earlier {noun}]\n{summary.strip()}"
+    return f"[ctxproxy: summary of {count:,} earlier {noun}{ref_suffix(ref)}]\n{summary.strip()}"
 
 
 def memory_stops(messages: Sequence[Message], tokens: Sequence[int], *, step_tokens: int) -> list[int]:
@@ -196,11 +199,12 @@ def place_memory(
     counter: MessageCounter,
     limit_tokens: int,
     note_at: int | None = None,
+    ref: str | None = None,
 ) -> Placed | None:
     """``messages`` (the fitted ones; ``origins[j]`` is the input index of message ``j``, None
     for a message the engine made) with the memory of ``span`` before the first message from
-    input index ``span.at`` on; ``note_at`` (the drop's note) is removed. None when the result's
-    tokens would exceed ``limit_tokens``."""
+    input index ``span.at`` on; ``note_at`` (the drop's note) is removed; ``ref``: the recall id
+    its heading names. None when the result's tokens would exceed ``limit_tokens``."""
     keep = [j for j in range(len(messages)) if j != note_at]
     at = next(
         (k for k, j in enumerate(keep) if (origin := origins[j]) is not None and origin >= span.at),
@@ -209,7 +213,7 @@ def place_memory(
     previous = messages[keep[at - 1]].get("role") if at > 0 else None
     memory: dict[str, Any] = {
         "role": "assistant" if previous == "user" else "user",
-        "content": memory_text(len(span.indices), summary),
+        "content": memory_text(len(span.indices), summary, ref),
     }
     memory_tokens = counter.count_message(memory)
     out = [messages[j] for j in keep]

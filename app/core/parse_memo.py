@@ -157,7 +157,9 @@ class ParseMemo:
     def __init__(self, *, max_entries: int = 16, min_items: int = MIN_ITEMS) -> None:
         self._max_entries = max_entries
         self._min_items = max(1, min_items)
-        self._entries: list[Remembered] = []  # most recent first
+        # Most recent first, at most max_entries (the oldest out). Shared by every client: a reused
+        # parse equals a fresh one (the contract, tested), so it cannot change another's result.
+        self._entries: list[Remembered] = []
         self._lock = threading.Lock()
 
     def __len__(self) -> int:

@@ -18,7 +18,9 @@ INTERFACE CONTRACT (the service, the API and the CLI rely on these names):
   is forwarded with when it is lower than the client's own (``budget.Limits``; the dialect writes
   it, ``Dialect.with_output_cap``), else None; ``upstream_tokens``: the upstream's own count of
   the whole request when the plan was decided by it (``app.service.boundary``: an anchor's upper
-  bound, or the counting endpoint's answer).
+  bound, or the counting endpoint's answer); ``recall``: what the plan removed that it names by
+  a recall id (``app.core.recall.Recallable``), ``recall_tool``: its body offers the
+  ``ctx_recall`` tool (``Dialect.recall.with_tool``, after the client's own tools).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .cutting import PendingCuts
 from .dialect import Dialect
 from .memory import MemorySpan
 from .messages import Message
+from .recall import Recallable
 from .registry import ModelSpec
 
 ActionKind = Literal[
@@ -121,6 +124,8 @@ class Plan:
     output_cap_tokens: int | None = None
     upstream_tokens: int | None = None
     memory: MemorySpan | None = None
+    recall: tuple[Recallable, ...] = ()
+    recall_tool: bool = False
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
@@ -140,9 +145,11 @@ class Plan:
         return self.dialect.name
 
     def body(self, original: Mapping[str, Any]) -> dict[str, Any]:
-        """``original`` with its conversation replaced by ours, through the plan's dialect, and
-        the output cap it lowered; every other key kept as is."""
+        """``original`` with its conversation replaced by ours, through the plan's dialect, the
+        recall tool when offered and the output cap it lowered; every other key kept as is."""
         body = self.dialect.render(original, self.messages, source=self.source)
+        if self.recall_tool and self.dialect.recall is not None:
+            body = self.dialect.recall.with_tool(body)
         if self.output_cap_tokens is not None:
             capped = self.dialect.with_output_cap(body, self.output_cap_tokens)
             if capped is not None:

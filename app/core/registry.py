@@ -140,6 +140,7 @@ class ModelRegistry:
         self._default_explicit = True
         self._lengths = tuple(sorted({len(k) for k in by_key}, reverse=True))
         # resolve() answers, per model name: the table never changes, and every request asks.
+        # Bounded: RESOLVED_MAX names, then it starts over (a pure function of the table).
         self._resolved: dict[str, ModelSpec] = {}
 
     @classmethod

@@ -3,19 +3,20 @@
 INTERFACE CONTRACT (the service and the API rely on these):
 
 * ``PrefixReuse`` (frozen): ``reused_tokens``, ``total_tokens``, ``share`` (0..1).
-* ``PrefixMemory(*, max_conversations=256)``: ``observe(messages, tokens, *, model, api) ->
-  PrefixReuse`` compares the forwarded ``messages`` (with their per-message ``tokens``) with the
+* ``PrefixMemory(*, max_conversations=256)``: ``observe(messages, tokens, *, model, api,
+  tenant) -> PrefixReuse`` compares the forwarded ``messages`` (with their per-message ``tokens``) with the
   previous forwarded request of the same conversation and remembers them as its latest.
   ``reused_tokens`` are the tokens of the leading messages equal to the previous request's (a
   prefix it already sent, which a prompt cache holds); ``share = reused / total``, 0 (``0.000``
   in ``X-Context-Prefix-Reuse``) for a conversation seen the first time: nothing of it is cached.
 
-A conversation is recognised by its model, its wire API (``chat``, ``responses``, ...) and its first
-two forwarded messages (the system prompt and the first user message stay the same while the proxy
-cuts: they are pinned). Prompt caches are per model, so the same opening sent to another model, or
-through another API, is another conversation. Bounded: the least recently seen conversations are
-forgotten first. Thread-safe; pure standard library; the messages are never mutated (the memory
-keeps references to them).
+A conversation is recognised by its tenant (``app.core.tenant``: the figure never tells one client
+how much of another's request it repeated), its model, its wire API (``chat``, ``responses``, ...)
+and its first two forwarded messages (the system prompt and the first user message stay the same
+while the proxy cuts: they are pinned). Prompt caches are per model, so the same opening sent to
+another model, or through another API, is another conversation. Bounded: ``max_conversations``,
+the least recently seen conversations forgotten first. Thread-safe; pure standard library; the
+messages are never mutated (the memory keeps references to them).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ class PrefixReuse:
         return self.reused_tokens / self.total_tokens if self.total_tokens > 0 else 0.0
 
 
-def _anchor(messages: Sequence[Message], *, model: str, api: str) -> Hashable | None:
-    """The conversation's key: model, API and its first two messages, exactly (``frozen``: keys
+def _anchor(messages: Sequence[Message], *, model: str, api: str, tenant: str) -> Hashable | None:
+    """The conversation's key: tenant, model, API and its first two messages, exactly (``frozen``: keys
     in any order, ``1``/``1.0``/``True`` apart; ``freeze_counted``: a dialect's origin left out,
     the same for the same opening); a message that does not freeze (not JSON-shaped)
     is written as JSON instead, values of other types by their ``repr``."""
@@ -63,7 +64,7 @@ def _anchor(messages: Sequence[Message], *, model: str, api: str) -> Hashable | 
             opening.append(("json", text))
         else:
             opening.append(frozen[0])
-    return (model, api, *opening)
+    return (tenant, model, api, *opening)
 
 
 def _shared(messages: Sequence[Message], previous: tuple[Message, ...]) -> int:
@@ -85,10 +86,10 @@ class PrefixMemory:
         self._lock = threading.Lock()
 
     def observe(
-        self, messages: Sequence[Message], tokens: Sequence[int], *, model: str, api: str
+        self, messages: Sequence[Message], tokens: Sequence[int], *, model: str, api: str, tenant: str
     ) -> PrefixReuse:
         total = sum(tokens)
-        anchor = _anchor(messages, model=model, api=api) if messages else None
+        anchor = _anchor(messages, model=model, api=api, tenant=tenant) if messages else None
         if anchor is None:
             return PrefixReuse(0, total)
         with self._lock:

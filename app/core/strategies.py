@@ -11,9 +11,10 @@ INTERFACE CONTRACT (the pipeline in ``fit.py`` and the tests rely on these names
   leaves its cuts pending (``StrategyResult.pending``) and the drop, right after it, decides what
   is kept on the counts before them (its levels) and on the kept messages' counts once cut (what
   fits); the pipeline then cuts only what the drop kept (``fit``).
-* ``is_ctxproxy_note(message)`` (a note, or a memory: ``memory.py``); ``note_text(count)``,
-  ``pruned_text(chars, tool_name)``, ``content_chars(content)``: the texts the steps write, each
-  a pure function of what it replaces.
+* ``is_ctxproxy_note(message)`` (a note, or a memory: ``memory.py``); ``note_text(count, ref)``,
+  ``pruned_text(chars, tool_name, ref)``, ``content_chars(content)``: the texts the steps write,
+  each a pure function of what it replaces (``ref``: its recall id under ``policy.recall``,
+  ``app.core.recall``). A recall's answer (``recall.is_recalled``) is never pruned or cut.
 
 What a strategy may know and the regions it works in (``FitContext``, the pinned messages, the
 protected tail, the stable blocks) are in ``context.py``; cutting one message middle-out is in
@@ -48,6 +49,7 @@ from .cutting import CUT_FLOOR_TOKENS, PendingCuts, truncate_message
 from .memory import MEMORY_HEAD_RE
 from .messages import INSTRUCTION_ROLES, Message, group_units
 from .plan import Action, ActionKind, DroppedSpan, StrategyResult
+from .recall import REF_PATTERN, content_text, is_recalled, recall_ref, ref_suffix, span_text
 
 IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image"})
 # Last resort never cuts a message below this many tokens in total.
@@ -59,13 +61,13 @@ LAST_RESORT_FLOOR_TOKENS = 64
 # patterns also recognise the older wordings with token counts, which clients may resend.
 _PRUNED_RE = re.compile(
     r"\[ctxproxy: tool result removed to fit the context window "
-    r"\((?:[A-Za-z0-9_.:-]{1,64}(?:, )?)?(?:[0-9,]+ (?:tokens|characters))?\)\]"
+    r"\((?:[A-Za-z0-9_.:-]{1,64}(?:, )?)?(?:[0-9,]+ (?:tokens|characters))?" + REF_PATTERN + r"\)\]"
 )
 # Only names of the shape OpenAI allows for functions go into a placeholder (never free text).
 _TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _NOTE_RE = re.compile(
     r"\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(?:was|were) removed here to fit "
-    r"the context window\]"
+    r"the context window" + REF_PATTERN + r"\]"
 )
 IMAGE_PLACEHOLDER = "[ctxproxy: image removed to fit the context window]"
 
@@ -110,11 +112,14 @@ def content_chars(content: object) -> int:
     return 0
 
 
-def pruned_text(chars: int, tool_name: str | None) -> str:
-    """The placeholder of a pruned tool result: a pure function of the result (its tool's name
-    and the characters of its text)."""
+def pruned_text(chars: int, tool_name: str | None, ref: str | None = None) -> str:
+    """The placeholder of a pruned tool result: a pure function of the result (its tool's name,
+    the characters of its text and, with recall, its recall id)."""
     what = f"{tool_name}, " if tool_name else ""
-    return f"[ctxproxy: tool result removed to fit the context window ({what}{chars:,} characters)]"
+    return (
+        f"[ctxproxy: tool result removed to fit the context window ({what}{chars:,} characters"
+        f"{ref_suffix(ref)})]"
+    )
 
 
 def _tool_names(messages: Sequence[Message]) -> dict[str, str]:
@@ -194,18 +199,20 @@ def _prune(messages: Sequence[Message], ctx: FitContext, *, newest: bool) -> Str
     new_tokens: dict[int, int] = {}
     image_counts: dict[int, int] = {}
     names = _tool_names(messages) if region_start < boundary else {}
+    recall = ctx.policy.recall != "off"
     for i in range(region_start, boundary):
         message = messages[i]
-        if ctx.untouchable(i) or is_opaque(message):
+        if ctx.untouchable(i) or is_opaque(message) or is_recalled(message):
             continue
         candidate: dict[str, Any] | None = None
         images = 0
         if message.get("role") in TOOL_RESULT_ROLES:
             content = message.get("content")
             if not (isinstance(content, str) and _PRUNED_RE.fullmatch(content)):
+                ref = recall_ref(content_text(content)) if recall else None
                 candidate = {
                     **message,
-                    "content": pruned_text(content_chars(content), _result_tool_name(message, names)),
+                    "content": pruned_text(content_chars(content), _result_tool_name(message, names), ref),
                 }
         else:
             content = message.get("content")
@@ -280,7 +287,9 @@ def middle_out(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     )
     if not order:
         return _unchanged(messages)
-    cuts = PendingCuts(messages, tokens, order, target_tokens=limit, counter=ctx.counter)
+    cuts = PendingCuts(
+        messages, tokens, order, target_tokens=limit, counter=ctx.counter, recall=ctx.policy.recall != "off"
+    )
     floor = total - sum(tokens[i] - min(tokens[i], CUT_FLOOR_TOKENS) for i in order)
     changes: dict[int, Message] = {}
     freed = 0
@@ -323,7 +332,11 @@ def _cut_until_fits(
         if over <= 0:
             break
         cut = truncate_message(
-            messages[i], current_tokens=tokens[i], target_tokens=target_for(i, over), counter=ctx.counter
+            messages[i],
+            current_tokens=tokens[i],
+            target_tokens=target_for(i, over),
+            counter=ctx.counter,
+            recall=ctx.policy.recall != "off",
         )
         if cut is None:
             continue
@@ -335,12 +348,15 @@ def _cut_until_fits(
     return StrategyResult(_replace(messages, changes), (Action(kind, len(changes), freed),))
 
 
-def note_text(count: int) -> str:
+def note_text(count: int, ref: str | None = None) -> str:
     """The note that stands for ``count`` dropped messages (a pure function of the span: no token
-    count, which for a model counted by estimate would change with calibration)."""
+    count, which for a model counted by estimate would change with calibration; with recall, the
+    recall id of their transcript)."""
     noun = "message" if count == 1 else "messages"
     verb = "was" if count == 1 else "were"
-    return f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window]"
+    return (
+        f"[ctxproxy: {count:,} earlier {noun} {verb} removed here to fit the context window{ref_suffix(ref)}]"
+    )
 
 
 def _spans(
@@ -477,11 +493,21 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         freed_by.append(freed_by[-1] + sum(tokens[i] for i in block))
     notes: dict[int, int] = {}
 
+    base_messages = ctx.input_messages if ctx.input_messages is not None else messages
+
+    def note_for(blocks: int) -> str:
+        members = [i for block in block_members[:blocks] for i in block]
+        # With recall, the note names the transcript of the input messages it stands for.
+        if ctx.policy.recall == "off":
+            return note_text(len(members))
+        return note_text(len(members), recall_ref(span_text([base_messages[i] for i in members])))
+
     def note_tokens(blocks: int) -> int:
-        count = held[blocks]
-        if count not in notes:
-            notes[count] = ctx.counter.count_message({"role": role, "content": note_text(count)})
-        return notes[count]
+        # Without recall a note depends only on how many messages it stands for.
+        key = held[blocks] if ctx.policy.recall == "off" else blocks
+        if key not in notes:
+            notes[key] = ctx.counter.count_message({"role": role, "content": note_for(blocks)})
+        return notes[key]
 
     k = _smallest_fitting_stop(messages, ctx, block_members, stops, note_tokens)
     if k is None:
@@ -491,7 +517,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     freed, note_tokens_k = freed_by[k], note_tokens(k)
     dropped = [i for block in block_members[:k] for i in block]
     block_ends = [block_members[s - 1][-1] + 1 for s in stops if s <= k]
-    replacement: dict[str, Any] = {"role": role, "content": note_text(len(dropped))}
+    replacement: dict[str, Any] = {"role": role, "content": note_for(k)}
     drop_set = set(dropped)
     out: list[Message] = []
     for i, message in enumerate(messages):

@@ -161,8 +161,13 @@ class MessageCounter:
         accounting = ChatAccounting(self._count_raw_text, encoding=counter.name)
         self._tally_message = accounting.tally_message
         self._tally_tools = accounting.tally_tools
+        # By message content, whoever sent it (a count is a pure function of the text: it cannot
+        # differ between clients; AGENTS.md "Isolation" says why it is shared): at most cache_size
+        # entries and cache_max_chars characters, the least recently used out.
         self._cache: OrderedDict[CacheKey, tuple[int, int, int]] = OrderedDict()
         self._cache_chars = 0
+        # Recent conversations' counts by their opening: at most _MAX_CONVERSATIONS (and the
+        # characters of cache_max_chars), the least recently used out.
         self._conversations: OrderedDict[Any, tuple[_Conversation, ...]] = OrderedDict()
         self._conversation_chars = 0
         self._lock = threading.Lock()

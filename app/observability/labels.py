@@ -126,7 +126,7 @@ class TokenSet:
 
     def __init__(self, cap: int = MAX_TOKEN_VALUES) -> None:
         self._cap = cap
-        self._seen: set[str] = set()
+        self._seen: set[str] = set()  # at most cap values, then OTHER
         self._lock = threading.Lock()
 
     def __call__(self, value: object) -> str:
@@ -175,7 +175,9 @@ class ModelLabels:
     the configured upstream route keys; ``discovered(model)`` is truthy when the upstream itself
     reported the model (``app.core.knowledge.Knowledge.discovered``): its name is then its own
     label (cut to ``MODEL_LABEL_MAX_CHARS``), within the same cap as every other label. Results
-    are memoized in a bounded dict; ``other`` is not, while names may still be discovered.
+    are memoized in a bounded dict; ``other`` is not, while names may still be discovered. Labels
+    are issued first come: one client's many model names may fill them (the others' are then
+    ``other``), which changes the operator's metrics, never an answer to a client.
     """
 
     def __init__(
@@ -190,6 +192,8 @@ class ModelLabels:
         self._routes = sorted((r for r in routes if r), key=len, reverse=True)
         self._discovered = discovered
         self._max = max_labels
+        # Bounded: at most max_labels labels issued (then OTHER); 4 * max_labels names memoized,
+        # past that a name is resolved each time.
         self._issued: set[str] = set()
         self._memo: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -258,6 +262,7 @@ class UpstreamLabels:
         for base in bases:
             self._origins.setdefault(_origin(base), display_url(base))
         self.labels: tuple[str, ...] = tuple(dict.fromkeys(display_url(b) for b in bases))
+        # URL -> label; bounded: MAX_UPSTREAM_MEMO URLs, past that a URL is matched each time.
         self._memo: dict[str, str] = {}
 
     def __call__(self, url: str | None) -> str:

@@ -30,6 +30,9 @@ Metrics (all prefixed ``ctxproxy_``):
   ``summary_tokens_total{api,direction}`` (``in``: sent to the summarizer, ``out``: the summaries),
   ``summary_cache_requests_total{api,result}`` (``hit``/``miss``/``error``; watched caches count
   under ``api="none"``) and ``summary_cache_entries``;
+* recall (hook, see below): ``recall_total{api,event}`` (``calls`` of ``ctx_recall`` the proxy
+  answered, ``rounds`` it continued an answer for, ``misses``) and ``recall_bytes_total{api}``
+  (what it recalled);
 * upstream: ``upstream_latency_seconds{api,upstream,status}`` (time to the upstream's response
   headers, per upstream call; ``status`` is ``2xx``..``5xx`` or ``error``),
   ``discovery_total{endpoint,result}`` (model discovery calls, see
@@ -37,7 +40,7 @@ Metrics (all prefixed ``ctxproxy_``):
 * ``in_flight_requests``, ``build_info{version}``, plus the process collector.
 
 Hooks other code calls (cheap, thread-safe, never raising): :meth:`Metrics.record_summary`,
-:meth:`Metrics.record_summary_cache`, :meth:`Metrics.watch_summary_cache`,
+:meth:`Metrics.record_recall`, :meth:`Metrics.record_summary_cache`, :meth:`Metrics.watch_summary_cache`,
 :meth:`Metrics.record_discovery`.
 """
 
@@ -119,6 +122,8 @@ class Metrics:
         self._result = TokenSet()
         self._summary_outcome = TokenSet()
         self._cache_sources: list[tuple[Callable[[], CacheStatsLike], bool]] = []
+        # Both keyed by label values only: bounded by the label sets (app.observability.labels:
+        # each closed or capped), whatever the clients send.
         self._hook_cache: dict[tuple[str, str], int] = {(NONE, r): 0 for r in CACHE_RESULTS}
         self._lock = threading.Lock()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -197,6 +202,14 @@ class Metrics:
             "ctxproxy_summary_tokens",
             "Tokens sent to the summarizer (direction in) and summary tokens it answered (out).",
             ["api", "direction"], registry=reg,
+        )  # fmt: skip
+        self.recall = prom.Counter(
+            "ctxproxy_recall", "ctx_recall calls the proxy answered, rounds it continued, misses.",
+            ["api", "event"], registry=reg,
+        )  # fmt: skip
+        self.recall_bytes = prom.Counter(
+            "ctxproxy_recall_bytes", "Bytes of removed content the proxy recalled for ctx_recall.",
+            ["api"], registry=reg,
         )  # fmt: skip
         self.upstream_latency = prom.Histogram(
             "ctxproxy_upstream_latency_seconds", "Time from sending to the upstream's response headers.",
@@ -343,6 +356,21 @@ class Metrics:
                 self._child(self.summary_tokens, label, "out").inc(tokens_out)
         except Exception:  # a hook must never fail its caller
             logger.debug("recording a summary call failed", exc_info=True)
+
+    def record_recall(self, *, api: str | None, calls: int, bytes_: int, rounds: int, misses: int) -> None:
+        """Hook for recall: one request's ``ctx_recall`` calls answered, the bytes recalled, the
+        rounds continued and the misses, for a request of ``api``."""
+        if self.registry is None:
+            return
+        try:
+            label = self.api_labels(api)
+            for event, value in (("calls", calls), ("rounds", rounds), ("misses", misses)):
+                if value > 0:
+                    self._child(self.recall, label, event).inc(value)
+            if bytes_ > 0:
+                self._child(self.recall_bytes, label).inc(bytes_)
+        except Exception:  # a hook must never fail its caller
+            logger.debug("recording recall failed", exc_info=True)
 
     def record_summary_cache(self, *, hit: bool, error: bool = False, api: str | None = None) -> None:
         """Hook for one summary-cache lookup made for a request of ``api`` (a wire API's name;

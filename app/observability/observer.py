@@ -32,6 +32,7 @@ from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.tenant import ANONYMOUS
 from ..upstream.instrument import Instrumentation
 from .context import RequestContext, api_of, current, current_request_id
 from .labels import NONE, ModelLabels, RouteLabels, SpecLike, UpstreamLabels
@@ -94,22 +95,30 @@ def memory_of(actions: Mapping[str, int], header: str | None = None) -> str | No
 
 
 LEARNED_MAX = 100
+# A tenant is shown by the first characters of its hash: enough to tell clients apart on the page.
+TENANT_SHOWN_CHARS = 9
 
 
 def learned_models(service: Any, *, limit: int = LEARNED_MAX) -> list[dict[str, Any]]:
-    """The effective figures of the models the proxy discovered or learned something about at run
-    time (``service.learner.knowledge``; the most recent ``limit``), each figure with its source."""
+    """The effective figures of the models the proxy discovered (``tenant`` None: everyone's) or a
+    client's requests taught it something about (``tenant``: the first characters of that client's
+    tenant, a hash of its key) at run time (``service.learner.knowledge``; the most recent
+    ``limit``), each figure with its source: the operator's view."""
     learner = getattr(service, "learner", None)
     registry = getattr(service, "registry", None)
     knowledge = getattr(learner, "knowledge", None)
     if learner is None or registry is None or knowledge is None:
         return []
+    learned = list(knowledge.learned())
+    taught = {model for _, model in learned}
+    subjects = [(None, m) for m in knowledge.models() if m not in taught] + learned
     rows: list[dict[str, Any]] = []
-    for model in list(knowledge.models())[-limit:]:
-        spec = learner.effective(registry.resolve(model))
+    for tenant, model in subjects[-limit:]:
+        spec = learner.effective(registry.resolve(model), tenant=tenant or ANONYMOUS)
         rows.append(
             {
                 "name": model[:80],
+                "tenant": None if tenant is None else tenant[:TENANT_SHOWN_CHARS],
                 "window_tokens": spec.window_tokens,
                 "max_output_tokens": spec.max_output_tokens,
                 "encoding": spec.encoding,
@@ -317,6 +326,16 @@ class Observability:
             )
         except Exception:  # a hook must never fail its caller
             logger.debug("recording a summary call on the board failed", exc_info=True)
+
+    def record_recall(self, *, api: str, calls: int, bytes_: int, rounds: int, misses: int) -> None:
+        """One request's recall rounds (``app.service.recall``: the calls answered, the bytes
+        recalled, the rounds, the misses): metrics and the status board. Never raises."""
+        self.metrics.record_recall(api=api, calls=calls, bytes_=bytes_, rounds=rounds, misses=misses)
+        try:
+            label = self.metrics.api_labels(api)
+            self.board.record_recall(api=label, calls=calls, bytes_=bytes_, rounds=rounds, misses=misses)
+        except Exception:  # a hook must never fail its caller
+            logger.debug("recording recall on the board failed", exc_info=True)
 
     def record_summary_cache(self, *, api: str | None, hit: bool, error: bool = False) -> None:
         """One summary-cache lookup for a request of ``api``: metrics and the status board. Never

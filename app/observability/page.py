@@ -64,8 +64,9 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .sw { display:inline-block; width:12px; height:12px; border-radius:2px; vertical-align:-2px;
       margin-right:4px; }
 canvas { width:100%; height:260px; display:block; }
-#apis td, #summaries td { text-align:right; font-variant-numeric:tabular-nums; }
-#apis td:first-child, #summaries td:first-child { text-align:left; color:var(--muted); }
+#apis td, #summaries td, #recall td { text-align:right; font-variant-numeric:tabular-nums; }
+#apis td:first-child, #summaries td:first-child, #recall td:first-child {
+  text-align:left; color:var(--muted); }
 #apis td.text { text-align:left; white-space:normal; overflow-wrap:anywhere; max-width:260px; }
 select { font:inherit; }
 #error { display:none; background:#fff4ed; border-color:#f3c19b; color:var(--bad); }
@@ -96,6 +97,12 @@ select { font:inherit; }
   <div class="scroll"><table id="summaries"><thead></thead><tbody></tbody></table></div>
   <div class="kv">What stands in for dropped turns: an LLM summary, or the plain note (no summary
   wanted, or it failed). Summary cache lookups of caches that count their own are in the cards above.</div>
+</section>
+<section>
+  <h2>Recall by API</h2>
+  <div class="scroll"><table id="recall"><thead></thead><tbody></tbody></table></div>
+  <div class="kv">What a cut removed, fetched back by the model with ctx_recall and answered by the
+  proxy (the client never sees the tool). Misses: an unknown or expired id, or no room.</div>
 </section>
 <section>
   <h2>Input tokens per fitted request: before vs after fitting

@@ -88,6 +88,12 @@ const SUMMARY_ROWS = [
   ["cache_hit", "cache hits", (c) => num((c.summaries || {}).cache_hit || 0)],
   ["cache_miss", "cache misses", (c) => num((c.summaries || {}).cache_miss || 0)],
 ];
+const RECALL_ROWS = [
+  ["calls", "ctx_recall calls answered", (c) => num((c.recall || {}).calls || 0)],
+  ["rounds", "rounds continued", (c) => num((c.recall || {}).rounds || 0)],
+  ["bytes", "bytes recalled", (c) => num((c.recall || {}).bytes || 0)],
+  ["misses", "misses", (c) => num((c.recall || {}).misses || 0)],
+];
 
 function apiTable(id, figures, data) {
   const apis = data.apis || [];
@@ -114,6 +120,7 @@ function apiTable(id, figures, data) {
 function renderApis(data) {
   apiTable("apis", API_ROWS, data);
   apiTable("summaries", SUMMARY_ROWS, data);
+  apiTable("recall", RECALL_ROWS, data);
   const select = document.getElementById("api-filter");
   const wanted = ["", ...(data.apis || [])];
   if ([...select.options].map((o) => o.value).join() !== wanted.join()) {
@@ -193,7 +200,8 @@ function renderModels(data) {
   const lbody = document.querySelector("#learned tbody");
   lbody.replaceChildren();
   for (const m of learned) {
-    lbody.appendChild(row([[m.name, "clip"], [num(m.window_tokens), "num"], [m.source],
+    const name = m.tenant ? m.name + " (client " + m.tenant + ")" : m.name;
+    lbody.appendChild(row([[name, "clip"], [num(m.window_tokens), "num"], [m.source],
       [num(m.max_output_tokens), "num"], [m.encoding], [m.correction.toFixed(3), "num"]]));
   }
 }

@@ -14,7 +14,9 @@ Counters (``counters`` in the snapshot; the same keys in total and in ``counters
 saved), ``prefix_reused_tokens``, ``emergency_retries``, ``by_outcome``, ``actions``, ``memory``
 (``summary``/``note``: what stands in for dropped turns) and ``summaries`` (``calls``,
 ``failures``, ``tokens_in``, ``tokens_out``, ``cache_hit``, ``cache_miss``, ``cache_error``, from
-the summary hooks). The totals also have ``by_route``. They follow the same rules as the
+the summary hooks) and ``recall`` (``calls`` of ``ctx_recall`` the proxy answered, the ``bytes``
+it recalled, the ``rounds`` it continued answers for, ``misses``: an unknown or expired id, a page
+that does not exist or no room). The totals also have ``by_route``. They follow the same rules as the
 Prometheus metrics (``app.observability.metrics``), so the two agree.
 """
 
@@ -34,6 +36,7 @@ RECENT_MAX = 200
 MODEL_NAME_MAX = 80
 NO_API = "no_api"  # the raw counters' bucket of the requests of no API (pass-through)
 SUMMARY_KEYS = ("calls", "failures", "tokens_in", "tokens_out", "cache_hit", "cache_miss", "cache_error")
+RECALL_KEYS = ("calls", "bytes", "rounds", "misses")
 
 __all__ = ["RecentRequest", "StatusBoard", "display_url"]
 
@@ -76,6 +79,7 @@ def _counters() -> dict[str, Any]:
         "actions": {},
         "memory": {"summary": 0, "note": 0},
         "summaries": dict.fromkeys(SUMMARY_KEYS, 0),
+        "recall": dict.fromkeys(RECALL_KEYS, 0),
     }
 
 
@@ -137,6 +141,8 @@ class StatusBoard:
         self._default_model: dict[str, Any] | None = None
         self.in_flight = 0
         # Kept per API only (one dict to update per request); the totals are summed when read.
+        # Keyed by label values (route, API, outcome, action and memory kinds): bounded by the
+        # label sets (app.observability.labels), whatever the clients send.
         self._counters: dict[str, Any] = {
             "by_route": {},
             "by_api": {api: _counters() for api in self.apis},
@@ -215,6 +221,14 @@ class StatusBoard:
             summaries["failures"] += outcome != "ok"
             summaries["tokens_in"] += max(0, tokens_in)
             summaries["tokens_out"] += max(0, tokens_out)
+        self._changed()
+
+    def record_recall(self, *, api: str, calls: int, bytes_: int, rounds: int, misses: int) -> None:
+        """One request's recall rounds (``app.service.recall``) for a request of ``api``."""
+        with self._lock:
+            recall = self._counters_of(api).setdefault("recall", dict.fromkeys(RECALL_KEYS, 0))
+            for key, value in (("calls", calls), ("bytes", bytes_), ("rounds", rounds), ("misses", misses)):
+                recall[key] = recall.get(key, 0) + max(0, value)
         self._changed()
 
     def record_summary_cache(self, *, api: str, result: str) -> None:

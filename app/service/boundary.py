@@ -173,7 +173,7 @@ class Boundary:
         if tokens + budget.reserve_tokens < FAR_SHARE * budget.window_tokens or not self.exact:
             return True
         exact, policy = request.counter.exact, request.policy
-        precision = self.learner.knowledge.precision(request.model, exact=exact)
+        precision = self.learner.knowledge.precision(request.model, tenant=request.tenant, exact=exact)
         return not may_be_over(tokens, budget, policy, uncertainty(precision, policy=policy, exact=exact))
 
     def asks(self, request: ProxyRequest) -> bool:
@@ -194,6 +194,7 @@ class Boundary:
         # its next request will be compared with.
         return partial(
             self._remember,
+            request.tenant,
             request.model,
             plan.messages,
             plan.message_tokens,
@@ -207,7 +208,9 @@ class Boundary:
         policy, budget = request.policy, plan.budget
         exact = request.counter.exact
         u = uncertainty(
-            self.learner.knowledge.precision(request.model, exact=exact), policy=policy, exact=exact
+            self.learner.knowledge.precision(request.model, tenant=request.tenant, exact=exact),
+            policy=policy,
+            exact=exact,
         )
         tokens = plan.tokens_before
         room = room_tokens(budget, policy)
@@ -254,7 +257,7 @@ class Boundary:
         policy's margin: their levels (``context.level_starts``) are a function of the budget, and
         the requests around a cut must see the same ones."""
         budget, policy = plan.budget, request.policy
-        precision = self.learner.knowledge.precision(request.model, exact=exact)
+        precision = self.learner.knowledge.precision(request.model, tenant=request.tenant, exact=exact)
         if precision is None:
             return None
         ratio = margin_ratio(precision, policy=policy, exact=exact)
@@ -286,6 +289,7 @@ class Boundary:
             request.model,
             messages,
             message_tokens,
+            tenant=request.tenant,
             context=context_of(request.body, request.dialect.items_key),
             exact=request.counter.exact,
         )
@@ -310,7 +314,11 @@ class Boundary:
             return None
         self.stats["counted"] += 1
         self.learner.learn_from_count(
-            request.model, tokens, counter=request.counter, counted=Forwarded.of(request, None).counted
+            request.model,
+            tokens,
+            tenant=request.tenant,
+            counter=request.counter,
+            counted=Forwarded.of(request, None).counted,
         )
         return tokens
 
@@ -343,6 +351,7 @@ class Boundary:
 
     def _remember(
         self,
+        tenant: str,
         model: str,
         messages: tuple[Message, ...],
         message_tokens: tuple[int, ...],
@@ -354,6 +363,7 @@ class Boundary:
             model,
             messages,
             message_tokens,
+            tenant=tenant,
             context=context,
             counted_tokens=counted_tokens,
             upstream_tokens=upstream_tokens,

@@ -47,6 +47,7 @@ from ..core.errors import InvalidRequest
 from ..core.exchange import refusal_reason
 from ..core.plan import Plan
 from ..core.routes import RouteMatch
+from ..core.tenant import tenant_of
 from ..upstream.headers import Header
 from .outcome import PlanCannotFit
 from .request import Forwarded, RequestOptions
@@ -112,6 +113,12 @@ def aside_tokens_for(window_tokens: int, *, requested: int | None, configured: i
     return round(window_tokens * DEFAULT_ASIDE_SHARE)
 
 
+def without_recall(options: RequestOptions) -> RequestOptions:
+    """``options`` with recall off: a gateway sends the fitted request and reads the answer itself,
+    so no recall id is written and no tool offered (``app.service.recall``)."""
+    return options if options.recall is False else replace(options, recall=False)
+
+
 class Compressor:
     """The two contracts on one ``Service`` (its model table, knowledge, counters, summaries)."""
 
@@ -137,8 +144,12 @@ class Compressor:
             raise InvalidRequest("'model' must be a non-empty string naming the model.", param="model")
         body = {"model": model, dialect.items_key: messages}
         service = self.service
-        await service.learner.discover(model, service.upstream.base_url_for(model))
-        request = service.request(body, options, headers=headers, route=RouteMatch.first(dialect), bare=True)
+        tenant = tenant_of(headers, "", dialect.key_slots)
+        await service.learner.discover(model, service.upstream.base_url_for(model), tenant=tenant)
+        options = without_recall(options)
+        request = service.request(
+            body, options, headers=headers, route=RouteMatch.first(dialect), tenant=tenant, bare=True
+        )
         aside = aside_tokens_for(
             request.spec.window_tokens,
             requested=aside_tokens,
@@ -175,6 +186,7 @@ class Compressor:
         after the endpoint's prefix); see the module doc."""
         service = self.service
         dialect = route.dialect
+        options = without_recall(options)
         request = await service.prepare(raw, headers, options=options, route=route)
         request, plan = await service.decide(request)
         if not plan.fits:

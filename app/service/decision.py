@@ -127,7 +127,8 @@ async def decide(
         elif summaries is None:
             answer = effect.plan
         else:
-            answer = await summaries.refine(effect.request, effect.plan)
+            # A recall round (app.service.recall) uses the summaries there are: it asks for none.
+            answer = await summaries.refine(effect.request, effect.plan, writes=effect.request.round == 0)
 
 
 def dry_run(request: ProxyRequest, *, boundary: Boundary, offline: bool, window_known: bool) -> Decision:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import math
@@ -120,8 +121,12 @@ class Discovery:
         self.timeout_s = timeout_s
         self.retry_after_s = math.inf if retry_after_s is None else retry_after_s
         self._clock = clock
+        # One per configured upstream base URL (the operator's, a closed set).
         self._bases: dict[str, _Base] = {}
+        # (base URL, model) -> its discovery; the model is the client's: at most
+        # MAX_TRACKED_MODELS, the least recently used out (a running one is cancelled).
         self._models: OrderedDict[tuple[str, str], tuple[asyncio.Task[bool], float]] = OrderedDict()
+        # What was logged once: a few keys per base URL (never a model name).
         self._logged: set[str] = set()
         self._closed = False
 
@@ -181,7 +186,9 @@ class Discovery:
             base = self._bases[base_url] = _Base(base_url)
         stale = base.task is not None and base.task.done() and not base.reached
         if base.task is None or (stale and self._clock() - base.done_at >= self.retry_after_s):
-            base.task = asyncio.create_task(self._discover_base(base_url, base))
+            base.task = asyncio.create_task(
+                self._discover_base(base_url, base), context=contextvars.Context()
+            )
         return base.task
 
     def _model_task(self, model: str, base_url: str) -> asyncio.Task[bool]:
@@ -193,7 +200,9 @@ class Discovery:
             retry = task.done() and not task.cancelled() and task.exception() is None and not task.result()
             if not retry or self._clock() - started < self.retry_after_s:
                 return task
-        task = asyncio.create_task(self._discover_model(model, base_url))
+        # In a context of its own: the request that started it would stay referenced (its scope,
+        # headers) as long as the finished task is kept, up to MAX_TRACKED_MODELS of them.
+        task = asyncio.create_task(self._discover_model(model, base_url), context=contextvars.Context())
         self._models[key] = (task, self._clock())
         while len(self._models) > MAX_TRACKED_MODELS:
             _, (old, _) = self._models.popitem(last=False)

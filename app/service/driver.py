@@ -35,7 +35,7 @@ frameworks; the API layer renders errors and responses.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from ..core.overflow import ContextOverflow
 from ..core.plan import Plan
 from ..core.reuse import PrefixMemory, PrefixReuse
 from ..core.routes import KeySlot, RouteMatch
+from ..core.tenant import tenant_of
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
@@ -58,9 +59,16 @@ from .outcome import Ahead, Outcome, PlanCannotFit, Readiness, Render
 from .peek import is_event_stream, read_preamble
 from .planner import Planner
 from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
-from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
+from .request import Forwarded, ProxyRequest, RequestOptions, dump_body, parse_body
+
+
+def identity_encoded(headers: Sequence[Header]) -> tuple[Header, ...]:
+    """``headers`` asking for an uncompressed answer: a plan that offers ``ctx_recall`` has its
+    answer read (and a stream edited) by the proxy."""
+    return (*(h for h in headers if h[0].lower() != "accept-encoding"), ("Accept-Encoding", "identity"))
 
 if TYPE_CHECKING:
+    from .recall import Recall
     from .summaries import Summaries
 
 
@@ -81,21 +89,26 @@ class Service(Planner):
         required_encodings: Sequence[str] = REQUIRED_ENCODINGS,
         summaries: Summaries | None = None,
         learner: Learner | None = None,
+        recall: Recall | None = None,
     ) -> None:
         learner = learner if learner is not None else Learner()
+        policy = settings.fit_policy()
         super().__init__(
-            policy=settings.fit_policy(),
+            # Without a Recall nothing would answer the tool's calls: recall stays off.
+            policy=policy if recall is not None else replace(policy, recall="off"),
             registry=registry,
             vocabularies=vocabularies,
             # Near the boundary: exact counts, lowered output caps, anchors (app.service.boundary).
             boundary=build_boundary(settings, learner=learner, upstream=upstream),
             summarize=settings.summarize if summaries is not None else None,
             base_url_for=upstream.base_url_for,
+            recall=recall is not None,
         )
         self.settings = settings
         self.upstream = upstream
         self.required_encodings = tuple(required_encodings)
         self.summaries = summaries
+        self.recall = recall
         self.prefixes = PrefixMemory()
         # Recent bodies: a resent one is parsed only where it changed (its history's newest end).
         self.bodies = BodyMemo()
@@ -109,8 +122,9 @@ class Service(Planner):
         make the request value."""
         body = parse_body(raw, memo=self.bodies, key=route.dialect.items_key)
         model = route.dialect.model_of(body, route.params)
-        await self.learner.discover(model, self.upstream.base_url_for(model))
-        return self.request(body, options, raw=raw, headers=headers, route=route, model=model)
+        tenant = tenant_of(headers, route.query, route.dialect.key_slots)
+        await self.learner.discover(model, self.upstream.base_url_for(model), tenant=tenant)
+        return self.request(body, options, raw=raw, headers=headers, route=route, model=model, tenant=tenant)
 
     def count(
         self, raw: bytes, options: RequestOptions, *, route: RouteMatch, headers: Sequence[Header] = ()
@@ -130,12 +144,17 @@ class Service(Planner):
         """The upstream's own count of ``request`` (its counting endpoint answered ``input_tokens``)
         calibrates the model's estimate, as a response's usage would. True when it did."""
         return self.learner.learn_from_count(
-            plan.model, input_tokens, counter=request.counter, counted=Forwarded.of(request, plan).counted
+            plan.model,
+            input_tokens,
+            tenant=request.tenant,
+            counter=request.counter,
+            counted=Forwarded.of(request, plan).counted,
         )
 
-    def models_report(self) -> list[dict[str, Any]]:
-        """What the proxy knows about every model it has seen or discovered (``app.service.learning``)."""
-        return self.learner.report(self.registry.resolve)
+    def models_report(self, *, tenant: str) -> list[dict[str, Any]]:
+        """What the proxy knows about every model it discovered or ``tenant`` used
+        (``app.service.learning``)."""
+        return self.learner.report(self.registry.resolve, tenant=tenant)
 
     # -- the request path ---------------------------------------------------------------------
 
@@ -205,7 +224,25 @@ class Service(Planner):
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.
         """
         request = await self.prepare(raw, headers, options=options, route=route)
-        return await self.run(request, render=render)
+        outcome = await self.run(request, render=render)
+        if outcome.plan.recall and self.recall is not None:
+            # What the cut removed is kept for ctx_recall; the tool's calls are answered here.
+            self.recall.remember(request, outcome.plan)
+            outcome = await self.recall.settle(self, request, outcome)
+        return outcome
+
+    def continued(self, request: ProxyRequest, body: Mapping[str, Any]) -> ProxyRequest:
+        """``request`` continued with ``body`` (the same route, options, headers and what it learned),
+        for the recall rounds (``app.service.recall``)."""
+        continued = self.request(
+            body,
+            request.options,
+            raw=dump_body(body),
+            headers=request.headers,
+            route=request.route,
+            model=request.model,
+        )
+        return replace(continued.limited(request.limits), round=request.round + 1)
 
     async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
         """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
@@ -242,7 +279,9 @@ class Service(Planner):
                 if command.overflow is not None:
                     self._learn(request, command.overflow, forwarded, exchange.plan)
                 if command.proven_window_tokens is not None and request.conversation.fittable:
-                    self.learner.learn_proven_window(request.model, command.proven_window_tokens)
+                    self.learner.learn_proven_window(
+                        request.model, command.proven_window_tokens, tenant=request.tenant
+                    )
                 return await self._outcome(
                     request, exchange, forwarded, response, ahead=ahead[0] if ahead else None
                 )
@@ -255,7 +294,10 @@ class Service(Planner):
                     forwarded = Forwarded.sent_first(request, exchange.plan)
                 else:
                     forwarded = Forwarded.of(request, command.plan)
-                    response, command = await self._send(request, exchange, forwarded.content, pending)
+                    headers = identity_encoded(request.headers) if command.plan.recall_tool else None
+                    response, command = await self._send(
+                        request, exchange, forwarded.content, pending, headers=headers
+                    )
                 pending = None
                 continue
             assert response is not None and exchange.plan is not None and forwarded is not None
@@ -281,14 +323,16 @@ class Service(Planner):
         rendering of both: none of them waits for the answer, so the answer's way to the client
         is shorter by all three."""
         plan = request.plan()
-        reuse = self._prefix_reuse(plan)
+        reuse = self._prefix_reuse(request, plan)
         ahead.append(Ahead(plan, reuse, None if render is None else render(plan, reuse)))
         return plan
 
-    def _prefix_reuse(self, plan: Plan) -> PrefixReuse:
+    def _prefix_reuse(self, request: ProxyRequest, plan: Plan) -> PrefixReuse:
         # What an upstream prompt cache could reuse: the previous forwarded request of this
-        # conversation, compared message by message (``X-Context-Prefix-Reuse``).
-        return self.prefixes.observe(plan.messages, plan.message_tokens, model=plan.model, api=plan.api)
+        # client's conversation, compared message by message (``X-Context-Prefix-Reuse``).
+        return self.prefixes.observe(
+            plan.messages, plan.message_tokens, model=plan.model, api=plan.api, tenant=request.tenant
+        )
 
     async def _send(
         self,
@@ -296,15 +340,18 @@ class Service(Planner):
         exchange: Exchange,
         content: bytes,
         pending: Pending | None,
+        *,
+        headers: Sequence[Header] | None = None,
     ) -> tuple[UpstreamResponse, Deliver | Replan]:
-        """Send ``content``; finish a fast-path plan; read an error answer the exchange wants."""
+        """Send ``content`` (with ``headers``, else the request's); finish a fast-path plan; read an
+        error answer the exchange wants."""
         target = request.route.target
         try:
             response = await self.upstream.send(
                 "POST",
                 target.path,
                 content=content,
-                headers=request.headers,
+                headers=request.headers if headers is None else headers,
                 stream=True,
                 base_url=request.base_url,
                 query=request.route.query,
@@ -360,6 +407,7 @@ class Service(Planner):
         self.learner.learn_from_overflow(
             request.model,
             overflow,
+            tenant=request.tenant,
             counter=request.counter,
             forwarded=forwarded.counted,
             sent_tokens=sent.tokens_after,
@@ -394,6 +442,7 @@ class Service(Planner):
             observed, warnings = await self.learner.observe(
                 response,
                 model=plan.model,
+                tenant=request.tenant,
                 counter=request.counter,
                 forwarded=forwarded.counted,
                 stream=request.stream,
@@ -412,7 +461,7 @@ class Service(Planner):
             if not warnings and exchange.retries == 0:
                 rendered = ahead.rendered
         else:
-            reuse = self._prefix_reuse(plan)
+            reuse = self._prefix_reuse(request, plan)
         return Outcome(
             plan=plan,
             response=observed,

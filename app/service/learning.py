@@ -1,29 +1,35 @@
 """The service's memory of models: effective specs, calibrated counters, discovery and learning.
 
 ``Learner(*, knowledge=None, discovery=None)`` is what ``app.service.Service`` calls around a chat
-request (a handful of hooks, so the send loop stays readable):
+request (a handful of hooks, so the send loop stays readable). What the upstream said when asked
+(discovery) is everyone's; what a client's requests taught is its tenant's (``ProxyRequest.tenant``:
+``app.core.knowledge`` says why), so every hook that learns or reads learned figures takes
+``tenant``:
 
-* ``effective(spec, *, header_window_tokens)``: the table's spec with discovered/learned figures and
-  the calibrated correction applied (``app.core.knowledge`` holds the precedence rules).
-* ``counter(spec, shared)``: the ``MessageCounter`` to plan with. Exact encodings use the shared
-  per-encoding counter; each model counted by ``estimate`` gets its own (bounded LRU of
-  ``MAX_MODEL_COUNTERS``, each cache bounded by ``MODEL_COUNTER_CACHE_CHARS``) whose correction
-  is the model's calibrated factor, applied after the per-message cache (so a new factor never
-  serves stale counts).
+* ``effective(spec, *, tenant, header_window_tokens)``: the table's spec with discovered/learned
+  figures and the calibrated correction applied (``app.core.knowledge`` holds the precedence rules).
+* ``counter(spec, shared, *, tenant)``: the ``MessageCounter`` to plan with. Exact encodings use
+  the shared per-encoding counter; each model counted by ``estimate`` gets one per tenant (its
+  correction is that tenant's calibrated factor, applied after the per-message cache, so a new
+  factor never serves stale counts; bounded LRU of ``MAX_MODEL_COUNTERS``, each cache bounded by
+  ``MODEL_COUNTER_CACHE_CHARS``).
 * ``calibrated(spec)``: True when a calibrated factor applies (``X-Context-Count: calibrated``).
-* ``await discover(model, base_url)``: the first time a model is seen, wait (at most the discovery's
-  short timeout) for what the upstream says about it, and (with a ``KnowledgeShare``, when the
-  cache backend is shared) for what other replicas learned. ``aclose()`` stops both.
-* ``learn_proven_window(model, window_tokens)``: a retry after such an error succeeded in that
-  window (``Knowledge.observe_proven``).
-* ``learn_from_overflow(model, overflow, *, counter, forwarded, sent_tokens=None,
+* ``await discover(model, base_url, *, tenant)``: the first time a model is seen, wait (at most the
+  discovery's short timeout) for what the upstream says about it, and (with a ``KnowledgeShare``,
+  when the cache backend is shared) for what other replicas learned for that tenant. ``aclose()``
+  stops both.
+* ``learn_proven_window(model, window_tokens, *, tenant)``: a retry after such an error succeeded in
+  that window (``Knowledge.observe_proven``).
+* ``learn_from_overflow(model, overflow, *, tenant, counter, forwarded, sent_tokens=None,
   output_tokens=None)``: an upstream context error stated the window and/or its count of our
   prompt; one that states nothing teaches an upper bound of the window from what was sent (our
   count ``sent_tokens`` and the body's output cap ``output_tokens``, ``Knowledge.observe_overflow``).
-* ``await observe(response, *, model, counter, forwarded, stream, usage=None, usage_needles=...,
-  on_usage=None) -> (response, warnings)``: a successful non-streaming response is read (its bytes
-  are replayed unchanged) and its ``usage.prompt_tokens`` (or what ``usage``, a dialect's
-  ``input_tokens_used``, finds in the answer or in the events holding every one of its
+* ``learn_from_count(model, input_tokens, *, tenant, counter, counted) -> bool``: the upstream's
+  counting endpoint answered.
+* ``await observe(response, *, model, tenant, counter, forwarded, stream, usage=None,
+  usage_needles=..., on_usage=None) -> (response, warnings)``: a successful non-streaming response
+  is read (its bytes are replayed unchanged) and its ``usage.prompt_tokens`` (or what ``usage``, a
+  dialect's ``input_tokens_used``, finds in the answer or in the events holding every one of its
   ``usage_needles``) compared with our count of ``forwarded``; a silent truncation adds the warning
   ``upstream-truncated`` to *this* response (``window_tokens``: the window the request was planned
   for, None when it was a guess; a usage at or over it is a cut too). A streamed response is
@@ -31,13 +37,14 @@ request (a handful of hooks, so the send loop stays readable):
   array: Gemini's ``streamGenerateContent`` without ``alt=sse``) are scanned as they pass (never
   buffered nor changed); its usage arrives
   after the headers, so a truncation found there is logged and reported on the *next* response for
-  that model. Either way the window is learned at once. ``on_usage`` (optional) is called with the
-  upstream's count of the prompt once it is known and is not a truncation (the anchors of
-  ``app.service.boundary``).
+  that model and tenant. Either way the window is learned at once. ``on_usage`` (optional) is
+  called with the upstream's count of the prompt once it is known and is not a truncation (the
+  anchors of ``app.service.boundary``).
 
-* ``report(resolve) -> list[dict]``: every model the proxy knows something about, with its
-  effective figures, the source of each, the correction and what was learned (``GET
-  /v1/context/models``, ``ctxproxy models --proxy URL``). Figures only: nothing secret.
+* ``report(resolve, *, tenant) -> list[dict]``: every model the proxy discovered or ``tenant``
+  learned something about, with its effective figures for that tenant, the source of each, the
+  correction and what was learned (``GET /v1/context/models``, ``ctxproxy models --proxy URL``).
+  Figures only: nothing secret, nothing another client taught.
 
 Logs (logger ``ctxproxy.learning``) never contain prompt text, only model names and counts.
 """
@@ -74,8 +81,9 @@ logger = logging.getLogger("ctxproxy.learning")
 
 MAX_API_EVENT_BYTES = 4 * 1024 * 1024
 
-# Each estimate-counted model has its own counter (and cache); bounded so that many model names
-# cannot hold much memory: at most MAX_MODEL_COUNTERS * MODEL_COUNTER_CACHE_CHARS cached characters.
+# Each estimate-counted model has its own counter (and cache) per tenant; bounded so that many model
+# names and keys cannot hold much memory: at most MAX_MODEL_COUNTERS * MODEL_COUNTER_CACHE_CHARS
+# cached characters, the least recently used counter dropped first.
 MAX_MODEL_COUNTERS = 32
 MODEL_COUNTER_CACHE_SIZE = 16384
 MODEL_COUNTER_CACHE_CHARS = 4 * 1024 * 1024
@@ -174,34 +182,39 @@ class Learner:
         self.knowledge = knowledge if knowledge is not None else Knowledge()
         self.discovery = discovery
         self.share = share
-        self._counters: OrderedDict[str, MessageCounter] = OrderedDict()
+        self._counters: OrderedDict[tuple[str, str], MessageCounter] = OrderedDict()
         self._lock = threading.Lock()  # plans may be made in worker threads (app.service.fastpath)
 
     # -- planning -----------------------------------------------------------------------------
 
-    def effective(self, spec: ModelSpec, *, header_window_tokens: int | None = None) -> ModelSpec:
-        return self.knowledge.effective(spec, header_window_tokens=header_window_tokens)
+    def effective(
+        self, spec: ModelSpec, *, tenant: str, header_window_tokens: int | None = None
+    ) -> ModelSpec:
+        return self.knowledge.effective(spec, tenant=tenant, header_window_tokens=header_window_tokens)
 
     @staticmethod
     def calibrated(spec: ModelSpec) -> bool:
         return spec.encoding == "estimate" and spec.source_of("correction").startswith("calibrated")
 
-    def counter(self, spec: ModelSpec, shared: Callable[[str], MessageCounter]) -> MessageCounter:
+    def counter(
+        self, spec: ModelSpec, shared: Callable[[str], MessageCounter], *, tenant: str
+    ) -> MessageCounter:
         if spec.encoding != "estimate":
             return shared(spec.encoding)
+        key = (tenant, spec.name)
         with self._lock:
-            counter = self._counters.get(spec.name)
+            counter = self._counters.get(key)
             if counter is None:
                 counter = MessageCounter(
                     EstimateCounter(),
                     cache_size=MODEL_COUNTER_CACHE_SIZE,
                     cache_max_chars=MODEL_COUNTER_CACHE_CHARS,
                 )
-                self._counters[spec.name] = counter
+                self._counters[key] = counter
                 while len(self._counters) > MAX_MODEL_COUNTERS:
                     self._counters.popitem(last=False)
             else:
-                self._counters.move_to_end(spec.name)
+                self._counters.move_to_end(key)
             # A new factor applies from the next count on (the cache holds raw counts); a plan
             # made concurrently may mix the old and the new factor, a difference the margin covers.
             estimate = counter.counter
@@ -209,21 +222,26 @@ class Learner:
                 estimate.correction = spec.correction
             return counter
 
-    def report(self, resolve: Callable[[str], ModelSpec]) -> list[dict[str, Any]]:
-        """Every model with knowledge, resolved through the table (``resolve``) and made effective."""
+    def report(self, resolve: Callable[[str], ModelSpec], *, tenant: str) -> list[dict[str, Any]]:
+        """Every model discovered or with ``tenant``'s knowledge, resolved through the table
+        (``resolve``) and made effective for that tenant."""
         rows = []
-        for model in sorted(self.knowledge.models()):
-            rows.append(model_report(self.effective(resolve(model)), self.knowledge.facts(model)))
+        for model in sorted(self.knowledge.models(tenant=tenant)):
+            spec = self.effective(resolve(model), tenant=tenant)
+            rows.append(model_report(spec, self.knowledge.facts(model, tenant=tenant)))
         return rows
 
-    async def discover(self, model: str, base_url: str) -> None:
-        """Before planning: discovery, and what other replicas learned (both bounded, cached)."""
+    async def discover(self, model: str, base_url: str, *, tenant: str) -> None:
+        """Before planning: discovery, and what other replicas learned for ``tenant`` (both
+        bounded, cached)."""
         if self.discovery is not None and self.share is not None:
-            await asyncio.gather(self.discovery.ensure(model, base_url), self.share.sync(model))
+            await asyncio.gather(
+                self.discovery.ensure(model, base_url), self.share.sync(model, tenant=tenant)
+            )
         elif self.discovery is not None:
             await self.discovery.ensure(model, base_url)
         elif self.share is not None:
-            await self.share.sync(model)
+            await self.share.sync(model, tenant=tenant)
 
     def settled(self, model: str, base_url: str) -> bool:
         """True when ``discover`` would find nothing new about ``model`` at the upstream."""
@@ -242,6 +260,7 @@ class Learner:
         model: str,
         overflow: ContextOverflow,
         *,
+        tenant: str,
         counter: MessageCounter,
         forwarded: Mapping[str, Any],
         sent_tokens: int | None = None,
@@ -251,6 +270,7 @@ class Learner:
         self.knowledge.observe_overflow(
             model,
             overflow,
+            tenant=tenant,
             fixed_tokens=fixed,
             text_tokens=text,
             exact=counter.exact,
@@ -258,7 +278,7 @@ class Learner:
             output_tokens=output_tokens,
         )
         if self.share is not None:
-            self.share.changed(model)
+            self.share.changed(model, tenant=tenant)
         if overflow.limit_tokens is not None:
             logger.info(
                 "learned from a context error: %r has a %d-token window (upstream %s)",
@@ -267,7 +287,7 @@ class Learner:
                 overflow.dialect,
             )
         elif sent_tokens is not None:
-            facts = self.knowledge.facts(model)
+            facts = self.knowledge.facts(model, tenant=tenant)
             if facts is not None and facts.learned_window_tokens is not None:
                 logger.info(
                     "a context error without numbers: %r now taken to have at most a %d-token window",
@@ -275,29 +295,40 @@ class Learner:
                     facts.learned_window_tokens,
                 )
 
-    def learn_proven_window(self, model: str, window_tokens: int) -> None:
+    def learn_proven_window(self, model: str, window_tokens: int, *, tenant: str) -> None:
         """A success after an error without numbers proved ``window_tokens`` enough (see
         ``Knowledge.observe_proven``)."""
-        if self.knowledge.observe_proven(model, window_tokens):
+        if self.knowledge.observe_proven(model, window_tokens, tenant=tenant):
             if self.share is not None:
-                self.share.changed(model)
+                self.share.changed(model, tenant=tenant)
             logger.info(
                 "%r: a %d-token window is proven enough after an error without numbers", model, window_tokens
             )
 
     def learn_from_count(
-        self, model: str, input_tokens: int, *, counter: MessageCounter, counted: Mapping[str, Any]
+        self,
+        model: str,
+        input_tokens: int,
+        *,
+        tenant: str,
+        counter: MessageCounter,
+        counted: Mapping[str, Any],
     ) -> bool:
         """The upstream's count of ``counted`` (a body as the chat accounting counts it, see
         ``Forwarded.counted``) from its counting endpoint calibrates ``model``'s estimate like
         usage does. True when it did."""
         fixed, text = counter.request_parts(counted)
         sampled = self.knowledge.observe_count(
-            model, input_tokens=input_tokens, fixed_tokens=fixed, text_tokens=text, exact=counter.exact
+            model,
+            tenant=tenant,
+            input_tokens=input_tokens,
+            fixed_tokens=fixed,
+            text_tokens=text,
+            exact=counter.exact,
         )
         if sampled:
             if self.share is not None:
-                self.share.changed(model)
+                self.share.changed(model, tenant=tenant)
             logger.info("calibrated %r from the upstream's count: %d input tokens", model, input_tokens)
         return sampled
 
@@ -306,6 +337,7 @@ class Learner:
         response: UpstreamResponse,
         *,
         model: str,
+        tenant: str,
         counter: MessageCounter,
         forwarded: Mapping[str, Any],
         stream: bool,
@@ -316,7 +348,7 @@ class Learner:
         on_usage: Callable[[int], None] | None = None,
     ) -> tuple[UpstreamResponse, tuple[str, ...]]:
         warnings: list[str] = []
-        if self.knowledge.take_warning(model):
+        if self.knowledge.take_warning(model, tenant=tenant):
             warnings.append(TRUNCATED_WARNING)
         if response.status_code != 200:
             return response, tuple(warnings)
@@ -324,6 +356,7 @@ class Learner:
         usage_of = partial(
             self._usage,
             model,
+            tenant=tenant,
             counter=counter,
             forwarded=forwarded,
             window_tokens=window_tokens,
@@ -354,7 +387,7 @@ class Learner:
                 return response, tuple(warnings)
             verdict = record()
             if verdict.truncated:
-                self.knowledge.take_warning(model)  # reported on this response
+                self.knowledge.take_warning(model, tenant=tenant)  # reported on this response
                 if TRUNCATED_WARNING not in warnings:
                     warnings.append(TRUNCATED_WARNING)
             return response, tuple(warnings)
@@ -382,6 +415,7 @@ class Learner:
         model: str,
         prompt_tokens: int,
         *,
+        tenant: str,
         counter: MessageCounter,
         forwarded: Mapping[str, Any],
         streamed: bool,
@@ -397,6 +431,7 @@ class Learner:
             fixed, text = counter.request_parts(forwarded)
         verdict = self.knowledge.observe_usage(
             model,
+            tenant=tenant,
             prompt_tokens=prompt_tokens,
             fixed_tokens=fixed,
             text_tokens=text,
@@ -404,7 +439,7 @@ class Learner:
             window_tokens=window_tokens,
         )
         if self.share is not None and (verdict.sampled or verdict.truncated):
-            self.share.changed(model)
+            self.share.changed(model, tenant=tenant)
         if on_usage is not None and not verdict.truncated:
             on_usage(prompt_tokens)
         if verdict.truncated:

@@ -24,7 +24,9 @@ class Outcome:
     ``prefix_reuse``: what an upstream prompt cache could reuse of it (``app.core.reuse``).
     ``rendered``: the caller's ``render(plan, prefix_reuse)`` made while the upstream worked
     (``Service.handle``), when the answered plan is that one with nothing added (no retry, no
-    warning); else None.
+    warning); else None. ``recalls``: the rounds the proxy answered ``ctx_recall`` in before
+    the client's answer (``app.service.recall``), when the plan offered the tool and the answer
+    was read whole (a stream's are known at its end only); else None.
     """
 
     plan: Plan
@@ -34,6 +36,7 @@ class Outcome:
     warnings: tuple[str, ...] = ()
     prefix_reuse: PrefixReuse | None = None
     rendered: object | None = None
+    recalls: int | None = None
 
 
 # What a caller of ``Service.handle`` makes of a plan and its prefix reuse (its response headers).

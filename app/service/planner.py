@@ -5,18 +5,22 @@ offline=False)`` holds what a request value is made from: the operator's ``polic
 per request by its options), the model table (``registry``), the vocabularies, the ``boundary``
 (``app.service.boundary``) and what the proxy learned (its ``learner``: windows, calibration),
 whether summaries exist (``summarize``: the operator's switch, None for a door with no summaries
-at all) and where a model's requests go (``base_url_for``). The live ``Service`` is a planner with an
-upstream; a door outside the proxy's process (``ctxproxy plan``, ``ctxproxy.fit``) makes its own
-with :func:`offline_planner`, so every door gets the same request value for the same inputs:
+at all), where a model's requests go (``base_url_for``) and whether a recall's calls are answered
+(``recall``: ``X-Context-Recall: on`` turns recall on only then, ``app.service.recall``). The
+live ``Service`` is a planner with an upstream; a door outside the proxy's process (``ctxproxy
+plan``, ``ctxproxy.fit``) makes its own with :func:`offline_planner`, so every door gets the same
+request value for the same inputs:
 
-* ``counter(encoding)`` / ``counter_for_spec(spec)``: the counters (one per encoding for the
-  planner's life; an estimate-counted model's own, calibrated, from the learner);
+* ``counter(encoding)`` / ``counter_for_spec(spec, *, tenant)``: the counters (one per encoding for
+  the planner's life; an estimate-counted model's own per tenant, calibrated, from the learner);
 * ``policy(options) -> Policy``: the operator's policy refined by the request's options, with
   summaries' room for the memory when they are wanted (``request.summaries_wanted``), lowering off
-  when the boundary's setting is;
-* ``request(body, options, *, route, raw=b"", headers=(), model=None) -> ProxyRequest``: the
-  request value (no I/O): ``InvalidRequest`` for a bad model first, then for what the route's
-  dialect refuses in the conversation;
+  when the boundary's setting is; a route whose answer is one JSON array streamed (Gemini's
+  without ``alt=sse``) gets recall ids but no tool (``request``);
+* ``request(body, options, *, route, raw=b"", headers=(), model=None, tenant=None) ->
+  ProxyRequest``: the request value (no I/O): ``InvalidRequest`` for a bad model first, then for
+  what the route's dialect refuses in the conversation; its tenant is ``app.core.tenant.tenant_of``
+  its headers and query for the route's key slots (what it learned and keeps is that tenant's);
 * ``dry_run(request) -> Decision``: the one decision (``app.service.decision``) without I/O,
   with what this planner could not know named (``offline``: no view of the proxy's own memory).
 """
@@ -27,11 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..core.budget import Policy
+from ..core.budget import Policy, RecallMode
 from ..core.conversation import Conversation
 from ..core.parse_memo import ParseMemo
 from ..core.registry import ModelSpec
 from ..core.routes import RouteMatch
+from ..core.tenant import tenant_of
 from ..core.tokens import MessageCounter
 from ..upstream.headers import Header
 from .boundary import Boundary
@@ -54,8 +59,10 @@ class Planner:
         summarize: bool | None = None,
         base_url_for: Callable[[str | None], str] | None = None,
         offline: bool = False,
+        recall: bool = True,
     ) -> None:
         self.registry = registry
+        self.recall_answered = recall
         self.vocabularies = vocabularies
         self.learner = boundary.learner
         self.boundary = boundary
@@ -64,7 +71,7 @@ class Planner:
         self._policy = policy
         self._remembering: Policy | None = None  # the operator's policy with summaries wanted
         self._base_url_for = base_url_for
-        self._counters: dict[str, MessageCounter] = {}
+        self._counters: dict[str, MessageCounter] = {}  # per encoding: the model table's, a closed set
         # The dialects' parses of recent requests: a resent history is not converted again.
         self.parses = ParseMemo()
 
@@ -74,9 +81,10 @@ class Planner:
             counter = self._counters[encoding] = MessageCounter(self.vocabularies.counter_for(encoding))
         return counter
 
-    def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
-        """The counter to plan ``spec`` with (per model, calibrated, for the estimate)."""
-        return self.learner.counter(spec, self.counter)
+    def counter_for_spec(self, spec: ModelSpec, *, tenant: str) -> MessageCounter:
+        """The counter to plan ``spec`` with for ``tenant`` (per model and tenant, calibrated, for
+        the estimate)."""
+        return self.learner.counter(spec, self.counter, tenant=tenant)
 
     def policy(self, options: RequestOptions) -> Policy:
         policy = self._policy.refined(
@@ -85,6 +93,7 @@ class Planner:
             reserve_tokens=options.reserve_tokens,
             cut_target=options.cut_target,
             lower_output=options.lower_output,
+            recall=self._recall_of(options),
         )
         # With summaries wanted, every plan of the request (the first one too) leaves the cut room
         # for the memory: the same cut whether or not its summary comes.
@@ -99,6 +108,12 @@ class Planner:
             return self._remembering
         return self.boundary.policy_for(replace(policy, summarize=True))
 
+    def _recall_of(self, options: RequestOptions) -> RecallMode | None:
+        """The request's ``X-Context-Recall``: ``on`` only where the calls are answered."""
+        if options.recall is None:
+            return None
+        return "tool" if options.recall and self.recall_answered else "off"
+
     def base_url_for(self, model: str | None) -> str:
         """Where ``model``'s requests go ("" for a planner without an upstream)."""
         return "" if self._base_url_for is None else self._base_url_for(model)
@@ -112,18 +127,22 @@ class Planner:
         raw: bytes = b"",
         headers: Sequence[Header] = (),
         model: str | None = None,
+        tenant: str | None = None,
         bare: bool = False,
     ) -> ProxyRequest:
         """The request value of ``body`` on ``route`` (no I/O; see the module docstring): the
         route gives the dialect, the path's parameters and where the request goes, and its kind
         what the body must have (``Dialect.parse``); ``bare``: a bare conversation (the gateway's
         messages contract, ``ctxproxy.count``), held to no route's requirements; ``model``: the
-        dialect's ``model_of`` the body, when the caller read it already."""
+        dialect's ``model_of`` the body, and ``tenant``: ``tenant_of`` its headers and query, when
+        the caller worked them out already."""
         dialect = route.dialect
         if model is None:
             model = dialect.model_of(body, route.params)
+        if tenant is None:
+            tenant = tenant_of(headers, route.query, dialect.key_slots)
         table_spec = dialect.refine_spec(self.registry.resolve(model), headers)
-        spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
+        spec = self.learner.effective(table_spec, tenant=tenant, header_window_tokens=options.window_tokens)
         conversation = dialect.parse(body, memo=self.parses, kind=None if bare else route.route.kind)
         stream = conversation.stream if route.route.stream is None else route.route.stream
         if conversation.model != model or conversation.stream != stream:
@@ -138,6 +157,9 @@ class Planner:
                 fittable=conversation.fittable,
                 unfittable_reason=conversation.unfittable_reason,
             )
+        policy = self.policy(options)
+        if policy.recall == "tool" and route.json_stream:
+            policy = replace(policy, recall="ids")  # the answer's JSON array stream is not edited
         return ProxyRequest(
             raw=raw,
             body=body,
@@ -145,10 +167,11 @@ class Planner:
             route=route,
             conversation=conversation,
             spec=spec,
-            policy=self.policy(options),
-            counter=self.counter_for_spec(spec),
+            policy=policy,
+            counter=self.counter_for_spec(spec, tenant=tenant),
             base_url=self.base_url_for(model),
             options=options,
+            tenant=tenant,
             headers=tuple(headers),
             calibrated=self.learner.calibrated(spec),
         )

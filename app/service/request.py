@@ -2,7 +2,8 @@
 
 * ``RequestOptions``: the validated ``X-Context-*`` request headers (``upstream_count`` and
   ``lower_output``: the ``X-Context-Upstream-Count`` / ``X-Context-Lower-Output`` switches of
-  ``app.service.boundary``); ``summaries_wanted(policy, requested, default=)``: whether a request
+  ``app.service.boundary``; ``recall``: ``X-Context-Recall``, ``app.service.recall``);
+  ``summaries_wanted(policy, requested, default=)``: whether a request
   wants LLM summaries (its ``X-Context-Summarize``, else the operator's switch; policy ``auto``).
 * ``load_json(raw)``: a JSON value as RFC 8259 defines it: ``NaN``, ``Infinity``, ``-Infinity``
   and numbers that overflow a double are refused (``ValueError``), as every upstream refuses
@@ -14,9 +15,11 @@
 * ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
   request (``Service.prepare``): the raw bytes and parsed body, the dialect, the matched route
   (``app.core.routes.RouteMatch``: path parameters, where it goes upstream, the client's query)
-  and the neutral conversation, the effective model spec, the policy refined by the options, the counter, the
-  upstream base URL and the headers. Planning (``ProxyRequest.plan``), summaries, learning and
-  the observers all take it; nothing resolves the model or builds the policy a second time.
+  and the neutral conversation, the effective model spec, the policy refined by the options, the
+  counter, the upstream base URL, the headers and the tenant (``app.core.tenant``: whom the
+  request belongs to, a hash of its credential; everything kept per client is keyed by it).
+  Planning (``ProxyRequest.plan``), summaries, learning and the observers all take it; nothing
+  resolves the model or builds the policy a second time.
   Its ``plan`` logs (ERROR) a plan the fit pipeline's final structural guard had to undo
   (``Plan.broken``: a strategy bug; the fallback plan is used).
   ``limits`` (``budget.Limits``): what the request learned before it was (re)planned, a window, an
@@ -66,6 +69,7 @@ class RequestOptions:
     cut_target: float | None = None
     upstream_count: bool | None = None
     lower_output: bool | None = None
+    recall: bool | None = None
 
 
 def summaries_wanted(policy: Policy, requested: bool | None, *, default: bool) -> bool:
@@ -165,7 +169,9 @@ def dump_body(body: Mapping[str, Any]) -> bytes:
 @dataclass(frozen=True, slots=True)
 class ProxyRequest:
     """One request, resolved once (see the module docstring). ``policy`` is the operator's policy
-    refined by ``options``; ``calibrated``: the counter's estimate is corrected by usage."""
+    refined by ``options``; ``tenant``: ``app.core.tenant.tenant_of`` its headers and query for its
+    dialect's key slots; ``calibrated``: the counter's estimate is corrected by usage; ``round``:
+    the recall round this request continues (``app.service.recall``), 0 for the client's own."""
 
     raw: bytes
     body: Mapping[str, Any]
@@ -177,9 +183,11 @@ class ProxyRequest:
     counter: MessageCounter
     base_url: str
     options: RequestOptions
+    tenant: str
     headers: tuple[Header, ...] = ()
     calibrated: bool = False
     limits: Limits | None = None
+    round: int = 0
 
     @property
     def model(self) -> str:

@@ -26,6 +26,17 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   span the next cut will forget (``app.core.fit.next_cut_headroom``) is summarized in the
   background. Never raises: compaction never fails a request. A request that forgot nothing and
   is under the ratio costs one comparison.
+* Isolation: a summary is its tenant's (``ProxyRequest.tenant``): its cache key, its chain, its
+  in-flight work and the back-off of its span are the tenant's, so one client never waits on,
+  reads or learns of another's; a summary call refused for the credential (401, 403) turns
+  summaries off for that credential only (``UpstreamClient.credential_of``: the client's key, or
+  the operator's when it replaces it), a route the upstream lacks (404, 405) for the summarizer.
+* Bounded: one summarizer (with its ``AheadOfTime``) per summary API, model and upstream, at most
+  ``MAX_SUMMARIZERS`` (the least recently used idle one goes first; its counters stay in
+  ``stats``); the reply and the window of each call travel with it (``SummaryJob``). At most
+  ``MAX_PENDING_SUMMARIES`` summaries are pending in all of them together (a ``Backlog``): work
+  that arrives faster than ``summary_concurrency`` calls do it is refused (the note stands in),
+  not queued without end.
 * The summary call speaks the request's own wire API (``Dialect.summary_request`` /
   ``summary_text``) on the request model's upstream, with the client's headers and query
   parameters the dialect names (its key where the client put it, ``anthropic-version``) held only
@@ -49,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from functools import partial
@@ -57,12 +69,12 @@ from urllib.parse import unquote_plus
 
 import orjson
 
-from ..compaction.ahead import AheadOfTime
+from ..compaction.ahead import AheadOfTime, Backlog
 from ..compaction.cache import SummaryCache, cache_from_url
-from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError, window_problem
+from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError, SummaryJob
 from ..core.budget import Policy
 from ..core.dialect import Dialect
-from ..core.fit import next_cut_headroom
+from ..core.fit import cut_tool_tokens, next_cut_headroom
 from ..core.memory import memory_tokens_for, span_messages
 from ..core.plan import Plan
 from ..settings import Settings
@@ -84,6 +96,11 @@ MIN_REPLY_TOKENS = 64
 REPLY_SHARE = 0.85
 # A model counted by estimate keeps this share of its window free in a summary request.
 ESTIMATE_MARGIN = 0.1
+# Summarizers kept (one per summary API, model and upstream; the model may be the client's).
+MAX_SUMMARIZERS = 64
+# Summaries pending (scheduled, in line or ahead of time, not finished) in all summarizers
+# together: each holds its conversation until it ends; past this, the note stands in.
+MAX_PENDING_SUMMARIES = 64
 
 _carried: ContextVar[tuple[Header, ...]] = ContextVar("ctxproxy_summary_headers", default=())
 _carried_query: ContextVar[str] = ContextVar("ctxproxy_summary_query", default="")
@@ -113,17 +130,16 @@ def carried_query(query: str, names: Sequence[str]) -> str:
 
 
 class UpstreamComplete:
-    """``(messages, model) -> text`` over the upstream client: one non-streaming call in
-    ``dialect``'s wire API (``Dialect.summary_request``)."""
+    """``(messages, model, max_tokens) -> text`` over the upstream client: one non-streaming call
+    in ``dialect``'s wire API (``Dialect.summary_request``)."""
 
-    def __init__(self, upstream: UpstreamClient, *, dialect: Dialect, base_url: str, max_tokens: int) -> None:
+    def __init__(self, upstream: UpstreamClient, *, dialect: Dialect, base_url: str) -> None:
         self.upstream = upstream
         self.dialect = dialect
         self.base_url = base_url
-        self.max_tokens = max_tokens
 
-    async def __call__(self, messages: list[dict[str, Any]], model: str) -> str:
-        call = self.dialect.summary_request(messages, model=model, max_tokens=self.max_tokens)
+    async def __call__(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> str:
+        call = self.dialect.summary_request(messages, model=model, max_tokens=max_tokens)
         headers: list[Header] = [("Content-Type", "application/json"), ("Accept", "application/json")]
         client = carried_headers(_carried.get(), call.carry)
         headers += client
@@ -161,8 +177,8 @@ def _summary_failed(plan: Plan, detail: str) -> bool:
 
 
 class Summaries:
-    """The app's summary machinery: cache, one summarizer per summary API, model, upstream and
-    reply size, background work."""
+    """The app's summary machinery: cache, one summarizer per summary API, model and upstream
+    (bounded), background work."""
 
     def __init__(
         self,
@@ -185,8 +201,15 @@ class Summaries:
             settings.cache_url, ttl_s=settings.cache_ttl_s, max_entries=settings.cache_max_entries
         )
         self._semaphore = asyncio.Semaphore(settings.summary_concurrency)
-        self._ahead: dict[tuple[str, str, str, int, int], tuple[str, AheadOfTime] | None] = {}
+        self._backlog = Backlog(MAX_PENDING_SUMMARIES)
+        # (summary API, model, upstream) -> its background worker, None when it cannot be made (so
+        # that is logged once). Bounded: MAX_SUMMARIZERS, the least recently used idle one dropped
+        # first (one with work in flight stays until it is idle, and the shared backlog allows at
+        # most MAX_PENDING_SUMMARIES such); what it counted moves to _retired.
+        self._ahead: OrderedDict[tuple[str, str, str], AheadOfTime | None] = OrderedDict()
+        # Per registered API name (a closed set): the events, and the calls of dropped summarizers.
         self._events: dict[str, dict[str, int]] = {}
+        self._retired: dict[str, dict[str, int]] = {}
 
     def wanted(self, policy: Policy, summarize: bool | None) -> bool:
         return summaries_wanted(policy, summarize, default=self.settings.summarize)
@@ -224,20 +247,24 @@ class Summaries:
         reply_tokens: int,
         cap_tokens: int | None = None,
         room_tokens: int | None = None,
-    ) -> AheadOfTime | None:
-        """The background worker (and its summarizer) for ``request``'s summaries; None if it
-        cannot summarize (an unknown model, a window too small for the prompt). Summaries by the
-        request's own model are sized with what the proxy knows of it now (the window it learned or
-        discovered, the window this very request learned from a refusal, ``request.limits``, and
-        in an emergency retry the cap the upstream's refusal set, ``cap_tokens``, and the input
-        room of the request's own budget, ``room_tokens``: a summary call, prompt and reply, is no
-        bigger than the input the proxy forwards for the model, which its upstream takes even where
-        the window is only a learned bound; the counter it calibrated); another summary model by
-        the model table. In an API whose window limits the input alone (``output_in_window``
-        False: Gemini) the prompt alone is held to that size, the reply is not counted in it."""
+    ) -> tuple[AheadOfTime, SummaryJob] | None:
+        """The background worker (and its summarizer) for ``request``'s summaries and the job its
+        calls are sized and owned by; None if it cannot summarize (an unknown model, a window too
+        small for the prompt). Summaries by the request's own model are sized with what the proxy
+        knows of it now (the window it learned or discovered, the window this very request learned
+        from a refusal, ``request.limits``, and in an emergency retry the cap the upstream's
+        refusal set, ``cap_tokens``, and the input room of the request's own budget,
+        ``room_tokens``: a summary call, prompt and reply, is no bigger than the input the proxy
+        forwards for the model, which its upstream takes even where the window is only a learned
+        bound; the counter it calibrated); another summary model by the model table. In an API
+        whose window limits the input alone (``output_in_window`` False: Gemini) the prompt alone
+        is held to that size, the reply is not counted in it."""
         dialect = self.dialect_for(request)
         model = self.settings.summary_model or request.model
         base_url = self.settings.summary_base_url or self.upstream.base_url_for(model)
+        key = (dialect.name, model, base_url)
+        if key in self._ahead and self._ahead[key] is None:
+            return None
         try:
             if model == request.model:
                 spec = request.spec
@@ -253,6 +280,7 @@ class Summaries:
             logger.warning(
                 "summaries with model %r are not possible: %s: %.200s", model, type(exc).__name__, exc
             )
+            self._keep(key, None)
             return None
         window = spec.window_tokens
         if model == request.model:
@@ -264,26 +292,23 @@ class Summaries:
             # Its window limits the input alone (Gemini's inputTokenLimit): the summary's prompt may
             # fill it, the reply is not counted against it (the summarizer keeps it off the window).
             window += reply
-        problem = window_problem(window, reply, count_text)
-        if problem is not None:
-            # No warning: a request that leaves no room for a summary call (a tiny prompt with a
-            # huge output cap on a small window) just has none, and builds no summarizer.
-            logger.debug("no summaries for this request to %r: %s", model, problem)
+        job = SummaryJob(
+            tenant=request.tenant,
+            credential=self.upstream.credential_of(request.tenant),
+            window_tokens=window,
+            reply_tokens=reply,
+            count_text=count_text,
+        )
+        problem = job.problem()
+        if problem is not None:  # a request whose room is this small: the note stands in
+            logger.debug("no summary for a %r request: %s", request.model, problem)
             return None
-        key = (dialect.name, model, base_url, reply, window)
-        if key in self._ahead:
-            found = self._ahead[key]
-            return found[1] if found is not None else None
-        ahead: AheadOfTime | None = None
-        try:
-            complete = UpstreamComplete(self.upstream, dialect=dialect, base_url=base_url, max_tokens=reply)
+        ahead = self._ahead.get(key)
+        if ahead is None:
             summarizer = Summarizer(
-                complete,
+                UpstreamComplete(self.upstream, dialect=dialect, base_url=base_url),
                 model=model,
-                window_tokens=window,
-                count_text=count_text,
                 timeout_s=BACKGROUND_TIMEOUT_S,
-                reply_tokens=reply,
                 identity=f"{dialect.name} summaries by {model} at {base_url}",
                 retry_after_s=self.settings.summary_retry_after_s,
                 on_call=self._call_hook(dialect.name),
@@ -294,13 +319,26 @@ class Summaries:
                 max_concurrency=self.settings.summary_concurrency,
                 lock_ttl_s=2 * BACKGROUND_TIMEOUT_S,
                 semaphore=self._semaphore,
+                backlog=self._backlog,
             )
-        except Exception as exc:
-            logger.warning(
-                "summaries with model %r are not possible: %s: %.200s", model, type(exc).__name__, exc
-            )
-        self._ahead[key] = (dialect.name, ahead) if ahead is not None else None
-        return ahead
+        self._keep(key, ahead)
+        return ahead, job
+
+    def _keep(self, key: tuple[str, str, str], ahead: AheadOfTime | None) -> None:
+        """``ahead`` as the most recently used of ``_ahead``, the bound enforced (see __init__)."""
+        self._ahead[key] = ahead
+        self._ahead.move_to_end(key)
+        if len(self._ahead) <= MAX_SUMMARIZERS:
+            return
+        for old in list(self._ahead)[: len(self._ahead) - MAX_SUMMARIZERS]:
+            found = self._ahead[old]
+            if found is not None and found.in_flight:
+                continue  # its tasks finish first: dropped when idle
+            del self._ahead[old]
+            if found is not None:
+                retired = self._retired.setdefault(old[0], dict.fromkeys(COUNTERS, 0))
+                for name in COUNTERS:
+                    retired[name] += int(getattr(found.summarizer, name))
 
     def idle_for(self, request: ProxyRequest, plan: Plan) -> bool:
         """True when :meth:`refine` returns ``plan`` as it is without a look (summaries not
@@ -325,22 +363,23 @@ class Summaries:
         api = self.dialect_for(request).name
         try:
             budget = plan.budget
-            ahead = self.ahead_for(
+            found = self.ahead_for(
                 request,
                 reply_tokens=max(MIN_REPLY_TOKENS, int(room * REPLY_SHARE)),
                 cap_tokens=cap_tokens,
                 room_tokens=budget.window_tokens - budget.reserve_tokens - budget.margin_tokens,
             )
-            if ahead is None:
+            if found is None:
                 return plan
+            ahead, job = found
             ready = True
             first = plan
             if plan.memory is not None:
                 plan, ready = await self._remembered(
-                    request, plan, ahead, api=api, cap_tokens=cap_tokens, writes=writes
+                    request, plan, ahead, job, api=api, cap_tokens=cap_tokens, writes=writes
                 )
             if writes and ready and plan.fits and plan.tokens_after > self._ahead_threshold(plan):
-                await self._prepare_next(request, first, ahead, api=api, cap_tokens=cap_tokens)
+                await self._prepare_next(request, first, ahead, job, api=api, cap_tokens=cap_tokens)
             return plan
         except Exception as exc:  # never fail a request because of compaction
             logger.warning("summaries skipped for this request: %s: %.200s", type(exc).__name__, exc)
@@ -354,6 +393,7 @@ class Summaries:
         request: ProxyRequest,
         plan: Plan,
         ahead: AheadOfTime,
+        job: SummaryJob,
         *,
         api: str,
         cap_tokens: int | None,
@@ -364,22 +404,23 @@ class Summaries:
         assert plan.memory is not None and plan.source is not None
         summarizer = ahead.summarizer
         span = span_messages(plan.source, plan.memory)
-        key = summarizer.span_key(span)
+        tenant = job.tenant
+        key = summarizer.span_key(span, tenant)
         summary = await self.cache.get(key)
         self._looked_up(api, hit=bool(summary))
         if summary:
             self._count(api, "cached")
-        elif await summarizer.blocked(key, self.cache) is not None:
+        elif await summarizer.blocked(key, self.cache, job) is not None:
             self._count(api, "backing_off")
         elif not writes:
             self._count(api, "failed")
         else:
             self._count(api, "waited")
-            ahead.schedule(span)
-            summary = await ahead.wait_for(span, self.settings.summary_timeout_s)
+            ahead.schedule(span, job)
+            summary = await ahead.wait_for(span, tenant, self.settings.summary_timeout_s)
             if not summary:
                 self._count(api, "failed")
-                if ahead.running(span):  # a failure was logged by the summarizer, with its cause
+                if ahead.running(span, tenant):  # a failure was logged by the summarizer, with its cause
                     logger.info(
                         "no summary of %d cut messages within %ss (still being written); the note "
                         "stands in for this request",
@@ -391,12 +432,14 @@ class Summaries:
         if not summary:
             # The summary of an earlier, shorter span (an earlier cut step's, the longest its chain
             # has) stands in: a late summary never takes away the memory the conversation had.
-            length, earlier = await summarizer.longest_summarized(span, self.cache)
+            length, earlier = await summarizer.longest_summarized(span, self.cache, tenant)
             if earlier:
-                mapping[summarizer.span_key(span[:length])] = earlier
+                mapping[summarizer.span_key(span[:length], tenant)] = earlier
                 lengths.append(length)
                 self._count(api, "earlier")
-        provider = PrefetchedSummaries(mapping, summarizer_model=summarizer.model, lengths=lengths)
+        provider = PrefetchedSummaries(
+            mapping, summarizer_model=summarizer.model, tenant=tenant, lengths=lengths
+        )
         replanned = await run_plan(
             partial(request.plan, cap_tokens=cap_tokens, summaries=provider), size_bytes=len(request.raw)
         )
@@ -406,11 +449,25 @@ class Summaries:
         return replanned, bool(summary)
 
     async def _prepare_next(
-        self, request: ProxyRequest, plan: Plan, ahead: AheadOfTime, *, api: str, cap_tokens: int | None
+        self,
+        request: ProxyRequest,
+        plan: Plan,
+        ahead: AheadOfTime,
+        job: SummaryJob,
+        *,
+        api: str,
+        cap_tokens: int | None,
     ) -> None:
         """Summarize in the background what the next cut will forget (``plan``: this request's
         plan without a provider)."""
-        headroom = next_cut_headroom(plan, request.policy)
+        tools = cut_tool_tokens(
+            request.body,
+            request.conversation,
+            dialect=request.dialect,
+            policy=request.policy,
+            counter=request.counter,
+        )
+        headroom = next_cut_headroom(plan, request.policy, cut_tool_tokens=tools)
         upcoming = await run_plan(
             partial(request.plan, cap_tokens=cap_tokens, headroom_tokens=headroom),
             size_bytes=len(request.raw),
@@ -420,10 +477,10 @@ class Summaries:
         if plan.memory is not None and upcoming.memory.indices == plan.memory.indices:
             return
         span = span_messages(upcoming.source, upcoming.memory)
-        key = ahead.summarizer.span_key(span)
-        if await self.cache.get(key) or await ahead.summarizer.blocked(key, self.cache) is not None:
+        key = ahead.summarizer.span_key(span, job.tenant)
+        if await self.cache.get(key) or await ahead.summarizer.blocked(key, self.cache, job) is not None:
             return
-        if ahead.schedule(span):
+        if ahead.schedule(span, job):
             self._count(api, "ahead")
 
     def _ahead_threshold(self, plan: Plan) -> float:
@@ -432,27 +489,30 @@ class Summaries:
     def stats(self) -> dict[str, Any]:
         """Counters per wire API of the summary calls, their totals, background work, the cache."""
         by_api: dict[str, dict[str, int]] = {}
+
+        def counts_of(api: str) -> dict[str, int]:
+            return by_api.setdefault(api, {**dict.fromkeys(COUNTERS, 0), **dict.fromkeys(EVENTS, 0)})
+
         in_flight = 0
-        for found in self._ahead.values():
-            if found is None:
+        for (api, _, _), ahead in self._ahead.items():
+            if ahead is None:
                 continue
-            api, ahead = found
-            counts = by_api.setdefault(api, {**dict.fromkeys(COUNTERS, 0), **dict.fromkeys(EVENTS, 0)})
-            summarizer = ahead.summarizer
+            counts = counts_of(api)
             for name in COUNTERS:
-                counts[name] += int(getattr(summarizer, name))
+                counts[name] += int(getattr(ahead.summarizer, name))
             in_flight += ahead.in_flight
-        for api, events in self._events.items():
-            counts = by_api.setdefault(api, {**dict.fromkeys(COUNTERS, 0), **dict.fromkeys(EVENTS, 0)})
-            for name, value in events.items():
-                counts[name] += value
+        for table in (self._retired, self._events):
+            for api, values in table.items():
+                counts = counts_of(api)
+                for name, value in values.items():
+                    counts[name] += value
         totals = {name: sum(c[name] for c in by_api.values()) for name in (*COUNTERS, *EVENTS)}
         return {**totals, "by_api": by_api, "in_flight": in_flight, "cache": self.cache.stats().as_dict()}
 
     async def aclose(self) -> None:
-        for found in self._ahead.values():
-            if found is not None:
-                await found[1].aclose()
+        for ahead in self._ahead.values():
+            if ahead is not None:
+                await ahead.aclose()
         await self.cache.aclose()
 
 

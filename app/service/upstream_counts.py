@@ -9,10 +9,15 @@
   request's upstream. None when the dialect has
   no such endpoint, the upstream answered anything but a count, or no answer came within
   ``timeout_s`` (the whole call: connection, answer, body).
-* Answers are cached by the exact bytes of the count request (and its upstream), at most
-  ``max_entries`` (least recently used out): a client that resends the same body is counted once.
+* Answers are cached by the exact bytes of the count request, its upstream and its tenant
+  (``ProxyRequest.tenant``: a hit, answered faster, never tells one client that another sent
+  that body), at most ``max_entries`` (least recently used out): a client that resends the
+  same body is counted once.
 * An upstream that answers 404 or 405 (a server without the endpoint: vLLM, llama.cpp behind an
-  OpenAI or Anthropic front) is not asked again for ``unsupported_s``.
+  OpenAI or Anthropic front) is not asked again for ``unsupported_s``, by any client: a route
+  is the upstream's, not a credential's (a refused key answers 401/403, which is not kept).
+  At most one entry per upstream base URL and counting path (the operator's URLs; a path may
+  hold a model name, so the least recently refused ones go first past ``max_entries``).
 * ``calls`` / ``hits``: how many requests went to counting endpoints / were answered from the cache.
 
 Nothing here raises for the upstream's sake: a failed count is None, and the caller plans without
@@ -58,8 +63,9 @@ class UpstreamCounts:
         self.max_entries = max(1, max_entries)
         self.unsupported_s = unsupported_s
         self._clock = clock
+        # Both bounded by max_entries, the least recently used (refused) out (module docstring).
         self._cache: OrderedDict[bytes, int] = OrderedDict()
-        self._unsupported: dict[tuple[str, str], float] = {}
+        self._unsupported: OrderedDict[tuple[str, str], float] = OrderedDict()
         self.calls = 0
         self.hits = 0
 
@@ -75,7 +81,8 @@ class UpstreamCounts:
                 return None
             del self._unsupported[where]
         content = dump_body(body)
-        key = hashlib.sha256(f"{request.base_url}\n{target.path}\n".encode() + content).digest()
+        head = f"{request.tenant}\n{request.base_url}\n{target.path}\n"
+        key = hashlib.sha256(head.encode() + content).digest()
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -115,6 +122,8 @@ class UpstreamCounts:
         try:
             if response.status_code in UNSUPPORTED_STATUSES:
                 self._unsupported[(request.base_url, target.path)] = self._clock() + self.unsupported_s
+                while len(self._unsupported) > self.max_entries:
+                    self._unsupported.popitem(last=False)
                 return None
             if response.status_code != 200:
                 return None

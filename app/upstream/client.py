@@ -30,6 +30,7 @@ from types import TracebackType
 import httpx
 
 from ..core.endpoints import KeySlot
+from ..core.tenant import key_hash
 from .errors import UpstreamError, UpstreamTimeout
 from .headers import DEFAULT_KEY_SLOTS, Header, upstream_query, upstream_request_headers
 from .instrument import Instrumentation
@@ -289,6 +290,12 @@ class UpstreamClient:
     def has_api_key(self) -> bool:
         """True when the operator's key replaces the clients' (never the key itself)."""
         return self._api_key is not None
+
+    def credential_of(self, tenant: str) -> str:
+        """Whose key the upstream sees on a request of ``tenant`` (``app.core.tenant``): the
+        operator's key's hash when it replaces the clients', else ``tenant`` (the client's own).
+        What an upstream refuses for the credential (401, 403) is kept per this value."""
+        return key_hash(self._api_key) if self._api_key is not None else tenant
 
     def base_url_for(self, model: str | None) -> str:
         if not self.routes:

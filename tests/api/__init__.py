@@ -79,10 +79,12 @@ async def proxy(
     router: respx.Router, *, registry: Any = None, dialects: Any = None, **settings: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
     """The app with its lifespan running, and an ASGI client to call it (``dialects``: the wire
-    APIs served, default every registered one). Summaries are off unless asked for: a router's
-    canned answers are for the client's requests, and summaries (on by default) have their own
-    tests against the fake upstreams (``tests/service/test_summaries.py``)."""
+    APIs served, default every registered one). Summaries and recall are off unless asked for: a
+    router's canned answers are for the client's requests, and summaries and recall (on by
+    default) have their own tests against the fake upstreams (``tests/service/test_summaries.py``,
+    ``tests/e2e/test_recall.py``)."""
     settings.setdefault("summarize", False)
+    settings.setdefault("recall", False)
     app = create_app(
         make_settings(**settings),
         upstream_transport=httpx.MockTransport(router.handler),

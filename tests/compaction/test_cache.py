@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from app.compaction.cache import MemoryCache, RedisCache, cache_from_url, prefix_keys, summary_key
+from app.compaction.cache import (
+    MemoryCache,
+    RedisCache,
+    SummaryCache,
+    cache_from_url,
+    merged_chain,
+    prefix_keys,
+    summary_key,
+)
 from tests.compaction.conftest import RedisServer
 
 MODEL = "gpt-4o-mini"
@@ -26,8 +36,13 @@ class FakeClock:
         return self.now
 
 
-def _key(span: list[dict[str, object]], *, model: str = MODEL, version: str = VERSION) -> str:
-    return summary_key(span, summarizer_model=model, prompt_version=version)
+TENANT = "t-alice"
+
+
+def _key(
+    span: list[dict[str, object]], *, model: str = MODEL, version: str = VERSION, tenant: str = TENANT
+) -> str:
+    return summary_key(span, summarizer_model=model, prompt_version=version, tenant=tenant)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -37,13 +52,14 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 # keys
 
 
-def test_key_is_a_sha256_that_depends_on_span_model_and_prompt_version() -> None:
+def test_key_is_a_sha256_that_depends_on_span_model_prompt_version_and_tenant() -> None:
     span = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     key = _key(span)
     assert len(key) == 64 and all(c in "0123456789abcdef" for c in key)
     assert _key([dict(m) for m in span]) == key
     assert _key(span, model="other") != key
     assert _key(span, version="handoff-v2") != key
+    assert _key(span, tenant="t-bob") != key
     assert _key([span[0], {"role": "assistant", "content": "hello!"}]) != key
     assert _key(span[:1]) != key
     assert _key([*span, {"role": "user", "content": ""}]) != key
@@ -71,7 +87,7 @@ _messages = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_messages, min_size=1, max_size=5))
 def test_prefix_keys_equal_keys_of_the_concatenated_prefixes(blocks: list[list[dict[str, str]]]) -> None:
-    keys = prefix_keys(blocks, summarizer_model=MODEL, prompt_version=VERSION)
+    keys = prefix_keys(blocks, summarizer_model=MODEL, prompt_version=VERSION, tenant=TENANT)
     assert len(keys) == len(blocks)
     for j in range(len(blocks)):
         flat = [m for block in blocks[: j + 1] for m in block]
@@ -294,7 +310,7 @@ async def test_a_redis_url_that_cannot_be_used_degrades_too(caplog: pytest.LogCa
         await cache.set("k", "v")
         assert await cache.get("k") == "v"
         assert await cache.get("missing") is None
-        assert cache.stats().degraded and cache.stats().errors == 2  # the set and the miss tried Redis
+        assert cache.stats().degraded and cache.stats().errors == 3  # each call tried Redis first
         assert len(_warnings(caplog)) == 1
     finally:
         await cache.aclose()
@@ -309,3 +325,120 @@ def test_a_missing_redis_server_fails_the_test_instead_of_skipping(
     monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
     with pytest.raises(pytest.fail.Exception, match="redis-server is not installed"):
         conftest.start_redis(conftest.free_port(), tmp_path)
+
+
+# atomic updates: the same contract in process and on Redis
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SummaryCache]:
+    if request.param == "memory":
+        yield MemoryCache(max_entries=64, ttl_s=60)
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    cache = RedisCache(server.url, ttl_s=60)
+    try:
+        yield cache
+    finally:
+        assert not cache.stats().degraded  # every operation below ran on Redis
+        await cache.aclose()
+
+
+async def test_incr_counts_from_one_and_restarts_on_what_is_not_a_count(backend: SummaryCache) -> None:
+    assert [await backend.incr("tries:a", ttl_s=30) for _ in range(3)] == [1, 2, 3]
+    assert await backend.incr("tries:b", ttl_s=30) == 1
+    await backend.set("tries:c", "not a count")
+    assert await backend.incr("tries:c", ttl_s=30) == 1
+    assert await backend.get("tries:a") == "3"
+
+
+async def test_merge_chain_puts_the_entry_first_once_within_the_limit(backend: SummaryCache) -> None:
+    for length, key in [(2, "k2"), (4, "k4"), (6, "k6"), (4, "k4")]:
+        await backend.merge_chain("chain:c", length, key, limit=3)
+    assert json.loads(await backend.get("chain:c") or "") == [[4, "k4"], [6, "k6"], [2, "k2"]]
+    await backend.merge_chain("chain:c", 8, "k8", limit=3)
+    assert json.loads(await backend.get("chain:c") or "") == [[8, "k8"], [4, "k4"], [6, "k6"]]
+    await backend.set("chain:bad", '{"not": "a chain"}')
+    await backend.merge_chain("chain:bad", 1, "k1", limit=3)
+    assert json.loads(await backend.get("chain:bad") or "") == [[1, "k1"]]
+
+
+async def test_compare_and_set_stores_only_over_the_expected_value(backend: SummaryCache) -> None:
+    assert await backend.compare_and_set("k", None, "one") is True
+    assert await backend.compare_and_set("k", None, "two") is False  # not absent any more
+    assert await backend.compare_and_set("k", "stale", "two") is False
+    assert await backend.get("k") == "one"
+    assert await backend.compare_and_set("k", "one", "two") is True
+    assert await backend.get("k") == "two"
+
+
+def test_merged_chain_is_what_the_redis_script_computes() -> None:
+    assert json.loads(merged_chain(None, 3, "a", limit=2)) == [[3, "a"]]
+    assert json.loads(merged_chain("[[1, \"b\"], [3, \"a\"], [5, \"c\"]]", 3, "a", limit=2)) == [
+        [3, "a"],
+        [1, "b"],
+    ]
+    assert json.loads(merged_chain("not json", 3, "a", limit=2)) == [[3, "a"]]
+
+
+async def test_two_replicas_racing_on_one_redis_lose_no_update(redis_server: RedisServer) -> None:
+    # A generous timeout: a hundred connections open at once on a busy machine.
+    a, b = (RedisCache(redis_server.url, ttl_s=60, socket_timeout_s=5.0) for _ in range(2))
+    try:
+        counts = await asyncio.gather(*(cache.incr("tries:x", ttl_s=30) for cache in [a, b] * 100))
+        assert sorted(counts) == list(range(1, 201))  # every increment seen once, none lost
+        await asyncio.gather(
+            *(cache.merge_chain("chain:x", n, f"k{n}", limit=500) for n, cache in enumerate([a, b] * 100))
+        )
+        chain = json.loads(await a.get("chain:x") or "")
+        assert sorted(n for n, _ in chain) == list(range(200))
+        # compare-and-set as a counter: each replica retries until its update lands on the latest.
+        async def bump(cache: RedisCache) -> None:
+            while True:
+                current = await cache.get("cas:x")
+                if await cache.compare_and_set("cas:x", current, str(int(current or 0) + 1)):
+                    return
+
+        await asyncio.gather(*(bump(cache) for cache in [a, b] * 50))
+        assert await b.get("cas:x") == "100"
+        assert not a.stats().degraded and not b.stats().degraded
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_replica_reads_what_another_changed_and_keeps_it_as_long_as_redis(
+    redis_server: RedisServer,
+) -> None:
+    clock = FakeClock()
+    a = RedisCache(redis_server.url, ttl_s=600, clock=clock)
+    b = RedisCache(redis_server.url, ttl_s=600, clock=clock)
+    try:
+        await a.merge_chain("chain:y", 2, "k2", limit=8)
+        assert json.loads(await b.get("chain:y") or "") == [[2, "k2"]]
+        await a.merge_chain("chain:y", 4, "k4", limit=8)
+        assert json.loads(await b.get("chain:y") or "") == [[4, "k4"], [2, "k2"]]  # not b's old copy
+        await a.set("fail:z", "backing off", ttl_s=5)
+        assert await b.get("fail:z") == "backing off"
+        redis_server.kill()
+        assert await b.get("fail:z") == "backing off"  # b's in-process copy, while Redis is down
+        clock.now += 6
+        assert await b.get("fail:z") is None  # ...which ended when Redis would have ended it
+        assert await b.incr("tries:z", ttl_s=30) == 1  # counted in process, no error raised
+        assert b.stats().degraded
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_memory_cache_bounds_the_characters_of_its_values_too() -> None:
+    cache = MemoryCache(100, 60.0, max_chars=10)
+    await cache.set("a", "aaaa")
+    await cache.set("b", "bbbb")
+    await cache.get("a")  # a is now the most recently used
+    await cache.set("c", "cccc")  # 12 characters: the least recently used goes
+    assert cache.peek("b") is None and cache.peek("a") == "aaaa" and cache.peek("c") == "cccc"
+    await cache.set("a", "aaaaaa")  # replaced: its old characters are not counted twice
+    assert cache.peek("a") == "aaaaaa" and cache.peek("c") == "cccc"
+    await cache.set("big", "x" * 11)  # larger than the whole bound: not kept
+    assert cache.peek("big") is None and len(cache) == 2

@@ -38,7 +38,7 @@ async def test_two_replicas_share_one_summary_through_redis(redis_server: RedisS
         made = await first.post(CHAT, json=body, headers=auth)
         calls = fake.summary_calls
         by_one = summary_message(forwarded_messages(fake))
-        used = await second.post(CHAT, json=body)
+        used = await second.post(CHAT, json=body, headers=auth)  # the same client (its key)
         by_two = summary_message(forwarded_messages(fake))
         stats_two = app_two.state.service.summaries.stats()
     assert calls >= 1 and fake.summary_calls == calls  # the second replica made no call
@@ -92,6 +92,36 @@ async def test_a_failed_span_backs_off_on_every_replica(redis_server: RedisServe
         stats = app_two.state.service.summaries.stats()
     assert failed.headers["x-context-memory"] == again.headers["x-context-memory"] == "note"
     assert fake.summary_calls == 1 and stats["backing_off"] == 1 and stats["calls"] == 0
+
+
+def tagged(messages: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
+    """``messages`` made a conversation of their own: no summary of another matches it."""
+    return [{**m, "content": m["content"].replace("remember", f"remember {tag}")} for m in messages]
+
+
+async def test_a_refused_key_on_one_replica_leaves_other_clients_their_summaries_on_both(
+    redis_server: RedisServer,
+) -> None:
+    fake = fake_upstream()
+    fake.refused_keys.add("sk-bad")
+    good, bad = {"Authorization": "Bearer sk-good"}, {"Authorization": "Bearer sk-bad"}
+    async with (
+        proxy(fake, cache_url=redis_server.url, **NO_AHEAD) as (first, _one),
+        proxy(fake, cache_url=redis_server.url, **NO_AHEAD) as (second, app_two),
+    ):
+        refused = await first.post(CHAT, json=chat(tagged(conversation(12), "b1")), headers=bad)
+        calls = fake.summary_calls
+        # The refusal is shared through Redis, for that key only: the other replica asks nothing for it...
+        again = await second.post(CHAT, json=chat(tagged(conversation(12), "b2")), headers=bad)
+        assert fake.summary_calls == calls
+        # ...and both replicas still summarize for every other client.
+        on_two = await second.post(CHAT, json=chat(tagged(conversation(12), "g1")), headers=good)
+        on_one = await first.post(CHAT, json=chat(tagged(conversation(12), "g2")), headers=good)
+        stats_two = app_two.state.service.summaries.stats()
+    assert refused.status_code == again.status_code == 401
+    assert on_two.headers["x-context-memory"] == on_one.headers["x-context-memory"] == "summary"
+    assert [r.status for r in fake.summary_requests()] == [401, 200, 200]
+    assert stats_two["backing_off"] == 1 and stats_two["cache"]["backend"] == "redis"
 
 
 async def test_a_redis_that_is_down_degrades_to_memory_with_a_warning(

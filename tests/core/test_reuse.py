@@ -9,7 +9,7 @@ from app.core.reuse import PrefixMemory, PrefixReuse
 
 
 def observe(memory: PrefixMemory, messages: Any, tokens: list[int], *, model: str = "gpt-4o") -> PrefixReuse:
-    return memory.observe(messages, tokens, model=model, api="chat")
+    return memory.observe(messages, tokens, model=model, api="chat", tenant="t")
 
 
 def chat(n: int, *, note: str | None = None) -> list[dict[str, Any]]:
@@ -84,11 +84,21 @@ def test_the_same_opening_to_another_model_or_through_another_api_is_another_con
     # A brand-new model's first request: nothing of it is in that model's prompt cache.
     other_model = observe(memory, chat(6), [10] * 8, model="gpt-4o-mini")
     assert other_model == PrefixReuse(0, 80) and other_model.share == 0.0
-    other_api = memory.observe(chat(6), [10] * 8, model="gpt-4o", api="responses")
+    other_api = memory.observe(chat(6), [10] * 8, model="gpt-4o", api="responses", tenant="t")
     assert other_api.reused_tokens == 0
     # Each conversation still continues by itself.
     assert observe(memory, chat(6), [10] * 8).reused_tokens == 60
     assert observe(memory, chat(8), [10] * 10, model="gpt-4o-mini").reused_tokens == 80
+
+
+def test_another_clients_same_opening_is_another_conversation() -> None:
+    memory = PrefixMemory()
+    memory.observe(chat(4), [10] * 6, model="gpt-4o", api="chat", tenant="t-alice")
+    # Mallory repeats alice's opening: the figure tells her nothing of what alice sent...
+    probe = memory.observe(chat(6), [10] * 8, model="gpt-4o", api="chat", tenant="t-mallory")
+    assert probe == PrefixReuse(0, 80)
+    # ...and alice's conversation goes on as if mallory had sent nothing.
+    assert memory.observe(chat(6), [10] * 8, model="gpt-4o", api="chat", tenant="t-alice").reused_tokens == 60
 
 
 def test_the_opening_is_matched_exactly_and_one_that_does_not_freeze_still_counts() -> None:

@@ -10,7 +10,10 @@ or in what the proxy remembers of it), then answers with every fact it can still
   their paths; ``fact_of(path)`` the fact a file holds.
 * ``reading_script(files=, tool=, arguments=, file_of=)``: the Responses fake's responder (Codex,
   the Agents SDK): each step a sealed reasoning item and a call; at the end ``DONE`` and the facts.
-* ``ReadingClaude(paths)``: the Anthropic fake's script (Claude Code's ``Read`` tool).
+* ``ReadingClaude(paths, recalls=0)``: the Anthropic fake's script (Claude Code's ``Read`` tool);
+  ``recalling(script, recalls=)``: the Responses one, made to fetch back ``recalls`` removed
+  contents with ``ctx_recall`` (when the proxy offers it) before its answer, as ``ReadingClaude``
+  does with ``recalls``.
 * ``StatusRecorder(app, path_prefix=)``: an ASGI wrapper that records the statuses the proxy
   answers (so a test sees a refusal the upstream never saw).
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fake_anthropic_upstream import loop_start
+from tests.fake_recaller import RECALL_TOOL, next_recall
 from tests.fake_responses_upstream import Responder
 from tests.fake_upstream import FakeModel
 
@@ -93,18 +97,49 @@ def reading_script(
     return script
 
 
+def recalling(script: Responder, *, recalls: int) -> Responder:
+    """``script`` that, instead of its final answer, first fetches back up to ``recalls`` removed
+    contents with ``ctx_recall`` (one a step), when the proxy offers the tool. Once it has called
+    ``ctx_recall`` it knows its reading is done (the proxy may have cut its reads by then)."""
+
+    def respond(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        items = [i for i in body.get("input") or [] if isinstance(i, dict)]
+        fetched = [
+            json.loads(i.get("arguments") or "{}").get("id")
+            for i in items
+            if i.get("type") == "function_call" and i.get("name") == RECALL_TOOL
+        ]
+        if not fetched:
+            answer = script(body)
+            if any(spec.get("call") for spec in answer):
+                return answer
+        offered = any(isinstance(t, dict) and t.get("name") == RECALL_TOOL for t in body.get("tools") or [])
+        ref = next_recall(json.dumps(items), offered=offered, fetched=fetched, limit=recalls)
+        if ref is None:
+            seen = facts_in([body.get("instructions"), body.get("input")])
+            return [{"reasoning": "Every file is read."}, {"text": f"{DONE} {' '.join(seen)}"}]
+        call = {"call": RECALL_TOOL, "arguments": json.dumps({"id": ref})}
+        return [{"reasoning": "An early file was cut."}, call]
+
+    return respond
+
+
 class ReadingClaude:
     """The Anthropic fake's script: reads the files in order with ``Read``, restating nothing;
-    None (the fake's answer: every fact it was sent) once the newest call read the last file."""
+    then fetches back up to ``recalls`` removed contents with ``ctx_recall`` when the proxy offers
+    it; then None (the fake's answer: every fact it was sent)."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], *, recalls: int = 0) -> None:
         self.paths = [str(p) for p in paths]
+        self.recalls = recalls
         self._ids = itertools.count(1)
 
     def __call__(self, body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         if "Read" not in {t.get("name") for t in body.get("tools") or [] if isinstance(t, Mapping)}:
             return None  # a compaction or side request: the fake's default answer
         messages = body["messages"]
+        if RECALL_TOOL in json.dumps(messages):
+            return self._recall(body)  # it recalls once its reading is done (its reads may be cut)
         asked = [
             self.paths.index(b["input"]["file_path"])
             for m in messages[loop_start(messages) :]
@@ -114,7 +149,7 @@ class ReadingClaude:
         ]
         reads = max(asked) + 1 if asked else 0
         if reads >= len(self.paths):
-            return None
+            return self._recall(body)
         call = {
             "type": "tool_use",
             "id": f"toolu_r{next(self._ids):05d}",
@@ -122,6 +157,27 @@ class ReadingClaude:
             "input": {"file_path": self.paths[reads]},
         }
         return [{"type": "text", "text": f"Reading part {reads}."}, call]
+
+    def _recall(self, body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        messages = body["messages"]
+        fetched = [
+            b["input"].get("id")
+            for m in messages
+            if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+            for b in m["content"]
+            if b.get("type") == "tool_use" and b.get("name") == RECALL_TOOL
+        ]
+        offered = RECALL_TOOL in {t.get("name") for t in body.get("tools") or [] if isinstance(t, Mapping)}
+        ref = next_recall(json.dumps(messages), offered=offered, fetched=fetched, limit=self.recalls)
+        if ref is None:
+            return None
+        call = {
+            "type": "tool_use",
+            "id": f"toolu_k{next(self._ids):05d}",
+            "name": RECALL_TOOL,
+            "input": {"id": ref},
+        }
+        return [{"type": "text", "text": "An early part was cut; fetching it back."}, call]
 
 
 Scope = MutableMapping[str, Any]

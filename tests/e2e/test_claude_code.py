@@ -209,3 +209,41 @@ def test_claude_code_with_signed_thinking_keeps_what_it_read_through_the_proxy(
     assistants = [m for b in bodies for m in b["messages"] if m["role"] == "assistant"]
     assert assistants and all(m["content"][0]["type"] == "thinking" for m in assistants)  # signed, kept
     assert max(len(b["messages"]) for b in bodies) > len(bodies[-1]["messages"])  # the loop was cut
+
+
+def recall_rounds(bodies: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The requests the proxy sent to continue an answer that called ``ctx_recall`` (their last
+    message answers it) and the client's own (which must hold no trace of the tool)."""
+    rounds, own = [], []
+    for body in bodies:
+        last = body["messages"][-1]
+        blocks = last["content"] if isinstance(last["content"], list) else []
+        if blocks and all(
+            b.get("type") == "tool_result" and str(b.get("content", "")).startswith("[ctxproxy: recalled")
+            for b in blocks
+        ):
+            rounds.append(body)
+        else:
+            own.append(body)
+    return rounds, own
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_claude_code_never_sees_the_recall_tool_the_model_uses_through_the_proxy(
+    session: Session, tmp_path: Path
+) -> None:
+    reader = session.fake.script
+    assert isinstance(reader, ReadingClaude)
+    session.fake.script = ReadingClaude([Path(p) for p in reader.paths], recalls=2)
+    proxied = run_claude(session.proxy_url, session.project, tmp_path / "home-recall")
+    check_proxied(session, proxied, "direct: not run")
+    bodies = [
+        r.json() for r in session.fake.message_requests() if not is_summary_prompt(r.json().get("system"))
+    ]
+    rounds, own = recall_rounds(bodies)
+    assert 1 <= len(rounds) <= 2  # the model fetched cut content back (one id a round), the proxy answered
+    assert all("ctx_recall" not in json.dumps(body["messages"]) for body in own)  # Claude Code never saw it
+    assert all(body["tools"][-1]["name"] == "ctx_recall" for body in rounds)
+    recalled = {f for body in rounds for f in FACT_RE.findall(json.dumps(body["messages"][-1]))}
+    assert recalled and recalled <= set(FACT_RE.findall(str(proxied.get("result"))))
+    assert "ctx_recall" not in str(proxied.get("result"))

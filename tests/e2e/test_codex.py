@@ -36,6 +36,7 @@ from tests.e2e.reading_agent import (
     StatusRecorder,
     fact_of,
     reading_script,
+    recalling,
     write_fact_files,
     write_models_file,
 )
@@ -165,5 +166,37 @@ def test_codex_keeps_what_it_read_through_the_proxy(codex: Codex) -> None:
     assert first.json()["store"] is False and first.json()["include"] == ["reasoning.encrypted_content"]
     last = client[-1].json()["input"]
     assert sum(1 for item in last if item.get("type") == "reasoning") >= 1  # sealed items went through
-    assert re.search(r"\[ctxproxy: summary of \d+ earlier messages\]", json.dumps(last)), where
+    assert re.search(r"\[ctxproxy: summary of \d+ earlier messages(; recall id \w+)?\]", json.dumps(last)), (
+        where
+    )
     assert len(found) >= MIN_FACTS, where
+
+
+def test_codex_never_sees_the_recall_tool_the_model_uses_through_the_proxy(codex: Codex) -> None:
+    codex.fake.clear()
+    reading = codex.fake.responder
+    assert reading is not None
+    codex.fake.responder = recalling(reading, recalls=2)
+    try:
+        result = codex.run(codex.proxy_url)
+    finally:
+        codex.fake.responder = reading
+    assert result.returncode == 0 and DONE in result.stdout, result.stderr[-3000:]
+    assert "ctx_recall" not in result.stdout + result.stderr
+    client = [r.json() for r in codex.fake.responses() if not is_summary_prompt(r.json().get("instructions"))]
+    rounds = [
+        body
+        for body in client
+        if body["input"][-1].get("type") == "function_call_output"
+        and str(body["input"][-1].get("output")).startswith("[ctxproxy: recalled")
+    ]
+    own = [body for body in client if body not in rounds]
+    assert 1 <= len(rounds) <= 2 and len(own) == FILES + 1  # Codex sent what it sends without recall
+    assert all("ctx_recall" not in json.dumps(body["input"]) for body in own)  # no trace of the tool
+    assert all(body["tools"][-1]["name"] == "ctx_recall" for body in rounds)
+    recalled = {f.rstrip(".") for body in rounds for f in FACT.findall(json.dumps(body["input"][-1]))}
+    assert recalled and recalled <= answer_facts(result.stdout, codex.facts)
+    assert all(r.status == 200 for r in codex.fake.responses())
+    assert all(
+        r.prompt_tokens is not None and r.prompt_tokens <= MODEL.window_tokens for r in codex.fake.responses()
+    )

@@ -47,6 +47,7 @@ import pytest
 from app.main import create_app
 from app.settings import Settings
 from tests.fake_gemini_upstream import FACT_RE, FakeGemini, FakeGeminiModel, Reader
+from tests.fake_recaller import RECALL_TOOL, next_recall
 from tests.fake_upstream import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,3 +220,68 @@ def test_gemini_cli_completes_through_the_proxy_and_keeps_what_it_read(
     assert f"FACT-part{FILES - 1}-{(FILES - 1) * 1111 + 7}" in answered, where  # the newest read
     assert answered <= set(FACT_RE.findall(shown)), where  # the model answers only from its input
     assert len(answered) >= MIN_FACTS, where
+
+
+class RecallingReader:
+    """``Reader`` that, once every file is read, fetches back up to ``recalls`` removed contents
+    with ``ctx_recall`` (one a step) when the proxy offers it, then answers."""
+
+    def __init__(self, reader: Reader, *, recalls: int) -> None:
+        self.reader = reader
+        self.recalls = recalls
+
+    def __call__(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        contents = body.get("contents") or []
+        if RECALL_TOOL not in json.dumps(contents):  # once it recalls, its reading is done
+            step = self.reader(body)
+            if step is not None:
+                return step
+        fetched = [
+            part["functionCall"]["args"].get("id")
+            for content in contents
+            if content.get("role") == "model"
+            for part in content.get("parts") or []
+            if isinstance(part.get("functionCall"), dict) and part["functionCall"].get("name") == RECALL_TOOL
+        ]
+        names = {d.get("name") for t in body.get("tools") or [] for d in t.get("functionDeclarations") or []}
+        ref = next_recall(
+            json.dumps(contents), offered=RECALL_TOOL in names, fetched=fetched, limit=self.recalls
+        )
+        return None if ref is None else [{"functionCall": {"name": RECALL_TOOL, "args": {"id": ref}}}]
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_gemini_cli_never_sees_the_recall_tool_the_model_uses_through_the_proxy(
+    session: tuple[FakeGemini, str, Path], tmp_path: Path
+) -> None:
+    fake, upstream_url, project = session
+    reader = fake.script
+    assert isinstance(reader, Reader)
+    fake.script = RecallingReader(reader, recalls=2)
+    models_file = tmp_path / "models.toml"
+    entry = f'"{MODEL}" = {{ window = {INPUT_LIMIT_TOKENS}, max_output = 8_192, encoding = "estimate" }}'
+    models_file.write_text(f"[models]\n{entry}\n", encoding="utf-8")
+    settings = Settings(upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING")
+    with serve_app(create_app(settings)) as proxy_url:
+        proxied = run_gemini(proxy_url, project, tmp_path / "home-recall")
+    assert proxied["returncode"] == 0, proxied["stderr"]
+    assert "ctx_recall" not in json.dumps(proxied)
+    bodies = [r.json() for r in fake.client_requests()]
+    assert all(r.status == 200 for r in fake.generate_requests())
+    model = fake.model(MODEL)
+    assert all(fake.count(r.json(), model) <= INPUT_LIMIT_TOKENS for r in fake.generate_requests())
+
+    def answers_recall(body: dict[str, Any]) -> bool:
+        parts = body["contents"][-1]["parts"]
+        return all(
+            p.get("functionResponse", {}).get("name") == RECALL_TOOL
+            and str(p["functionResponse"]["response"].get("output", "")).startswith("[ctxproxy: recalled")
+            for p in parts
+        )
+
+    rounds = [b for b in bodies if answers_recall(b)]
+    own = [b for b in bodies if not answers_recall(b)]
+    assert 1 <= len(rounds) <= 2 and len(own) == FILES + 1  # gemini-cli sent what it sends without recall
+    assert all("ctx_recall" not in json.dumps(b["contents"]) for b in own)  # no trace of the tool
+    recalled = {f for b in rounds for f in FACT_RE.findall(json.dumps(b["contents"][-1]))}
+    assert recalled and recalled <= facts_of(proxied.get("response"))

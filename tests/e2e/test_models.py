@@ -130,15 +130,22 @@ def test_each_model_is_fitted_to_its_discovered_window_and_calibrated(
         assert fake.chats()[0].prompt_tokens is not None and fake.chats()[0].prompt_tokens <= WINDOW_TOKENS
 
         # What the running proxy knows, with the source of each figure and the correction.
-        known = {row["model"]: row for row in httpx.get(f"{proxy.url}/v1/context/models").json()["data"]}
+        # (what this client's requests taught: asked with its key)
+        report = httpx.get(f"{proxy.url}/v1/context/models", headers={"Authorization": "Bearer test"})
+        known = {row["model"]: row for row in report.json()["data"]}
         row = known[MODEL]
         # (vLLM's first, uncalibrated request overflowed: its error confirmed the same window)
         assert row["window_tokens"] == WINDOW_TOKENS
         assert row["sources"]["window"] in ("discovered", "learned:overflow")
         assert row["sources"]["correction"] == "calibrated:usage" and row["calibration_samples"] >= 3
         assert row["discovered"]["window_tokens"] == WINDOW_TOKENS
+        # Another client sees what the upstream said, not what this one's requests taught.
+        other = httpx.get(f"{proxy.url}/v1/context/models", headers={"Authorization": "Bearer other"})
+        theirs = {r["model"]: r for r in other.json()["data"]}[MODEL]
+        assert theirs["calibration_samples"] == 0 and theirs["sources"]["correction"] == "none"
+        assert theirs["discovered"]["window_tokens"] == WINDOW_TOKENS
         capsys.readouterr()
-        assert cli.main(["models", "--proxy", proxy.url]) == 0
+        assert cli.main(["models", "--proxy", proxy.url, "--key", "test"]) == 0
         line = next(x.split() for x in capsys.readouterr().out.splitlines() if x.startswith(MODEL))
         assert line[1] == f"{WINDOW_TOKENS:,}" and f"window={row['sources']['window']}" in line[4]
         assert abs(float(line[5]) - row["correction"]) < 0.001

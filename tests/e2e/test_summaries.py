@@ -240,3 +240,39 @@ def test_a_long_conversation_arriving_at_once_waits_for_its_summary_in_line(stac
     assert stack.fake.summary_calls == len(summary_requests) >= 1
     # no upstream key is configured: the summary calls carry the client's own Authorization
     assert all(r.headers["authorization"] == "Bearer test" for r in summary_requests)
+
+
+def test_a_client_whose_key_is_refused_leaves_other_clients_their_summaries_on_both_replicas(
+    stack: Replicas,
+) -> None:
+    """Issue 27: one client's refused key (its summary calls answer 401) must not switch memory off
+    for the others, on the replica it used nor on the other one (the back-off lives in Redis)."""
+    stack.fake.refused_keys.add("sk-e2e-refused")
+
+    def long_conversation(seed: str) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
+        for n in range(16):
+            messages += [user_turn(seed, n), {"role": "assistant", "content": f"Noted FACT-{seed}{n}a."}]
+        return [*messages, user_turn(seed, 16)]
+
+    def client(url: str, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
+
+    try:
+        with client(stack.b_url, "sk-e2e-refused") as bad, pytest.raises(openai.AuthenticationError):
+            chat(bad, long_conversation("x"), stream=False)
+        refused_calls = stack.fake.summary_calls
+        assert [r.status for r in stack.fake.summary_requests()] == [401]
+        with client(stack.a_url, "sk-e2e-refused") as bad, pytest.raises(openai.AuthenticationError):
+            chat(bad, long_conversation("y"), stream=False)
+        assert stack.fake.summary_calls == refused_calls  # A knows from Redis: not asked again
+        for url, seed in ((stack.b_url, "z"), (stack.a_url, "v")):
+            with client(url, "sk-e2e-good") as good:
+                turn = chat(good, long_conversation(seed), stream=False)
+            assert turn.headers["x-context-memory"] == "summary"
+            check_summary(
+                turn.messages, last_forwarded(stack.fake)["messages"], turn.headers["x-context-actions"]
+            )
+    finally:
+        stack.fake.refused_keys.clear()
+        settle(stack.a_app)

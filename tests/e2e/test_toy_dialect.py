@@ -74,6 +74,7 @@ class ToyDialect:
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"spent"',)
     turn_keys: frozenset[str] = field(default=frozenset({"who", "text"}))
+    recall: None = None  # no recall tool in this API: recall is off for its requests
 
     def recognition(self, body: Mapping[str, Any], headers: Mapping[str, str], /) -> int:
         return 2 if "turns" in body else 0

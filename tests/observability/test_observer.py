@@ -71,6 +71,20 @@ def test_summary_hooks_reach_the_metrics_and_the_board() -> None:
     assert by_api["responses"]["summaries"]["cache_error"] == 1
 
 
+def test_recall_hook_reaches_the_metrics_and_the_board() -> None:
+    o = hub()
+    o.record_recall(api="messages", calls=2, bytes_=5000, rounds=1, misses=1)
+    o.record_recall(api="messages", calls=1, bytes_=700, rounds=1, misses=0)
+    assert value(o, "ctxproxy_recall_total", api="messages", event="calls") == 3
+    assert value(o, "ctxproxy_recall_total", api="messages", event="rounds") == 2
+    assert value(o, "ctxproxy_recall_total", api="messages", event="misses") == 1
+    assert value(o, "ctxproxy_recall_bytes_total", api="messages") == 5700
+    counters = o.status()["counters"]
+    assert counters["by_api"]["messages"]["recall"] == {"calls": 3, "bytes": 5700, "rounds": 2, "misses": 1}
+    assert counters["recall"]["calls"] == 3  # the totals sum every API
+    o.record_recall(api=None, calls="x", bytes_=None, rounds=1, misses=0)  # type: ignore[arg-type]  # never raises
+
+
 def test_summary_hooks_never_raise() -> None:
     o = hub()
     o.record_summary(api=None, outcome=None, tokens_in=None, tokens_out="x")  # type: ignore[arg-type]

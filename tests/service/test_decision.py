@@ -182,6 +182,14 @@ async def test_every_door_forwards_the_live_routes_bytes(
         calls = len(recording.sent)
         dry = await client.post(f"/v1/context/plan?api={api}", content=raw)
         compacted = await client.post(COMPACT_PREFIX + route_path(api), content=raw)
+        # The library and the gateway's doors answer no recall call (their caller forwards):
+        # they decide as the live route does for a request that turns recall off.
+        plain = await client.post(
+            route_path(api),
+            content=raw,
+            headers={"content-type": "application/json", "X-Context-Recall": "off"},
+        )
+        forwarded_plain = recording.sent[-1].content if len(recording.sent) > calls else None
         # The messages contract: the gateway keeps aside what is not in the message list (here the
         # tool definitions) and forwards the output cap the live route did.
         lowered = answer.headers.get("x-context-output-lowered")
@@ -212,10 +220,14 @@ async def test_every_door_forwards_the_live_routes_bytes(
     assert answer.status_code == 200 and forwarded is not None
     assert dump_json(report["body"]) == forwarded
     assert code == 0 and dump_json(printed["body"]) == forwarded
-    assert dump_json(fitted.body) == forwarded
-    assert compacted.status_code == 200 and compacted.content == forwarded
+    assert plain.status_code == 200 and forwarded_plain is not None
+    assert compacted.status_code == 200 and compacted.content == forwarded_plain
+    assert dump_json(fitted.body) == forwarded_plain
     assert compressed.status_code == 200
-    assert dump_json(compressed.json()["messages"]) == dump_json(json.loads(forwarded)[dialect.items_key])
+    items_plain = json.loads(forwarded_plain)[dialect.items_key]
+    assert dump_json(compressed.json()["messages"]) == dump_json(items_plain)
+    if case == "cut":  # a cut offers the tool and names what it removed where the calls are answered
+        assert forwarded_plain != forwarded and b"recall id" in forwarded and b"recall id" not in forwarded_plain
     # What each case is, at every door.
     changed = {"fits": False, "cut": True, "lowered": dialect.output_in_window}[case]
     assert (forwarded != raw) is changed is report["changed"] is printed["changed"] is fitted.changed

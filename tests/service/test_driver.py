@@ -20,6 +20,7 @@ from app.core.errors import CannotFit, InvalidRequest
 from app.core.plan import Plan
 from app.core.registry import ModelRegistry
 from app.core.routes import KeySlot, Route, RouteMatch, RouteTable, key_slots
+from app.core.tenant import ANONYMOUS, key_hash
 from app.service.driver import Service
 from app.service.report import plan_report, request_budget_tokens
 from app.service.request import RequestOptions, dump_body, parse_body
@@ -289,6 +290,9 @@ def test_the_request_value_is_made_once_with_everything_planning_needs() -> None
     assert request.spec.window_tokens == 5_000 and request.base_url == UPSTREAM
     assert request.conversation.messages[0] is body["messages"][0]
     assert request.plan().budget.window_tokens == 5_000
+    assert request.tenant == ANONYMOUS  # no key: the tenant every keyless request shares
+    keyed = svc.request(body, RequestOptions(), headers=[("Authorization", "Bearer sk-a")], route=CHAT_ROUTE)
+    assert keyed.tenant == key_hash("sk-a") == svc.upstream.credential_of(keyed.tenant)
     with pytest.raises(InvalidRequest) as caught:
         svc.request({"model": "", "messages": "x"}, RequestOptions(), route=CHAT_ROUTE)
     assert caught.value.param == "model"  # the model is checked before the conversation
@@ -388,6 +392,9 @@ async def test_the_model_streaming_and_where_it_goes_come_from_the_matched_route
     raw = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
     request = svc.request(json.loads(raw), RequestOptions(), route=match)
     assert request.model == request.conversation.model == "gm-1" and request.stream
+    # Whom it belongs to: the key in the dialect's query slot, hashed; the upstream sees the operator's.
+    assert request.tenant == key_hash("client")
+    assert svc.upstream.credential_of(request.tenant) == key_hash("op")
     outcome = await svc.handle(raw, [], options=RequestOptions(), route=match)
     await outcome.response.aclose()
     assert outcome.plan.model == "gm-1" and outcome.stream

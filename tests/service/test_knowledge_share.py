@@ -22,17 +22,30 @@ from tests.service.test_learning import EstimateRegistry, request
 CHAT = f"{UPSTREAM}/chat/completions"
 
 MODEL = "acme/llm"
+T = "t-alice"
 SPEC = ModelSpec(name=MODEL, window_tokens=8192, max_output_tokens=2048, encoding="estimate")
 
 
 class CountingCache(MemoryCache):
-    def __init__(self) -> None:
+    """Counts the values published (compare-and-set writes that landed); ``racing``: every read
+    lets the other tasks run first, so two replicas publishing at once read the same value."""
+
+    def __init__(self, *, racing: bool = False) -> None:
         super().__init__(100, 3600.0)
         self.writes = 0
+        self.racing = racing
 
-    async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
-        self.writes += 1
-        await super().set(key, value, ttl_s=ttl_s)
+    async def get(self, key: str) -> str | None:
+        if self.racing:
+            await asyncio.sleep(0)
+        return await super().get(key)
+
+    async def compare_and_set(
+        self, key: str, expected: str | None, value: str, *, ttl_s: float | None = None
+    ) -> bool:
+        landed = await super().compare_and_set(key, expected, value, ttl_s=ttl_s)
+        self.writes += landed
+        return landed
 
 
 def replica(cache: MemoryCache) -> tuple[Knowledge, KnowledgeShare]:
@@ -42,21 +55,68 @@ def replica(cache: MemoryCache) -> tuple[Knowledge, KnowledgeShare]:
 
 def learn(knowledge: Knowledge, *, limit: int, prompt: int) -> None:
     overflow = ContextOverflow("llamacpp", limit_tokens=limit, prompt_tokens=prompt)
-    knowledge.observe_overflow(MODEL, overflow, fixed_tokens=10, text_tokens=1000, exact=False)
+    knowledge.observe_overflow(MODEL, overflow, fixed_tokens=10, text_tokens=1000, exact=False, tenant=T)
+
+
+async def published_by_a(cache: CountingCache) -> tuple[KnowledgeShare, Knowledge, KnowledgeShare]:
+    """Replica A learned a 4096-token window (and a 1.3 sample) for T and published it; replica B
+    is new. Returns A's share, B's knowledge and B's share."""
+    a, share_a = replica(cache)
+    b, share_b = replica(cache)
+    learn(a, limit=4096, prompt=1310)
+    share_a.changed(MODEL, tenant=T)
+    await asyncio.sleep(0.01)
+    return share_a, b, share_b
+
+
+async def test_what_a_replica_shares_is_its_tenants_only() -> None:
+    cache = CountingCache()
+    share_a, b, share_b = await published_by_a(cache)
+    await share_b.sync(MODEL, tenant="t-bob")
+    assert b.effective(SPEC, tenant="t-bob").window_tokens == 8192  # bob learned nothing
+    assert await cache.get(share_key(MODEL, "t-bob")) is None
+    await share_a.aclose()
+    await share_b.aclose()
+
+
+async def test_two_replicas_publishing_at_once_lose_nothing() -> None:
+    cache = CountingCache(racing=True)
+    a, share_a = replica(cache)
+    b, share_b = replica(cache)
+    learn(a, limit=4096, prompt=5000)  # a learned a window (and a sample)
+    b.observe_usage(MODEL, tenant=T, prompt_tokens=1210, fixed_tokens=10, text_tokens=1000, exact=False)
+    b.observe_overflow(
+        MODEL,
+        ContextOverflow("openai"),
+        tenant=T,
+        fixed_tokens=0,
+        text_tokens=0,
+        exact=False,
+        sent_tokens=2000,
+    )  # b learned a smaller bound
+    bound = b.effective(SPEC, tenant=T).window_tokens
+    assert bound < 4096
+    share_a.changed(MODEL, tenant=T)
+    share_b.changed(MODEL, tenant=T)
+    await asyncio.sleep(0.05)
+    shared = json.loads(await cache.get(share_key(MODEL, T)) or "{}")
+    assert shared["learned_window_tokens"] == bound and shared["learned_from"] == "learned:bound"
+    assert cache.writes == 2  # one lost the race, read the other's, and wrote the merge
+    fresh, share_c = replica(cache)
+    await share_c.sync(MODEL, tenant=T)
+    assert fresh.effective(SPEC, tenant=T).window_tokens == bound
+    for share in (share_a, share_b, share_c):
+        await share.aclose()
 
 
 async def test_a_new_replica_takes_what_another_learned() -> None:
     cache = CountingCache()
-    a, share_a = replica(cache)
-    b, share_b = replica(cache)
-    learn(a, limit=4096, prompt=1310)
-    share_a.changed(MODEL)
-    await asyncio.sleep(0.01)
+    share_a, b, share_b = await published_by_a(cache)
     assert cache.writes == 1
-    stored = json.loads(await cache.get(share_key(MODEL)) or "{}")
+    stored = json.loads(await cache.get(share_key(MODEL, T)) or "{}")
     assert set(stored) == {"model", "learned_window_tokens", "learned_from", "samples", "factor_source"}
-    await share_b.sync(MODEL)
-    spec = b.effective(SPEC)
+    await share_b.sync(MODEL, tenant=T)
+    spec = b.effective(SPEC, tenant=T)
     assert spec.window_tokens == 4096 and spec.source == "learned:overflow"
     assert abs(spec.correction - 1.3) < 1e-9
     await share_a.aclose()
@@ -68,11 +128,11 @@ async def test_own_samples_are_kept_and_only_a_smaller_window_is_taken() -> None
     a, share_a = replica(cache)
     b, share_b = replica(cache)
     learn(a, limit=4096, prompt=1310)
-    share_a.changed(MODEL)
+    share_a.changed(MODEL, tenant=T)
     await asyncio.sleep(0.01)
     learn(b, limit=2048, prompt=1510)
-    await share_b.sync(MODEL)
-    spec = b.effective(SPEC)
+    await share_b.sync(MODEL, tenant=T)
+    spec = b.effective(SPEC, tenant=T)
     assert spec.window_tokens == 2048 and abs(spec.correction - 1.5) < 1e-9
     await share_a.aclose()
     await share_b.aclose()
@@ -84,10 +144,10 @@ async def test_publishing_is_one_write_per_delay_whatever_the_rate() -> None:
     share = KnowledgeShare(cache, knowledge, publish_delay_s=0.05)
     for prompt in range(1100, 1120):
         learn(knowledge, limit=4096, prompt=prompt)
-        share.changed(MODEL)
+        share.changed(MODEL, tenant=T)
     await asyncio.sleep(0.2)
     assert cache.writes == 1
-    share.changed(MODEL)  # nothing new since: no write
+    share.changed(MODEL, tenant=T)  # nothing new since: no write
     await asyncio.sleep(0.1)
     assert cache.writes == 1
     await share.aclose()
@@ -104,10 +164,10 @@ async def test_bad_shared_values_are_ignored() -> None:
         json.dumps({"model": MODEL, "learned_window_tokens": 100, "learned_from": "evil", "samples": []}),
     ]
     for value in bad_values:
-        await cache.set(share_key(MODEL), value)
+        await cache.set(share_key(MODEL, T), value)
         share._fetched.clear()
-        await share.sync(MODEL)
-    spec = knowledge.effective(SPEC)
+        await share.sync(MODEL, tenant=T)
+    spec = knowledge.effective(SPEC, tenant=T)
     assert spec.window_tokens == 8192 and spec.correction == 1.0
     await share.aclose()
 
@@ -122,8 +182,8 @@ async def test_a_slow_cache_costs_the_first_request_at_most_the_timeout() -> Non
 
     knowledge = Knowledge()
     share = KnowledgeShare(SlowCache(), knowledge, timeout_s=0.05)
-    await asyncio.wait_for(share.sync(MODEL), 5.0)  # a generous bound: it must not hang
-    await share.sync(MODEL)  # already asked: no wait at all
+    await asyncio.wait_for(share.sync(MODEL, tenant=T), 5.0)  # a generous bound: it must not hang
+    await share.sync(MODEL, tenant=T)  # already asked: no wait at all
     release.set()
     await share.aclose()
 

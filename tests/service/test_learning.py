@@ -13,6 +13,7 @@ import respx
 from app.core.estimate import EstimateCounter
 from app.core.overflow import ContextOverflow
 from app.core.registry import ModelSpec
+from app.core.tenant import ANONYMOUS, key_hash
 from app.core.tokens import MessageCounter
 from app.service.learning import TRUNCATED_WARNING, Learner
 from tests.api import UPSTREAM, WordCounter, proxy
@@ -97,7 +98,7 @@ async def test_usage_calibrates_the_estimate_and_the_count_says_so() -> None:
         assert first.headers["x-context-count"] == "estimate"
         second = await client.post("/v1/chat/completions", json=request(seed=2))
         assert second.headers["x-context-count"] == "calibrated"
-        facts = learner_of(app).knowledge.facts(MODEL)
+        facts = learner_of(app).knowledge.facts(MODEL, tenant=ANONYMOUS)
         assert facts is not None and facts.samples == 2 and abs((facts.factor or 0) - 1.3) < 0.01
         plan = await client.post("/v1/context/plan", json=request(seed=3))
     report = plan.json()
@@ -125,7 +126,7 @@ async def test_streamed_usage_is_read_as_it_passes_and_the_bytes_are_unchanged()
     async with proxy(router, registry=EstimateRegistry(), discovery=False) as (client, app):
         response = await client.post("/v1/chat/completions", json=request(stream=True))
         assert response.content == sent[0]
-        facts = learner_of(app).knowledge.facts(MODEL)
+        facts = learner_of(app).knowledge.facts(MODEL, tenant=ANONYMOUS)
     assert facts is not None and facts.samples == 1 and abs((facts.factor or 0) - 1.2) < 0.01
 
 
@@ -145,7 +146,7 @@ async def test_a_json_array_streams_usage_is_read_as_it_passes_and_the_bytes_are
         response = await client.post(
             "/v1beta/models/gemini-x:streamGenerateContent", json=body, headers={"x-goog-api-key": "k"}
         )
-        facts = learner_of(app).knowledge.facts("gemini-x")
+        facts = learner_of(app).knowledge.facts("gemini-x", tenant=key_hash("k"))  # the key's tenant
     assert response.headers["content-type"].startswith("application/json")
     assert response.content == sent[0] and sent[0].startswith(b"[")  # one JSON array, unchanged
     assert facts is not None and facts.samples == 1 and (facts.factor or 0) > 1.2  # the fake's 1.4
@@ -257,7 +258,7 @@ async def test_an_exact_count_is_compared_with_usage_as_the_plan_counted_it() ->
         response = await client.post("/v1/chat/completions", json=body)
         assert response.headers["x-context-count"] == "exact"
         assert int(response.headers["x-context-tokens-after"]) == ours
-        facts = learner_of(app).knowledge.facts("test-model")
+        facts = learner_of(app).knowledge.facts("test-model", tenant=ANONYMOUS)
     assert facts is not None and facts.samples == 1 and facts.factor is not None
     assert abs(facts.factor - (ours + 7) / ours) < 1e-9
 
@@ -293,7 +294,7 @@ async def test_the_upstreams_count_tokens_answer_calibrates_the_estimate_before_
         router.post(MESSAGES_COUNT).mock(side_effect=count)
         counted = await client.post("/v1/messages/count_tokens", json=messages_request(seed=1))
         assert counted.status_code == 200 and counted.content == answers[0]
-        facts = learner_of(app).knowledge.facts(MODEL)
+        facts = learner_of(app).knowledge.facts(MODEL, tenant=ANONYMOUS)
         assert facts is not None and facts.samples == 1 and 1.45 < (facts.factor or 0) < 1.6
         after = await client.post("/v1/context/plan?api=messages", json=messages_request(seed=1))
     report = after.json()
@@ -306,10 +307,10 @@ async def test_a_count_far_below_the_estimate_is_an_over_estimate_not_a_silent_c
     router.post(MESSAGES_COUNT).mock(return_value=httpx.Response(200, json={"input_tokens": 120}))
     async with proxy(router, registry=EstimateRegistry(), discovery=False) as (client, app):
         await client.post("/v1/messages/count_tokens", json=messages_request(words=2000))
-        facts = learner_of(app).knowledge.facts(MODEL)
+        facts = learner_of(app).knowledge.facts(MODEL, tenant=ANONYMOUS)
         assert facts is not None and facts.samples == 1 and facts.truncations == 0
         assert facts.learned_window_tokens is None
-        assert not learner_of(app).knowledge.take_warning(MODEL)
+        assert not learner_of(app).knowledge.take_warning(MODEL, tenant=ANONYMOUS)
 
 
 async def test_a_count_answer_that_is_not_a_count_teaches_nothing_and_passes_back() -> None:
@@ -324,7 +325,7 @@ async def test_a_count_answer_that_is_not_a_count_teaches_nothing_and_passes_bac
         first = await client.post("/v1/messages/count_tokens", json=messages_request())
         second = await client.post("/v1/messages/count_tokens", json=messages_request())
         assert first.json() == {"input_tokens": "many"} and second.content == b"input_tokens: 12"
-        assert learner_of(app).knowledge.facts(MODEL) is None
+        assert learner_of(app).knowledge.facts(MODEL, tenant=ANONYMOUS) is None
 
 
 class Answer:
@@ -356,6 +357,7 @@ async def test_usage_reaches_the_on_usage_hook_unless_it_is_a_truncation() -> No
             forwarded=forwarded,
             stream=False,
             on_usage=seen.append,
+            tenant=ANONYMOUS,
         )
     assert seen == [fixed + text]
 
@@ -378,26 +380,29 @@ async def test_an_exact_counts_usage_is_recorded_after_the_answer_and_a_cut_at_o
             window_tokens=100_000,
             forwarded_tokens=forwarded_tokens,
             on_usage=seen.append,
+            tenant=ANONYMOUS,
         )
         return warnings
 
     assert await observe(5_000, 5_000) == ()
-    assert seen == [] and learner.knowledge.facts(MODEL) is None  # not yet: after the answer
+    assert (
+        seen == [] and learner.knowledge.facts(MODEL, tenant=ANONYMOUS) is None
+    )  # not yet: after the answer
     await asyncio.sleep(0)
     assert seen == [5_000]
-    facts = learner.knowledge.facts(MODEL)
+    facts = learner.knowledge.facts(MODEL, tenant=ANONYMOUS)
     assert facts is not None and facts.truncations == 0
     assert await observe(100, 6_000) == (TRUNCATED_WARNING,)  # far below ours: a silent cut, now
     assert seen == [5_000]
-    facts = learner.knowledge.facts(MODEL)
+    facts = learner.knowledge.facts(MODEL, tenant=ANONYMOUS)
     assert facts is not None and facts.truncations == 1
     assert await observe(100_000, 90_000) == (TRUNCATED_WARNING,)  # at the window: a cut too
 
 
 def test_a_proven_window_after_an_error_without_numbers_is_learned() -> None:
     learner = Learner()
-    learner.learn_proven_window(MODEL, 3_000)  # nothing learned from a bound yet: no change
-    assert learner.knowledge.facts(MODEL) is None
+    learner.learn_proven_window(MODEL, 3_000, tenant=ANONYMOUS)  # nothing learned from a bound yet: no change
+    assert learner.knowledge.facts(MODEL, tenant=ANONYMOUS) is None
     counter_body = {"messages": [{"role": "user", "content": prose(50)}]}
     learner.learn_from_overflow(
         MODEL,
@@ -405,11 +410,12 @@ def test_a_proven_window_after_an_error_without_numbers_is_learned() -> None:
         counter=MessageCounter(EstimateCounter()),
         forwarded=counter_body,
         sent_tokens=20_000,
+        tenant=ANONYMOUS,
     )
-    facts = learner.knowledge.facts(MODEL)
+    facts = learner.knowledge.facts(MODEL, tenant=ANONYMOUS)
     assert (
         facts is not None and facts.learned_window_tokens == 10_000 and facts.learned_from == "learned:bound"
     )
-    learner.learn_proven_window(MODEL, 3_500)
-    facts = learner.knowledge.facts(MODEL)
+    learner.learn_proven_window(MODEL, 3_500, tenant=ANONYMOUS)
+    facts = learner.knowledge.facts(MODEL, tenant=ANONYMOUS)
     assert facts is not None and facts.learned_window_tokens == 3_500

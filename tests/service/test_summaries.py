@@ -258,6 +258,47 @@ async def test_an_upstream_without_the_summary_route_turns_summaries_off_for_eve
     assert "are off" in warning and "/chat/completions" in warning
 
 
+def tagged(messages: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
+    """``messages`` made a conversation of their own: no summary of another matches it."""
+    return [{**m, "content": m["content"].replace("remember", f"remember {tag}")} for m in messages]
+
+
+async def test_a_client_with_a_refused_key_leaves_every_other_client_its_summaries() -> None:
+    fake = fake_upstream()
+    fake.refused_keys.add("sk-bad")
+    good, bad = {"Authorization": "Bearer sk-good"}, {"Authorization": "Bearer sk-bad"}
+    async with proxy(fake, **NO_AHEAD) as (client, app):
+        before = await client.post(CHAT, json=chat(tagged(conversation(12), "g1")), headers=good)
+        refused = await client.post(CHAT, json=chat(tagged(conversation(12), "b1")), headers=bad)
+        calls = fake.summary_calls
+        again = await client.post(CHAT, json=chat(tagged(conversation(12), "b2")), headers=bad)
+        assert fake.summary_calls == calls  # that key backs off: not asked again
+        after = await client.post(CHAT, json=chat(tagged(conversation(12), "g2")), headers=good)
+        anonymous = await client.post(CHAT, json=chat(tagged(conversation(12), "a1")))
+        stats = summaries_of(app).stats()
+    assert before.headers["x-context-memory"] == "summary"
+    assert refused.status_code == again.status_code == 401
+    assert [r.status for r in fake.summary_requests()] == [200, 401, 200, 200]
+    assert after.headers["x-context-memory"] == anonymous.headers["x-context-memory"] == "summary"
+    assert stats["backing_off"] == 1 and stats["failures"] == 1
+
+
+async def test_a_summary_is_its_clients_a_hit_never_tells_another_what_was_sent() -> None:
+    fake = fake_upstream()
+    body = chat(conversation(12))
+    async with proxy(fake, **NO_AHEAD) as (client, _app):
+        made = await client.post(CHAT, json=body, headers={"Authorization": "Bearer sk-alice"})
+        calls = fake.summary_calls
+        reused = await client.post(
+            CHAT, json=body, headers={"x-api-key": "ignored", "Authorization": "Bearer sk-alice"}
+        )
+        assert fake.summary_calls == calls  # the same client: its cached summary
+        probed = await client.post(CHAT, json=body, headers={"Authorization": "Bearer sk-mallory"})
+    assert made.headers["x-context-memory"] == reused.headers["x-context-memory"] == "summary"
+    assert probed.headers["x-context-memory"] == "summary"
+    assert fake.summary_calls == calls + 1  # written for mallory: alice's was not found for it
+
+
 async def test_a_summary_too_large_for_the_room_falls_back_to_the_note(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -693,14 +734,43 @@ async def test_a_gemini_summary_may_fill_the_input_limit_as_its_reply_is_not_cou
             options,
             route=RouteMatch.first(DIALECTS["chat"]),
         )
-        sizes = [
-            service.summaries.ahead_for(request, reply_tokens=500, room_tokens=7000).summarizer
+        found = [
+            service.summaries.ahead_for(request, reply_tokens=500, room_tokens=7000)
             for request in (gemini, chat)
         ]
-    on_gemini, on_chat = sizes
+    assert all(f is not None for f in found)
+    on_gemini, on_chat = (job for _, job in filter(None, found))
     assert on_gemini.reply_tokens == on_chat.reply_tokens == 500
     assert on_chat.input_budget_tokens == 7000 - 500  # prompt and reply within the room
     assert on_gemini.input_budget_tokens == 7000  # the prompt alone within it
+
+
+async def test_one_summarizer_per_model_whatever_the_sizes_and_a_bounded_number_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.service.summaries as module
+
+    monkeypatch.setattr(module, "MAX_SUMMARIZERS", 3)
+    fake = fake_upstream()
+    async with proxy(fake, summary_ahead_ratio=1.0) as (client, app):
+        summaries = summaries_of(app)
+        for cap in (50, 120, 300):  # the client's output cap changes the reply and the window
+            body = chat(tagged(conversation(12), f"cap{cap}"), max_tokens=cap)
+            response = await client.post(CHAT, json=body)
+            assert response.headers["x-context-memory"] == "summary"
+        assert len(summaries._ahead) == 1
+        service = app.state.service
+        for i in range(6):  # six more model names (the request model writes the summaries)
+            request = service.request(
+                chat([{"role": "user", "content": "hi"}], model=f"m-{i}"),
+                parse_context_headers({}),
+                route=RouteMatch.first(DIALECTS["chat"]),
+            )
+            assert summaries.ahead_for(request, reply_tokens=200) is not None
+        stats = summaries.stats()
+    assert len(summaries._ahead) == 3
+    assert set(summaries._ahead) == {("chat", f"m-{i}", summaries.upstream.base_url) for i in (3, 4, 5)}
+    assert stats["calls"] == fake.summary_calls >= 3  # the dropped summarizer's calls still counted
 
 
 def _sample(metrics_text: str, name: str, **labels: str) -> float:
@@ -795,5 +865,5 @@ async def test_a_request_that_leaves_no_room_for_a_summary_call_is_no_warning(
                 response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "summar" in r.getMessage()]
-    assert any("no summaries for this request" in r.getMessage() for r in caplog.records)
+    assert any("no summary for a" in r.getMessage() for r in caplog.records)
     assert built == []  # no summarizer built for it

@@ -15,6 +15,7 @@ from app.core.dialect import Dialect
 from app.core.dialects import CHAT, MESSAGES, RESPONSES
 from app.core.registry import ModelSpec
 from app.core.routes import RouteMatch
+from app.core.tenant import key_hash
 from app.core.tokens import MessageCounter
 from app.service.request import ProxyRequest, RequestOptions
 from app.service.upstream_counts import UpstreamCounts
@@ -25,7 +26,7 @@ from tests.api import UPSTREAM, WordCounter
 SPEC = ModelSpec(name="claude-x", window_tokens=200_000, max_output_tokens=64_000, encoding="estimate")
 
 
-def request_of(body: dict[str, Any], dialect: Dialect = MESSAGES) -> ProxyRequest:
+def request_of(body: dict[str, Any], dialect: Dialect = MESSAGES, *, key: str = "client-key") -> ProxyRequest:
     return ProxyRequest(
         raw=json.dumps(body).encode(),
         body=body,
@@ -37,7 +38,8 @@ def request_of(body: dict[str, Any], dialect: Dialect = MESSAGES) -> ProxyReques
         counter=MessageCounter(WordCounter()),
         base_url=UPSTREAM,
         options=RequestOptions(),
-        headers=(("x-api-key", "client-key"), ("anthropic-version", "2023-06-01"), ("content-length", "999")),
+        tenant=key_hash(key),
+        headers=(("x-api-key", key), ("anthropic-version", "2023-06-01"), ("content-length", "999")),
     )
 
 
@@ -63,6 +65,18 @@ async def test_the_count_is_asked_with_the_clients_headers_and_cached_by_its_byt
     sent = route.calls[0].request
     assert sent.headers["x-api-key"] == "client-key" and sent.headers["anthropic-version"] == "2023-06-01"
     assert json.loads(sent.content) == {"model": "claude-x", "messages": body()["messages"]}
+
+
+async def test_another_clients_same_body_is_counted_for_it_not_answered_from_the_cache() -> None:
+    router = respx.Router()
+    route = router.post(f"{UPSTREAM}/messages/count_tokens").mock(
+        return_value=httpx.Response(200, json={"input_tokens": 77})
+    )
+    c = counts(router)
+    assert await c.count(request_of(body(), key="alice")) == 77
+    assert await c.count(request_of(body(), key="mallory")) == 77  # no faster answer: no probe
+    assert route.call_count == 2 and c.hits == 0
+    assert [call.request.headers["x-api-key"] for call in route.calls] == ["alice", "mallory"]
 
 
 async def test_an_upstream_without_the_endpoint_is_not_asked_again_and_chat_is_never_asked() -> None:

@@ -12,6 +12,7 @@ from app.service.knowledge_share import KnowledgeShare
 from app.service.worker_store import WorkerStore
 
 MODEL = "acme/llm"
+T = "t-alice"
 SPEC = ModelSpec(name=MODEL, window_tokens=8192, max_output_tokens=2048, encoding="estimate")
 
 
@@ -21,11 +22,11 @@ async def test_what_one_worker_learns_reaches_another(tmp_path: Path) -> None:
     share_a = KnowledgeShare(store_a, a, publish_delay_s=0.0)
     share_b = KnowledgeShare(store_b, b, publish_delay_s=0.0)
     overflow = ContextOverflow("llamacpp", limit_tokens=4096, prompt_tokens=1310)
-    a.observe_overflow(MODEL, overflow, fixed_tokens=10, text_tokens=1000, exact=False)
-    share_a.changed(MODEL)
+    a.observe_overflow(MODEL, overflow, fixed_tokens=10, text_tokens=1000, exact=False, tenant=T)
+    share_a.changed(MODEL, tenant=T)
     await asyncio.sleep(0.05)
-    await share_b.sync(MODEL)
-    spec = b.effective(SPEC)
+    await share_b.sync(MODEL, tenant=T)
+    spec = b.effective(SPEC, tenant=T)
     assert spec.window_tokens == 4096 and spec.source == "learned:overflow"
     await share_a.aclose()
     await share_b.aclose()
@@ -48,3 +49,12 @@ async def test_a_store_it_cannot_write_drops_the_value(tmp_path: Path) -> None:
     store = WorkerStore(blocker / "knowledge")
     await store.set("k", "v")  # never raises
     assert await store.get("k") is None
+
+
+async def test_compare_and_set_between_workers(tmp_path: Path) -> None:
+    a, b = WorkerStore(tmp_path / "kn"), WorkerStore(tmp_path / "kn")
+    assert await a.compare_and_set("k", None, "one") is True
+    assert await b.compare_and_set("k", None, "two") is False  # a wrote first
+    assert await b.compare_and_set("k", "one", "two") is True
+    assert await a.compare_and_set("k", "one", "three") is False  # stale
+    assert await a.get("k") == "two"

@@ -34,8 +34,10 @@ from ..fields import JsonType, a_type, integer_problem, is_json, json_type
 from ..messages import Message, pairing_problems, validate_messages
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
+from ..recall_shape import RecallShape
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
+from .chat_recall import CHAT_RECALL
 
 _AT_INDEX = re.compile(r" at \d+\b")
 OUTPUT_CAP_KEYS: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
@@ -153,6 +155,7 @@ class ChatDialect:
     """``POST /v1/chat/completions`` (see the module docstring)."""
 
     name: str = "chat"
+    recall: RecallShape | None = CHAT_RECALL
     routes: tuple[Route, ...] = (Route("/v1/chat/completions", upstream="chat/completions"),)
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "messages"

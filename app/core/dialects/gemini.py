@@ -71,6 +71,7 @@ from ..errors import InvalidRequest
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
+from ..recall_shape import RecallShape
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
 from .chat import positive_count
@@ -82,6 +83,7 @@ from .gemini_parse import (
     parse_gemini,
     validate_body,
 )
+from .gemini_recall import GEMINI_RECALL
 from .gemini_wire import field, render_contents, wire_problems
 
 GEMINI_NAME = "gemini"
@@ -178,6 +180,7 @@ class GeminiDialect:
     """Gemini's native API (see the module docstring)."""
 
     name: str = GEMINI_NAME
+    recall: RecallShape | None = GEMINI_RECALL
     routes: tuple[Route, ...] = _routes()
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-goog-api-key"), KeySlot("key", in_query=True))
     items_key: str = "contents"

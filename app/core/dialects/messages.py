@@ -90,9 +90,11 @@ from ..media import image_size_from_data_url
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import NOTHING, ParseMemo, Recalled, item_shapes
+from ..recall_shape import RecallShape
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
 from .chat import positive_count
+from .messages_recall import MESSAGES_RECALL
 from .messages_wire import SYSTEM_INDEX, render_messages, wire_problems
 
 IMAGE_PIXELS_PER_TOKEN = 750
@@ -527,6 +529,7 @@ class MessagesDialect:
     """``POST /v1/messages`` (see the module docstring)."""
 
     name: str = "messages"
+    recall: RecallShape | None = MESSAGES_RECALL
     routes: tuple[Route, ...] = (
         Route("/v1/messages", upstream="messages"),
         Route(

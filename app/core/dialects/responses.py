@@ -56,6 +56,7 @@ from ..fields import JsonType
 from ..messages import Message
 from ..overflow import ContextOverflow, classify_overflow
 from ..parse_memo import ParseMemo
+from ..recall_shape import RecallShape
 from ..registry import ModelSpec
 from ..tokens import MessageCounter
 from .chat import (
@@ -75,6 +76,7 @@ from .responses_items import (
     render_input,
     unfittable_reason,
 )
+from .responses_recall import RESPONSES_RECALL
 
 # The body fields ``POST /v1/responses/input_tokens`` takes (OpenAI's reference: conversation,
 # input, instructions, model, parallel_tool_calls, previous_response_id, reasoning, text,
@@ -119,6 +121,7 @@ class ResponsesDialect:
     """``POST /v1/responses`` (see the module docstring)."""
 
     name: str = "responses"
+    recall: RecallShape | None = RESPONSES_RECALL
     routes: tuple[Route, ...] = (
         Route("/v1/responses", upstream="responses"),
         Route("/v1/responses/input_tokens", kind="count", upstream="responses/input_tokens"),
