@@ -69,7 +69,11 @@ class CountingPaths:
 
 
 class TiktokenVocabularies:
-    """The production :class:`Vocabularies`: ``app.tokenizer`` (the only tiktoken import)."""
+    """The production :class:`Vocabularies`: ``app.tokenizer`` (the only tiktoken import), its
+    counting pool sized by ``count_threads`` (0: the CPUs the process may use) when preloaded."""
+
+    def __init__(self, *, count_threads: int = 0) -> None:
+        self.count_threads = count_threads
 
     def counter_for(self, encoding: str, /) -> TokenCounter:
         from .tokenizer import counter_for
@@ -77,8 +81,9 @@ class TiktokenVocabularies:
         return counter_for(encoding)
 
     def preload(self) -> None:
-        from .tokenizer import preload
+        from .tokenizer import configure_counting, preload
 
+        configure_counting(threads=self.count_threads)
         preload()
 
     def loaded_encodings(self) -> tuple[str, ...]:
@@ -353,7 +358,7 @@ def create_app(
     configure_logging(settings)
     for warning in unknown_variables():  # a mistyped variable must not be silently ignored
         startup_logger.warning(warning)
-    vocab: Vocabularies = vocabularies or TiktokenVocabularies()
+    vocab: Vocabularies = vocabularies or TiktokenVocabularies(count_threads=settings.count_threads)
     apis = dict(DIALECTS if dialects is None else dialects)
     settings.require_apis(tuple(apis))  # InvalidSettings: a summary API the registry lacks
     fallback = apis.get(FALLBACK_API) or next(iter(apis.values()))

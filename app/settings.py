@@ -96,6 +96,13 @@ class Settings(BaseSettings):
     summary_concurrency: int = Field(default=2, ge=1)
 
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    count_threads: int = Field(
+        default=0,
+        ge=0,
+        description="Threads that count a large cold request's texts in parallel (tiktoken encodes "
+        "outside the GIL); 0: as many as the CPUs the process may use (its affinity mask, capped by "
+        "the cgroup's CPU quota); 1: no parallel counting.",
+    )
     compress_aside_tokens: int | None = Field(
         default=None,
         ge=0,

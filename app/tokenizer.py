@@ -11,8 +11,18 @@ Errors::
 
     VocabularyError        unknown encoding name, missing/corrupt vocabulary file, hash mismatch
 
+Counting a large cold request uses every CPU the process may use: tiktoken encodes outside the
+GIL, so :meth:`TiktokenCounter.count_texts` (the core's ``BatchCounter``) spreads a batch of
+``PARALLEL_MIN_CHARS`` or more over a bounded pool of threads (:class:`CountingPool`, one per
+process, :func:`counting_pool`). Its size is :func:`usable_cpus` (the affinity mask, capped by the
+cgroup's CPU quota: v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``), or what
+:func:`configure_counting` sets (``CTXPROXY_COUNT_THREADS``). One batch keeps at most that many
+chunks in flight, so batches of concurrent requests take turns; a smaller batch is counted in
+the calling thread.
+
 Public API: :func:`load_encoding`, :func:`load_ranks`, :class:`TiktokenCounter`,
-:func:`counter_for`, :func:`preload`, :func:`loaded_encodings`, :data:`ENCODING_NAMES`.
+:func:`counter_for`, :func:`preload`, :func:`loaded_encodings`, :data:`ENCODING_NAMES`,
+:func:`usable_cpus`, :class:`CountingPool`, :func:`counting_pool`, :func:`configure_counting`.
 """
 
 from __future__ import annotations
@@ -21,7 +31,11 @@ import base64
 import binascii
 import gzip
 import hashlib
+import math
+import os
 import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -178,6 +192,10 @@ class TiktokenCounter:
             return 0
         return len(self._encode(text))
 
+    def count_texts(self, texts: Sequence[str], /) -> list[int]:
+        """``[count_text(t) for t in texts]``, on the counting pool when the batch is large."""
+        return counting_pool().counts(self.count_text, texts)
+
     def head_tail(self, text: str, /, *, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
         """The longest prefix of <= ``head_tokens`` tokens and suffix of <= ``tail_tokens`` tokens.
 
@@ -248,3 +266,198 @@ def preload() -> None:
 def loaded_encodings() -> tuple[str, ...]:
     """The names of the encodings loaded so far, in :data:`ENCODING_NAMES` order."""
     return tuple(name for name in ENCODING_NAMES if name in _encodings)
+
+
+# A batch this large is worth a thread hop (~0.1 ms): about 16K tokens, 5-10 ms of encoding.
+PARALLEL_MIN_CHARS = 64 * 1024
+# Chunks of a batch hold at least this many characters (a few ms of encoding each).
+CHUNK_MIN_CHARS = 16 * 1024
+
+
+class CountingPool:
+    """Counts batches of texts on at most ``threads`` threads (none when ``threads`` is 1).
+
+    ``counts(count, texts)`` equals ``[count(t) for t in texts]``. A batch of fewer than
+    ``PARALLEL_MIN_CHARS`` characters is counted in the calling thread; a larger one is cut into
+    consecutive chunks (about four per thread, ``CHUNK_MIN_CHARS`` at least) that at most
+    ``threads`` tasks count (:class:`_Batch`): a task counts the next chunk, then queues itself
+    again behind what other batches queued, so concurrent batches share the threads chunk by chunk
+    and a batch's chunks follow each other without waking its caller.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        self._executor = (
+            ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ctxproxy-count")
+            if self.threads > 1
+            else None
+        )
+
+    def counts(self, count: Callable[[str], int], texts: Sequence[str]) -> list[int]:
+        total = sum(map(len, texts))
+        if self._executor is None or total < PARALLEL_MIN_CHARS or len(texts) < 2:
+            return [count(text) for text in texts]
+        chunks = _chunks(texts, max(CHUNK_MIN_CHARS, total // (4 * self.threads)))
+        batch = _Batch(count, texts, chunks, self._executor)
+        for _ in range(min(self.threads, len(chunks))):
+            try:
+                self._executor.submit(batch.step)
+            except RuntimeError:  # the pool was shut down (reconfigured): the caller counts
+                batch.step()
+        return batch.result()
+
+    def shutdown(self) -> None:
+        # Queued steps still run (their batches' callers wait for them); the threads then end.
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+
+class _Batch:
+    """One batch's chunks, claimed one at a time by the pool's tasks (``step``); ``result()``
+    waits for the last one and raises the first error a chunk met (no chunk is claimed after)."""
+
+    __slots__ = (
+        "_count", "_done", "_error", "_executor", "_left", "_lock", "_next", "chunks", "out", "texts",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        count: Callable[[str], int],
+        texts: Sequence[str],
+        chunks: Sequence[tuple[int, int]],
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self._count = count
+        self.texts = texts
+        self.chunks = chunks
+        self._executor = executor
+        self.out: list[int] = [0] * len(texts)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._next = 0
+        self._left = len(chunks)  # chunks claimed or not yet, whose counting has not ended
+        self._error: BaseException | None = None
+
+    def step(self) -> None:
+        while True:
+            with self._lock:
+                index = self._next
+                if index >= len(self.chunks):
+                    return
+                self._next += 1
+            start, stop = self.chunks[index]
+            try:
+                self.out[start:stop] = [self._count(text) for text in self.texts[start:stop]]
+            except BaseException as error:  # handed to the caller by result()
+                with self._lock:
+                    self._error = self._error or error
+                    self._left -= len(self.chunks) - self._next  # what no task will claim now
+                    self._next = len(self.chunks)
+            with self._lock:
+                self._left -= 1
+                finished = self._left == 0
+                more = self._next < len(self.chunks)
+            if finished:
+                self._done.set()
+            if not more:
+                return
+            try:  # behind the other batches' chunks
+                self._executor.submit(self.step)
+                return
+            except RuntimeError:  # the pool was shut down (reconfigured): this thread counts on
+                continue
+
+    def result(self) -> list[int]:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self.out
+
+
+def _chunks(texts: Sequence[str], chunk_chars: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, stop)`` ranges of ``texts`` holding about ``chunk_chars`` each."""
+    ranges: list[tuple[int, int]] = []
+    start = held = 0
+    for i, text in enumerate(texts):
+        held += len(text)
+        if held >= chunk_chars:
+            ranges.append((start, i + 1))
+            start, held = i + 1, 0
+    if start < len(texts):
+        ranges.append((start, len(texts)))
+    return ranges
+
+
+_pool_lock = threading.Lock()
+_pool: CountingPool | None = None
+
+
+def counting_pool() -> CountingPool:
+    """The process's counting pool (made on first use with :func:`usable_cpus` threads)."""
+    global _pool
+    pool = _pool
+    if pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = CountingPool(usable_cpus())
+            pool = _pool
+    return pool
+
+
+def configure_counting(*, threads: int) -> CountingPool:
+    """Use ``threads`` counting threads from now on (0: :func:`usable_cpus`); returns the pool.
+    A pool of that size already in place is kept."""
+    global _pool
+    wanted = threads if threads > 0 else usable_cpus()
+    with _pool_lock:
+        previous = _pool
+        if previous is not None and previous.threads == max(1, wanted):
+            return previous
+        _pool = CountingPool(wanted)
+        pool = _pool
+    if previous is not None:
+        previous.shutdown()
+    return pool
+
+
+def usable_cpus(*, cgroup_root: Path = Path("/sys/fs/cgroup"), affinity: int | None = None) -> int:
+    """The CPUs this process may use: its affinity mask (``os.sched_getaffinity``), capped by the
+    cgroup's CPU quota (rounded down, at least 1)."""
+    if affinity is None:
+        try:
+            affinity = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            affinity = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root)
+    cpus = affinity if quota is None else min(affinity, math.floor(quota))
+    return max(1, cpus)
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), *, own: str | None = None) -> float | None:
+    """CPUs' worth of time the process's cgroup allows per period, or None when unlimited or
+    unknown: v2's ``cpu.max`` of its own cgroup (``own``: the path ``/proc/self/cgroup`` names)
+    or of ``root`` (a container's namespace), else v1's ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``."""
+    if own is None:
+        try:
+            lines = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            lines = []
+        own = next((line[3:] for line in lines if line.startswith("0::")), "")
+    for place in dict.fromkeys((root / own.strip("/"), root)):
+        try:
+            quota, _, period = (place / "cpu.max").read_text().strip().partition(" ")
+        except OSError:
+            continue
+        try:
+            return None if quota == "max" else int(quota) / int(period or "100000")
+        except (ValueError, ZeroDivisionError):
+            return None
+    for v1 in (root / "cpu", root / "cpu,cpuacct"):
+        try:
+            quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
+            period_us = int((v1 / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    return None

@@ -213,6 +213,14 @@ TOOLS = [
 ]
 
 
+def agent_opening(rng: random.Random, *, system_tokens: int, task_tokens: int) -> list[Message]:
+    """A coding agent's system prompt and task, of about the tokens given."""
+    return [
+        {"role": "system", "content": "You are a coding agent. " + prose(rng, system_tokens)},
+        {"role": "user", "content": "Task: " + prose(rng, task_tokens)},
+    ]
+
+
 def agent_messages(*, approx_tokens: int, seed: int = 7, tool_result_tokens: int = 2500) -> list[Message]:
     """An agent conversation of about ``approx_tokens`` tokens that ends with a user message.
 
@@ -220,10 +228,7 @@ def agent_messages(*, approx_tokens: int, seed: int = 7, tool_result_tokens: int
     conversation is valid for any strategy.
     """
     rng = random.Random(seed)
-    messages: list[Message] = [
-        {"role": "system", "content": "You are a coding agent. " + prose(rng, 400)},
-        {"role": "user", "content": "Task: " + prose(rng, 150)},
-    ]
+    messages = agent_opening(rng, system_tokens=400, task_tokens=150)
     total = 560
     call = 0
     while total < approx_tokens:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import app.tokenizer as tokenizer
 from app.core.estimate import EstimateCounter
-from app.core.tokens import TokenCounter
+from app.core.tokens import BatchCounter, TokenCounter
 from app.tokenizer import TiktokenCounter, VocabularyError, counter_for, load_encoding, load_ranks
 
 VOCAB = Path(tokenizer.__file__).parent / "vocab"
@@ -231,3 +231,139 @@ def test_windowed_head_tail_keeps_its_contract_on_adversarial_texts(name: str, t
         # one long piece may merge that piece differently: the re-count keeps the limit)
         assert counter.count_text(head) >= counter.count_text(full_head) - 8
         assert counter.count_text(tail) >= counter.count_text(full_tail) - 8
+
+
+# -- every core: the counting pool -------------------------------------------------------------
+
+
+def test_a_large_batch_is_counted_on_the_pool_with_the_same_counts() -> None:
+    counter = counter_for("o200k_base")
+    assert isinstance(counter, BatchCounter)
+    texts = [f"{i} " + "the quick brown fox jumps over the lazy dog; " * (40 + i % 50) for i in range(300)]
+    assert sum(map(len, texts)) >= tokenizer.PARALLEL_MIN_CHARS
+    threads: set[str] = set()
+
+    def count(text: str) -> int:
+        threads.add(threading.current_thread().name)
+        return counter.count_text(text)
+
+    pool = tokenizer.CountingPool(2)
+    try:
+        assert pool.counts(count, texts) == [counter.count_text(t) for t in texts]
+        assert threads and all(name.startswith("ctxproxy-count") for name in threads)
+        threads.clear()
+        assert pool.counts(count, texts[:3]) == [counter.count_text(t) for t in texts[:3]]
+        assert threads == {threading.current_thread().name}  # a small batch: no thread hop
+    finally:
+        pool.shutdown()
+
+
+def test_one_batch_counts_on_at_most_threads_threads_at_a_time() -> None:
+    texts = ["x" * tokenizer.CHUNK_MIN_CHARS] * 40
+    assert tokenizer._chunks(texts, 3 * tokenizer.CHUNK_MIN_CHARS)[:2] == [(0, 3), (3, 6)]
+    lock = threading.Lock()
+    active = peak = calls = 0
+
+    def count(text: str) -> int:
+        nonlocal active, peak, calls
+        with lock:
+            active += 1
+            calls += 1
+            peak = max(peak, active)
+        try:
+            return len(text)
+        finally:
+            with lock:
+                active -= 1
+
+    pool = tokenizer.CountingPool(2)
+    try:
+        assert pool.counts(count, texts) == [len(t) for t in texts]
+    finally:
+        pool.shutdown()
+    assert calls == len(texts) and 1 <= peak <= 2
+
+
+def test_a_chunk_that_fails_raises_in_the_caller_and_the_pool_serves_on() -> None:
+    texts = ["z" * tokenizer.CHUNK_MIN_CHARS] * 24
+
+    def count(text: str) -> int:
+        if text is texts[13]:
+            raise ValueError("boom")
+        return len(text)
+
+    texts[13] = "w" * tokenizer.CHUNK_MIN_CHARS
+    pool = tokenizer.CountingPool(2)
+    try:
+        with pytest.raises(ValueError, match="boom"):
+            pool.counts(count, texts)
+        assert pool.counts(len, texts) == [len(t) for t in texts]
+    finally:
+        pool.shutdown()
+
+
+def test_a_pool_shut_down_during_a_batch_finishes_it() -> None:
+    texts = [f"{i} " + "y" * tokenizer.CHUNK_MIN_CHARS for i in range(24)]
+    pool = tokenizer.CountingPool(2)
+
+    def count(text: str) -> int:
+        pool.shutdown()  # as configure_counting does to the pool it replaces
+        return len(text)
+
+    assert pool.counts(count, texts) == [len(t) for t in texts]
+    assert pool.counts(len, texts) == [len(t) for t in texts]  # after: counted in the caller
+
+
+def test_a_pool_of_one_thread_counts_in_the_caller() -> None:
+    pool = tokenizer.CountingPool(1)
+    texts = ["y" * tokenizer.PARALLEL_MIN_CHARS] * 3
+    seen: set[str] = set()
+    assert (
+        pool.counts(lambda t: seen.add(threading.current_thread().name) or len(t), texts)
+        == [len(texts[0])] * 3
+    )
+    assert seen == {threading.current_thread().name}
+
+
+def test_configure_counting_sizes_the_process_pool() -> None:
+    before = tokenizer.counting_pool().threads
+    try:
+        assert tokenizer.configure_counting(threads=3).threads == 3
+        assert tokenizer.counting_pool().threads == 3
+        same = tokenizer.counting_pool()
+        assert tokenizer.configure_counting(threads=3) is same  # unchanged: kept
+        assert tokenizer.configure_counting(threads=0).threads == tokenizer.usable_cpus()
+    finally:
+        tokenizer.configure_counting(threads=before)
+
+
+@pytest.mark.parametrize(
+    ("files", "affinity", "expected"),
+    [
+        ({}, 8, 8),  # no cgroup limit: the affinity mask
+        ({"cpu.max": "max 100000\n"}, 8, 8),
+        ({"cpu.max": "200000 100000\n"}, 8, 2),
+        ({"cpu.max": "150000 100000\n"}, 8, 1),  # 1.5 CPUs: one counting thread, never more
+        ({"cpu.max": "50000 100000\n"}, 8, 1),
+        ({"cpu.max": "400000 100000\n"}, 2, 2),  # the affinity mask is the smaller
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8, 3),  # cgroup v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8, 8),
+        ({"cpu.max": "garbage\n"}, 4, 4),
+    ],
+)
+def test_usable_cpus_is_the_affinity_capped_by_the_cgroup_quota(
+    tmp_path: Path, files: dict[str, str], affinity: int, expected: int
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert tokenizer.usable_cpus(cgroup_root=tmp_path, affinity=affinity) == expected
+
+
+def test_the_quota_of_the_process_own_cgroup_comes_first(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "system.slice" / "ctxproxy.service").mkdir(parents=True)
+    (tmp_path / "system.slice" / "ctxproxy.service" / "cpu.max").write_text("300000 100000\n")
+    assert tokenizer.cgroup_cpu_quota(tmp_path, own="/system.slice/ctxproxy.service") == 3.0
+    assert tokenizer.cgroup_cpu_quota(tmp_path, own="/elsewhere") is None
+    assert tokenizer.usable_cpus() >= 1  # this machine's own answer

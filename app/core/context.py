@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .budget import Budget, Policy
+from .cutting import PendingCuts
 from .messages import INSTRUCTION_ROLES, Message, group_turns, group_units
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
@@ -85,6 +86,8 @@ class FitContext:
     (``memory.py``; the pipeline sets it when summaries are wanted): it comes out of the protected
     tail's share, so the region a cut works in keeps its size (and the cut its levels).
     ``headroom_tokens``: more room, for planning the next cut (``fit.next_cut_headroom``).
+    ``pending``: middle-out's cuts decided but not made (``cutting.PendingCuts``): ``tokens`` are
+    then the counts before them, and the drop keeps what fits once they are made.
     """
 
     budget: Budget
@@ -98,6 +101,7 @@ class FitContext:
     newest_user: int | None = None
     memory_tokens: int = 0
     headroom_tokens: int = 0
+    pending: PendingCuts | None = None
 
     def untouchable(self, index: int) -> bool:
         """Pinned, or the newest user message: prune and drop never touch it, wherever it is."""
@@ -202,6 +206,7 @@ def build_context(
     input_tokens: Sequence[int] | None = None,
     memory_tokens: int = 0,
     headroom_tokens: int = 0,
+    pending: PendingCuts | None = None,
 ) -> FitContext:
     """A context for ``messages`` (counting them when ``tokens`` is not given).
 
@@ -227,6 +232,7 @@ def build_context(
         newest_user=newest_user_index(messages),
         memory_tokens=max(0, memory_tokens),
         headroom_tokens=max(0, headroom_tokens),
+        pending=pending,
     )
 
 

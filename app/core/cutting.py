@@ -6,6 +6,9 @@ INTERFACE CONTRACT (``strategies.py`` relies on it):
   tokens) | None``:
   the message cut to at most ``target_tokens`` (best effort) as a new dict, with its count, always
   smaller than ``current_tokens``; None when it cannot shrink. The input is never mutated.
+* ``PendingCuts``: cuts decided but made only for the messages a later step keeps (``cut(i)``,
+  once each; ``tokens_of(i)``, ``known(i)``); ``CUT_FLOOR_TOKENS``: no message, cut or not,
+  counts less (the per-message overhead).
 
 Only text is cut (string content or ``text`` parts, largest first), each to its head and tail around
 one marker ``[ctxproxy: N characters removed from the middle of this message]`` (with ``recall``:
@@ -20,12 +23,17 @@ and tool-call arguments are never touched.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Sequence
 from typing import Any
 
+from .accounting import TOKENS_PER_MESSAGE
 from .conversation import is_opaque
 from .messages import Message
 from .recall import REF_PATTERN, is_recalled, recall_ref, ref_suffix
 from .tokens import MessageCounter
+
+# Every message counts at least its overhead, however much of its text a cut removes.
+CUT_FLOOR_TOKENS = TOKENS_PER_MESSAGE
 
 # A cut text keeps at least this many tokens of its own; below that a cut would mostly be marker.
 MIN_KEEP_TOKENS = 16
@@ -50,8 +58,11 @@ def marker(removed_chars: int, ref: str | None = None) -> str:
     )
 
 
-def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter, ref: str | None = None) -> str | None:
-    """``text`` with only its head and tail (``keep_tokens`` in all) and a marker; None if no gain.
+def _cut_text(
+    text: str, *, keep_tokens: int, counter: MessageCounter, total_tokens: int, ref: str | None = None
+) -> str | None:
+    """``text`` (of ``total_tokens``) with only its head and tail (``keep_tokens`` in all) and a
+    marker; None if no gain.
 
     A text already cut keeps one marker: its head and tail are cut further and the count adds up
     (and its recall id stays: it names the text as it was first cut); a first cut names the whole
@@ -62,7 +73,7 @@ def _cut_text(text: str, *, keep_tokens: int, counter: MessageCounter, ref: str 
     keep = max(0, keep_tokens)
     found = _MARKER_RE.search(text)
     if found is None:
-        total = count(text)
+        total = total_tokens
         if keep >= total:
             return None
         head_n = keep // 2
@@ -156,6 +167,7 @@ def truncate_message(
                 _slot_text(message, slot),
                 keep_tokens=sizes[slot] - cut - marker_tokens,
                 counter=counter,
+                total_tokens=sizes[slot],
                 ref=refs.get(slot),
             )
             if new_text is not None:
@@ -171,3 +183,59 @@ def truncate_message(
             break
         excess += tokens - target_tokens
     return best
+
+
+class PendingCuts:
+    """Middle-out cuts decided but not made: each message of ``indices`` (positions in
+    ``messages``, whose counts are ``tokens``) is to be cut to ``target_tokens``
+    (``truncate_message``, ``recall``: its marker names the text by its recall id); a cut is made
+    when asked, once.
+
+    ``cut(i)``: message ``i`` cut, with its count, or None when it cannot shrink. ``tokens_of(i)``:
+    the count message ``i`` has once the cuts are made. ``known(i)``: that count when its cut is
+    already made, else None. Made with ``strategies.middle_out`` when cutting alone cannot make a
+    request fit: the drop decides what is kept first, and only what it keeps is cut.
+    """
+
+    __slots__ = ("_made", "counter", "indices", "messages", "recall", "target_tokens", "tokens")
+
+    def __init__(
+        self,
+        messages: Sequence[Message],
+        tokens: Sequence[int],
+        indices: Collection[int],
+        *,
+        target_tokens: int,
+        counter: MessageCounter,
+        recall: bool = False,
+    ) -> None:
+        self.messages = messages
+        self.recall = recall
+        self.tokens = tokens
+        self.indices = frozenset(indices)
+        self.target_tokens = target_tokens
+        self.counter = counter
+        self._made: dict[int, tuple[dict[str, Any], int] | None] = {}
+
+    def cut(self, index: int) -> tuple[dict[str, Any], int] | None:
+        if index not in self._made:
+            self._made[index] = truncate_message(
+                self.messages[index],
+                current_tokens=self.tokens[index],
+                target_tokens=self.target_tokens,
+                counter=self.counter,
+                recall=self.recall,
+            )
+        return self._made[index]
+
+    def tokens_of(self, index: int) -> int:
+        found = self.cut(index) if index in self.indices else None
+        return self.tokens[index] if found is None else found[1]
+
+    def known(self, index: int) -> int | None:
+        if index not in self.indices:
+            return self.tokens[index]
+        if index not in self._made:
+            return None
+        found = self._made[index]
+        return self.tokens[index] if found is None else found[1]

@@ -35,6 +35,9 @@ Steps (``fits`` means messages + reply priming <= the input budget):
    ``strategies``). 6. The memory: with a summary for everything steps 2 and 4 forgot, one
    message in its place (``memory.place_memory``: ``summarized``; else ``summary_failed`` when a
    provider was given). 7. Still over: ``fits=False`` with the smallest count reached.
+Nothing is done to what is dropped: when middle-out cannot make the request fit on its own, its
+cuts wait (``cutting.PendingCuts``), the drop decides what is kept first, and only the messages it
+keeps are cut (``strategies``).
 
 Steps 2 and 4 never touch the protected tail (the newest ``keep_turns`` turns, bounded to
 ``protect_max_share`` of the input budget in whole units), the pinned messages or the newest user
@@ -65,6 +68,7 @@ from typing import Any
 from .budget import Budget, Limits, Policy, request_budget
 from .context import SummaryProvider, build_context, pinned_indices
 from .conversation import Conversation
+from .cutting import PendingCuts
 from .dialect import Dialect
 from .memory import (
     MEMORY_GAP_FACTOR,
@@ -138,7 +142,8 @@ def _run_steps(
     headroom_tokens: int = 0,
 ) -> _Steps:
     """Run ``steps`` in order until the messages fit, leaving ``memory_tokens`` of room for the
-    memory (out of the protected tail's share) and ``headroom_tokens`` more."""
+    memory (out of the protected tail's share) and ``headroom_tokens`` more. A step's pending
+    cuts (middle-out's) go to the next step's context and are made on what that step keeps."""
     current: tuple[Message, ...] = tuple(messages)
     tokens: tuple[int, ...] = per_message
     actions: list[Action] = []
@@ -147,6 +152,7 @@ def _run_steps(
     forgotten: set[int] = set()
     note_at: int | None = None
     aligned = True  # indices still equal the input's (no message removed or inserted yet)
+    pending: PendingCuts | None = None  # middle-out's cuts, made on what the step after it keeps
     for _name, strategy in steps:
         ctx = build_context(
             current,
@@ -158,13 +164,22 @@ def _run_steps(
             input_tokens=per_message if aligned else None,
             memory_tokens=memory_tokens,
             headroom_tokens=headroom_tokens,
+            pending=pending,
         )
-        if ctx.fits(sum(tokens)):
+        if pending is None and ctx.fits(sum(tokens)):
             break
         result = strategy(current, ctx)
+        if result.pending is not None:
+            # Cutting alone cannot make it fit: the next step decides what is kept first.
+            pending = result.pending
+            continue
         if len(result.messages) == len(current) and all(
             a is b for a, b in zip(result.messages, current, strict=True)
         ):
+            if pending is not None:
+                current, tokens, made = _cut_kept(current, tokens, pending)
+                actions.extend(made)
+                pending = None
             continue
         known = {id(m): t for m, t in zip(current, tokens, strict=True)}
         new_tokens = tuple(
@@ -192,8 +207,34 @@ def _run_steps(
                 if a is not b and o is not None
             )
         current, tokens = result.messages, new_tokens
+        if pending is not None:  # the cuts of what this step kept, before what it did
+            current, tokens, made = _cut_kept(current, tokens, pending)
+            actions.extend(made)
+            pending = None
         actions.extend(result.actions)
+    if pending is not None:
+        current, tokens, made = _cut_kept(current, tokens, pending)
+        actions.extend(made)
     return _Steps(current, tokens, actions, dropped, origins, frozenset(forgotten), note_at)
+
+
+def _cut_kept(
+    messages: tuple[Message, ...], tokens: tuple[int, ...], pending: PendingCuts
+) -> tuple[tuple[Message, ...], tuple[int, ...], tuple[Action, ...]]:
+    """``messages`` with the pending cuts of those still there made (middle-out's ``truncated``
+    action for them, if any)."""
+    where = {id(pending.messages[i]): i for i in pending.indices}
+    out, counts = list(messages), list(tokens)
+    made = freed = 0
+    for j, message in enumerate(messages):
+        index = where.get(id(message))
+        found = pending.cut(index) if index is not None else None
+        if found is None:
+            continue
+        out[j], counts[j] = found
+        made += 1
+        freed += tokens[j] - found[1]
+    return tuple(out), tuple(counts), (Action("truncated", made, freed),) if made else ()
 
 
 def plan_request(

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .budget import Budget
+from .cutting import PendingCuts
 from .dialect import Dialect
 from .memory import MemorySpan
 from .messages import Message
@@ -80,11 +81,14 @@ class StrategyResult:
     """A strategy's output: new messages (the input is never mutated) and what it did.
 
     ``dropped``: the spans of the strategy's *input* indices it removed (only the drop step sets it).
+    ``pending``: cuts it decided but left to be made on what the next step keeps (only middle-out
+    sets it, with its messages unchanged: see ``strategies.middle_out``).
     """
 
     messages: tuple[Message, ...]
     actions: tuple[Action, ...] = ()
     dropped: tuple[DroppedSpan, ...] = ()
+    pending: PendingCuts | None = None
 
 
 def actions_header(actions: Sequence[Action]) -> str:

@@ -7,6 +7,10 @@ INTERFACE CONTRACT (the pipeline in ``fit.py`` and the tests rely on these names
   idempotent (applying it to its own output with a context built for that output changes
   nothing), never splits a unit, and returns its input unchanged when the messages already fit.
 * ``prune_old_results``, ``middle_out``, ``drop_oldest``, ``last_resort``; ``STRATEGIES`` in order.
+* Nothing is done to what a later step drops: when cutting cannot make a request fit, middle-out
+  leaves its cuts pending (``StrategyResult.pending``) and the drop, right after it, decides what
+  is kept on the counts before them (its levels) and on the kept messages' counts once cut (what
+  fits); the pipeline then cuts only what the drop kept (``fit``).
 * ``is_ctxproxy_note(message)`` (a note, or a memory: ``memory.py``); ``note_text(count, ref)``,
   ``pruned_text(chars, tool_name, ref)``, ``content_chars(content)``: the texts the steps write,
   each a pure function of what it replaces (``ref``: its recall id under ``policy.recall``,
@@ -41,7 +45,7 @@ from .context import (
     step_tokens_for,
 )
 from .conversation import is_opaque
-from .cutting import truncate_message
+from .cutting import CUT_FLOOR_TOKENS, PendingCuts, truncate_message
 from .memory import MEMORY_HEAD_RE
 from .messages import INSTRUCTION_ROLES, Message, group_units
 from .plan import Action, ActionKind, DroppedSpan, StrategyResult
@@ -231,8 +235,13 @@ def _prune(messages: Sequence[Message], ctx: FitContext, *, newest: bool) -> Str
     # that moves only when the budget is reached again, by a level. Levels past the protected tool
     # tokens come before any drop (a dropped result is lost; a pruned one can be fetched again).
     chosen = boundary
+    pruned = iter(changes)  # ascending, as made
+    at = next(pruned, None)
+    freed_here = 0
     for start in (s for s in levels if region_start < s <= boundary and not newest):
-        freed_here = sum(tokens[i] - new_tokens[i] for i in changes if i < start)
+        while at is not None and at < start:
+            freed_here += tokens[at] - new_tokens[at]
+            at = next(pruned, None)
         if freed_here > minimum and ctx.fits(total - freed_here):
             chosen = start
             break
@@ -259,8 +268,14 @@ def middle_out(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
 
     Pinned messages and the newest user message are left to the last resort; a huge tool result
     or reply in the newest turns is cut here (cheaper than dropping history for it).
+
+    When cutting cannot make the request fit, nothing is cut here: every candidate's cut is left
+    pending (``StrategyResult.pending``, the messages unchanged), the drop decides what is kept on
+    the counts before the cuts, and only the kept messages are cut (``fit``: nothing is done to
+    what is dropped). That is known before cutting everything: once the other messages, the cuts
+    made and every candidate left at ``CUT_FLOOR_TOKENS`` are over the target, no cut can help.
     """
-    tokens = list(ctx.tokens)
+    tokens = ctx.tokens
     total = sum(tokens)
     if ctx.fits(total):
         return _unchanged(messages)
@@ -270,7 +285,32 @@ def middle_out(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         (i for i in range(len(messages)) if i not in ctx.pinned and i != newest_user and tokens[i] > limit),
         key=lambda i: (-tokens[i], i),
     )
-    return _cut_until_fits(messages, ctx, order, target_for=lambda i, over: limit, kind="truncated")
+    if not order:
+        return _unchanged(messages)
+    cuts = PendingCuts(
+        messages, tokens, order, target_tokens=limit, counter=ctx.counter, recall=ctx.policy.recall != "off"
+    )
+    floor = total - sum(tokens[i] - min(tokens[i], CUT_FLOOR_TOKENS) for i in order)
+    changes: dict[int, Message] = {}
+    freed = 0
+    for i in order:
+        if ctx.fits(total):
+            break
+        if not ctx.fits(floor):
+            return StrategyResult(tuple(messages), pending=cuts)
+        cut = cuts.cut(i)
+        after = tokens[i] if cut is None else cut[1]
+        floor += after - min(tokens[i], CUT_FLOOR_TOKENS)
+        if cut is None:
+            continue
+        changes[i] = cut[0]
+        freed += tokens[i] - after
+        total -= tokens[i] - after
+    if not ctx.fits(total):
+        return StrategyResult(tuple(messages), pending=cuts)
+    if not changes:
+        return _unchanged(messages)
+    return StrategyResult(_replace(messages, changes), (Action("truncated", len(changes), freed),))
 
 
 def _cut_until_fits(
@@ -338,7 +378,8 @@ def _spans(
 def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[list[int]], list[int], int]:
     """The droppable members of each block, oldest first, and the *stops*: the block counts ``k``
     a cut may end after, ascending. ``k`` is a stop where the tokens the first ``k`` blocks hold
-    (current counts, summed from the oldest block) cross a multiple of the level step ``S``
+    (current counts, summed from the oldest block; before middle-out's pending cuts, which are made
+    only on what the drop keeps) cross a multiple of the level step ``S``
     (``context.step_tokens_for``), and inside the last (still growing) block every turn start is
     one. The stops depend only on the conversation's start (and on what prune left there, which
     moves in the same steps). With a memory (``ctx.memory_tokens``), the protected tail's units but
@@ -423,6 +464,10 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     last resort's cuts) or part of a unit. The note's role keeps alternation where possible:
     ``assistant`` when the message before it is a user message, else ``user``.
 
+    With middle-out's cuts pending (``ctx.pending``), what is left counts as it will be sent, the
+    kept messages cut (``_smallest_fitting_stop``), while the levels and the tokens freed are
+    counted before the cuts: a message the drop removes is never cut.
+
     Actions: ``dropped_turns`` (user messages dropped; absent when none was) and
     ``dropped_messages`` (with the tokens freed). ``StrategyResult.dropped`` holds one span per
     contiguous run (a pinned message or the newest user message inside the region splits it; the
@@ -439,44 +484,40 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     first = block_members[0][0]
     previous = messages[first - 1].get("role") if first > 0 else None
     role = "assistant" if previous == "user" else "user"
+    # How many members, and the tokens they hold, the first k blocks have: the note of a cut of k
+    # blocks and what it frees (before any pending cut).
+    held = [0]
+    freed_by = [0]
+    for block in block_members:
+        held.append(held[-1] + len(block))
+        freed_by.append(freed_by[-1] + sum(tokens[i] for i in block))
+    notes: dict[int, int] = {}
 
     base_messages = ctx.input_messages if ctx.input_messages is not None else messages
 
-    def members_of(blocks: int) -> list[int]:
-        return [i for block in block_members[:blocks] for i in block]
-
-    def text_for(members: Sequence[int]) -> str:
+    def note_for(blocks: int) -> str:
+        members = [i for block in block_members[:blocks] for i in block]
         # With recall, the note names the transcript of the input messages it stands for.
         if ctx.policy.recall == "off":
             return note_text(len(members))
         return note_text(len(members), recall_ref(span_text([base_messages[i] for i in members])))
 
-    def note_for(blocks: int) -> tuple[int, int, str]:
-        members = members_of(blocks)
-        text = text_for(members)
-        freed = sum(tokens[i] for i in members)
-        return freed, ctx.counter.count_message({"role": role, "content": text}), text
+    def note_tokens(blocks: int) -> int:
+        # Without recall a note depends only on how many messages it stands for.
+        key = held[blocks] if ctx.policy.recall == "off" else blocks
+        if key not in notes:
+            notes[key] = ctx.counter.count_message({"role": role, "content": note_for(blocks)})
+        return notes[key]
 
-    chosen: tuple[int, int, int, str] | None = None  # blocks, freed, note tokens, note
-    for k in stops:
-        if ctx.fits(total - sum(tokens[i] for i in members_of(k))):  # only then can a note fit too
-            freed_k, note_k, text_k = note_for(k)
-            if ctx.fits(total - freed_k + note_k):
-                chosen = (k, freed_k, note_k, text_k)
-                break
-    if chosen is None:
-        freed_all, note_all, text_all = note_for(len(block_members))
-        if freed_all <= note_all:
+    k = _smallest_fitting_stop(messages, ctx, block_members, stops, note_tokens)
+    if k is None:
+        k = len(block_members)
+        if freed_by[k] <= note_tokens(k):
             return _unchanged(messages)
-        chosen = (len(block_members), freed_all, note_all, text_all)
-    k, freed, note_tokens, note = chosen
-    dropped = members_of(k)
-
-    def ends_of(blocks: int) -> list[int]:
-        return [block_members[s - 1][-1] + 1 for s in stops if s <= blocks]
-
-    block_ends = ends_of(k)
-    replacement: dict[str, Any] = {"role": role, "content": note}
+    freed, note_tokens_k = freed_by[k], note_tokens(k)
+    dropped = [i for block in block_members[:k] for i in block]
+    block_ends = [block_members[s - 1][-1] + 1 for s in stops if s <= k]
+    replacement: dict[str, Any] = {"role": role, "content": note_for(k)}
     drop_set = set(dropped)
     out: list[Message] = []
     for i, message in enumerate(messages):
@@ -489,9 +530,57 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
     # dropped when only replies of a kept user message went (the pinned task's agent turn).
     actions = [
         *([Action("dropped_turns", turns)] if turns else []),
-        Action("dropped_messages", len(dropped), freed - note_tokens),
+        Action("dropped_messages", len(dropped), freed - note_tokens_k),
     ]
     return StrategyResult(tuple(out), tuple(actions), _spans(dropped, block_ends, base_tokens))
+
+
+def _smallest_fitting_stop(
+    messages: Sequence[Message],
+    ctx: FitContext,
+    block_members: Sequence[Sequence[int]],
+    stops: Sequence[int],
+    note_tokens: Callable[[int], int],
+) -> int | None:
+    """The smallest stop ``k`` whose cut fits: what the first ``k`` blocks leave, with the note,
+    within the target; None when none does.
+
+    What is left is counted as it will be sent: a message with a pending middle-out cut
+    (``ctx.pending``) at its count once cut. Those cuts are made only where a sound lower bound
+    cannot settle the question (a pending cut counts at least ``CUT_FLOOR_TOKENS``, or its count
+    when made): every stop is settled, from the newest, by its bound when the bound is over, else
+    by its exact count, so the answer is the ascending search's. The cuts made are those of what
+    is kept and, where a bound could not settle a stop, those of the blocks between the chosen
+    stop and the next one down (usually one message, in a giant request).
+    """
+    tokens = ctx.tokens
+    pending = ctx.pending
+    target = ctx.target_tokens
+
+    def low(i: int) -> int:
+        known = pending.known(i) if pending is not None else tokens[i]
+        return min(tokens[i], CUT_FLOOR_TOKENS) if known is None else known
+
+    def exact(i: int) -> int:
+        return pending.tokens_of(i) if pending is not None else tokens[i]
+
+    members = {i for block in block_members for i in block}
+    bound = sum(exact(i) for i in range(len(messages)) if i not in members)  # always kept
+    block_low = [sum(low(i) for i in block) for block in block_members]
+    counted = exact_from = len(block_members)  # blocks [counted:) in ``bound``, [exact_from:) exactly
+    chosen: int | None = None
+    for k in reversed(stops):
+        while counted > k:
+            counted -= 1
+            bound += block_low[counted]
+        if bound > target or bound + note_tokens(k) > target:
+            continue
+        while exact_from > k:
+            exact_from -= 1
+            bound += sum(exact(i) for i in block_members[exact_from]) - block_low[exact_from]
+        if bound + note_tokens(k) <= target:
+            chosen = k
+    return chosen
 
 
 def last_resort(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:

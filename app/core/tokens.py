@@ -22,7 +22,10 @@ least recently used first out. The price of exactness is memory: the keys keep t
 INTERFACE CONTRACT (other modules rely on these names and signatures):
 
 * ``TokenCounter`` protocol: ``name``, ``exact``, ``count_text(text)``,
-  ``head_tail(text, head_tokens=, tail_tokens=)``.
+  ``head_tail(text, head_tokens=, tail_tokens=)``; ``BatchCounter``: one that may also count
+  several texts at once, ``count_texts(texts)`` (the tokenizer's edge does it on every core the
+  process may use: ``app.tokenizer``). A ``MessageCounter`` over one counts the texts of the
+  messages its cache misses in one batch when they hold ``BATCH_MIN_CHARS`` or more.
 * ``MessageCounter(counter, *, cache_size=..., cache_max_chars=...)``:
   ``count_message(message) -> int`` (including the per-message overhead),
   ``count_messages(messages) -> tuple[int, ...]``, ``uncorrected_counts(messages)`` (the same
@@ -93,6 +96,14 @@ class TokenCounter(Protocol):
 
 
 @runtime_checkable
+class BatchCounter(TokenCounter, Protocol):
+    """A counter that may count several texts at once (in parallel, as the tokenizer sees fit):
+    ``count_texts(texts)`` equals ``[count_text(t) for t in texts]``."""
+
+    def count_texts(self, texts: Sequence[str], /) -> list[int]: ...
+
+
+@runtime_checkable
 class CorrectedCounter(TokenCounter, Protocol):
     """A counter whose text counts are ``ceil(raw_count(text) * correction)`` (the estimate)."""
 
@@ -107,6 +118,11 @@ _PREFIX_MIN_MESSAGES = 8
 # Texts at least this long are also cached on their own (key: the string itself): cutting a long
 # text (middle-out, last resort) counts it again as a text, and encoding ~1M tokens costs ~0.3 s.
 BIG_TEXT_CHARS = 64 * 1024
+# Messages the cache misses that hold at least this many characters have their texts counted in
+# one batch (``BatchCounter``: a large cold request uses every core); texts shorter than
+# ``_BATCH_TEXT_MIN_CHARS`` are counted in line (a role, an id).
+BATCH_MIN_CHARS = 64 * 1024
+_BATCH_TEXT_MIN_CHARS = 256
 _CONVERSATIONS_PER_ANCHOR = 4
 _MAX_CONVERSATIONS = 64
 
@@ -137,6 +153,9 @@ class MessageCounter:
         self._corrector = counter if isinstance(counter, CorrectedCounter) else None
         self._corrected = self._corrector is not None
         self._raw_text = counter.raw_count if isinstance(counter, CorrectedCounter) else counter.count_text
+        # A BatchCounter's count_texts (an attribute look-up: a runtime protocol check costs ~80 us).
+        batch: Callable[[Sequence[str]], list[int]] | None = getattr(counter, "count_texts", None)
+        self._count_texts = None if self._corrected else batch
         # The rules count through the raw-text cache (long texts are encoded once); bound once
         # here, so the per-message path pays no attribute walk.
         accounting = ChatAccounting(self._count_raw_text, encoding=counter.name)
@@ -210,12 +229,7 @@ class MessageCounter:
         if len(messages) >= _PREFIX_MIN_MESSAGES and self.cache_size > 0 and self.cache_max_chars > 0:
             anchor = anchor_of(messages)
         if anchor is None:
-            plain_tallies: list[tuple[int, int]] = []
-            for message in messages:
-                if not isinstance(message, Mapping):
-                    raise InvalidRequest("Each message must be an object.", param="messages")
-                plain_tallies.append(self._cached(message, self._tally_message, prefix="m"))
-            return plain_tallies
+            return [(fixed, text) for fixed, text, _size in self._fresh(messages)]
         with self._lock:
             candidates = self._conversations.get(anchor, ())
         best: _Conversation | None = None
@@ -234,11 +248,8 @@ class MessageCounter:
             with self._lock:
                 self._hits += shared
         plain = True
-        for index in range(shared, len(messages)):
+        for index, (fixed, text, size) in enumerate(self._fresh(messages[shared:]), start=shared):
             message = messages[index]
-            if not isinstance(message, Mapping):
-                raise InvalidRequest("Each message must be an object.", param="messages")
-            fixed, text, size = self._cached_full(message, self._tally_message, prefix="m")
             tallies.append((fixed, text))
             if plain and size is not None and is_plain_message(message):
                 chars.append(size)
@@ -251,6 +262,68 @@ class MessageCounter:
         continued = best if best is not None and shared == len(best.messages) else None
         self._remember(anchor, continued, messages, tallies, chars, priced)
         return tallies
+
+    def _fresh(self, messages: Sequence[Message]) -> list[tuple[int, int, int | None]]:
+        """``(fixed, raw text tokens, characters held)`` of each message through the cache. When
+        the messages the cache misses hold ``BATCH_MIN_CHARS`` or more, their texts are counted in
+        one batch first (a ``BatchCounter``'s ``count_texts``), then the rules add them up."""
+        if self._count_texts is None:
+            out: list[tuple[int, int, int | None]] = []
+            for message in messages:
+                if not isinstance(message, Mapping):
+                    raise InvalidRequest("Each message must be an object.", param="messages")
+                out.append(self._cached_full(message, self._tally_message, prefix="m"))
+            return out
+        looked = []
+        missed: list[Message] = []
+        size = 0
+        for message in messages:
+            if not isinstance(message, Mapping):
+                raise InvalidRequest("Each message must be an object.", param="messages")
+            entry = self._lookup(message, prefix="m")
+            looked.append(entry)
+            if entry[2] is None:
+                missed.append(message)
+                size += entry[1] or 0
+        if not missed:
+            return [(hit[0], hit[1], chars) for _key, chars, hit in looked if hit is not None]
+        tally = self._tally_message if size < BATCH_MIN_CHARS else self._prefetched(missed)
+        fresh: list[tuple[int, int, int | None]] = []
+        for message, (key, chars, hit) in zip(messages, looked, strict=True):
+            if hit is not None:
+                fresh.append((hit[0], hit[1], chars))
+                continue
+            fixed, text = tally(message)
+            held = None if key is None or chars is None else self._store(key, chars, (fixed, text))
+            fresh.append((fixed, text, held))
+        return fresh
+
+    def _prefetched(self, messages: Sequence[Message]) -> Callable[[Message], tuple[int, int]]:
+        """The rules' tally over the counts of ``messages``' texts, made in one batch."""
+        assert self._count_texts is not None
+        texts: dict[str, None] = {}
+
+        def record(text: str) -> int:
+            if len(text) >= _BATCH_TEXT_MIN_CHARS:
+                texts[text] = None
+            return 0
+
+        walk = ChatAccounting(record, encoding=self.counter.name).tally_message
+        for message in messages:
+            walk(message)
+        batch = list(texts)
+        counts = dict(zip(batch, self._count_texts(batch), strict=True))
+        for text, tokens in counts.items():
+            if len(text) >= BIG_TEXT_CHARS:  # a text cut later (middle-out) is not encoded again
+                key, chars, hit = self._lookup(text, prefix="x")
+                if key is not None and chars is not None and hit is None:
+                    self._store(key, chars, (0, tokens))
+
+        def count(text: str) -> int:
+            tokens = counts.get(text)
+            return self._count_raw_text(text) if tokens is None else tokens
+
+        return ChatAccounting(count, encoding=self.counter.name).tally_message
 
     def unremembered_chars(self, messages: Sequence[Message]) -> int | None:
         """Characters of the messages after the prefix a remembered conversation shares with
@@ -320,27 +393,42 @@ class MessageCounter:
         self, item: Any, tally: Callable[[Any], tuple[int, int]], *, prefix: str
     ) -> tuple[int, int, int | None]:
         """``(fixed, raw text tokens, characters held)``; characters None when not cacheable."""
+        key, chars, hit = self._lookup(item, prefix=prefix)
+        if hit is not None:
+            return hit[0], hit[1], chars
+        fixed, text = tally(item)
+        if key is None or chars is None:
+            return fixed, text, None
+        return fixed, text, self._store(key, chars, (fixed, text))
+
+    def _lookup(
+        self, item: Any, *, prefix: str
+    ) -> tuple[CacheKey | None, int | None, tuple[int, int, int] | None]:
+        """``(key, characters, cached)`` of ``item``; the key None when it is not cacheable, the
+        cached value None on a miss."""
         if self.cache_size == 0 or self.cache_max_chars == 0:
-            return (*tally(item), None)
+            return None, None, None
         try:
             # A message's key leaves out the reserved values its count never reads (an origin).
             frozen = freeze_counted(item) if prefix == "m" else freeze(item)
         except RecursionError:  # nested deeper than Python recurses: counted, never cached
             frozen = None
         if frozen is None:
-            return (*tally(item), None)
+            return None, None, None
         key: CacheKey = (prefix, frozen[0])
-        chars = frozen[1]
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
                 self._hits += 1
-                return cached[0], cached[1], chars
+                return key, frozen[1], cached
             self._misses += 1
-        result = tally(item)
+        return key, frozen[1], None
+
+    def _store(self, key: CacheKey, chars: int, result: tuple[int, int]) -> int | None:
+        """Cache ``result`` under ``key``; the characters it holds, or None when too large."""
         if chars > self.cache_max_chars:
-            return result[0], result[1], None
+            return None
         with self._lock:
             previous = self._cache.pop(key, None)
             if previous is not None:
@@ -350,7 +438,7 @@ class MessageCounter:
             while len(self._cache) > self.cache_size or self._cache_chars > self.cache_max_chars:
                 _, evicted = self._cache.popitem(last=False)
                 self._cache_chars -= evicted[2]
-        return result[0], result[1], chars
+        return chars
 
     def _remember(
         self,

@@ -740,3 +740,143 @@ def test_the_summary_of_an_earlier_span_stands_in_while_the_new_one_is_not_there
     # The same cut either way: only the memory's text differs.
     with_new = plan(messages, 1500, counter, summaries=Summaries("gist"), summarize=True)
     assert len(with_new.messages) == len(result.messages)
+
+
+# -- nothing done to what is dropped --------------------------------------------------------
+
+
+def long_chat(turns: int, tokens: int) -> list[dict[str, Any]]:
+    """Turns of two long messages: at a small budget every one is a middle-out candidate."""
+    out: list[dict[str, Any]] = [system()]
+    for k in range(turns):
+        out += [user(tokens, f"u{k}_"), assistant(tokens, f"a{k}_")]
+    out.append(user(10, "now"))
+    return out
+
+
+def mixed_session(rounds: int, reply_tokens: int) -> list[dict[str, Any]]:
+    """An agent's turns: tool exchanges, then a long answer and the user's next message."""
+    out: list[dict[str, Any]] = [system(), user(10, "task")]
+    for k in range(rounds):
+        out += tool_exchange([f"c{k}a", f"c{k}b"], 150 + 40 * (k % 5))
+        out += [assistant(reply_tokens + 30 * (k % 7), f"r{k}_"), user(20 + 200 * (k % 3), f"q{k}_")]
+    return out
+
+
+CORPUS = [
+    *(
+        (long_chat(turns, tokens), cap)
+        for turns, tokens in ((6, 120), (30, 300), (60, 400))
+        for cap in (450, 900, 2500)
+    ),
+    *(
+        (mixed_session(rounds, reply), cap)
+        for rounds, reply in ((10, 300), (40, 700))
+        for cap in (600, 1500, 4000)
+    ),
+    *(
+        ([*chat(4), assistant(1500, "big"), user(10, "now")], cap) for cap in (1200, 2000)
+    ),  # cutting alone fits
+]
+POLICIES: list[dict[str, Any]] = [{}, {"summarize": True}, {"keep_turns": 1, "cut_target": 0.8}]
+
+
+def cutting_first(*, old: bool, cut: list[int] | None = None) -> Any:
+    """Middle-out with every pending cut made before the drop decides; ``old``: handed to the drop
+    as cut messages, as the pipeline did before the drop decided first (their indices in ``cut``)."""
+    from app.core.plan import Action
+    from app.core.strategies import middle_out
+
+    def step(messages: Sequence[Message], ctx: Any) -> StrategyResult:
+        result = middle_out(messages, ctx)
+        if result.pending is None:
+            return result
+        made = {i: result.pending.cut(i) for i in result.pending.indices}
+        if not old:
+            return result
+        cuts = {i: found for i, found in made.items() if found is not None}
+        if cut is not None:
+            cut.extend(cuts)
+        out = tuple(cuts[i][0] if i in cuts else m for i, m in enumerate(messages))
+        freed = sum(ctx.tokens[i] - found[1] for i, found in cuts.items())
+        return StrategyResult(out, (Action("truncated", len(cuts), freed),) if cuts else ())
+
+    return step
+
+
+def with_middle_out(monkeypatch: pytest.MonkeyPatch, step: Any) -> None:
+    import app.core.fit as fit
+
+    steps = tuple((name, step if name == "middle_out" else s) for name, s in fit.STRATEGIES)
+    monkeypatch.setattr(fit, "STRATEGIES", steps)
+
+
+def dropped_indices(result: Plan) -> set[int]:
+    return {i for span in result.dropped for i in range(span.start, span.stop)}
+
+
+def test_a_message_the_drop_removes_is_not_cut_first(
+    counter: FakeMessageCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.core.cutting as cutting
+
+    cut: list[int] = []
+    messages = long_chat(60, 400)
+    real = cutting.truncate_message
+
+    def spy(message: Message, **options: Any) -> Any:
+        cut.append(next(i for i, m in enumerate(messages) if m is message))
+        return real(message, **options)
+
+    monkeypatch.setattr(cutting, "truncate_message", spy)
+    result = plan(messages, 1200, counter)
+    assert result.fits and len(dropped_indices(result)) > 100
+    # Before the drop decided first, all 120 long messages were cut, then almost all dropped. Now
+    # only the kept ones are, and what the decision needed: the next level down (one message).
+    kept_cut = [a.count for a in result.actions if a.kind == "truncated"]
+    assert len(cut) <= sum(kept_cut) + 1
+    assert len([i for i in cut if i in dropped_indices(result)]) <= 1
+
+
+@pytest.mark.parametrize("case", range(len(CORPUS)))
+def test_the_drop_decides_as_if_every_cut_were_made_first(
+    case: int, counter: FakeMessageCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    messages, cap = CORPUS[case]
+    lazy = [plan(messages, cap, counter, **p) for p in POLICIES]
+    with_middle_out(monkeypatch, cutting_first(old=False))
+    eager = [plan(messages, cap, counter, **p) for p in POLICIES]
+    for a, b in zip(lazy, eager, strict=True):
+        assert (a.messages, a.message_tokens, a.actions, a.dropped, a.memory) == (
+            b.messages,
+            b.message_tokens,
+            b.actions,
+            b.dropped,
+            b.memory,
+        )
+
+
+@pytest.mark.parametrize("case", range(len(CORPUS)))
+def test_the_plans_are_those_of_cutting_everything_first_unless_that_dropped_a_cut(
+    case: int, counter: FakeMessageCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the drop decided first, middle-out cut every candidate and the drop counted its
+    levels on the cut counts. The plans are the same whenever none of those cuts was dropped;
+    otherwise the levels are counted on the counts before the cuts (no cut is made to count them)
+    and the cut may end at another level, fitting all the same."""
+    messages, cap = CORPUS[case]
+    new = [plan(messages, cap, counter, **p) for p in POLICIES]
+    cut: list[int] = []
+    with_middle_out(monkeypatch, cutting_first(old=True, cut=cut))
+    for a, p in zip(new, POLICIES, strict=True):
+        cut.clear()
+        b = plan(messages, cap, counter, **p)
+        assert a.fits == b.fits
+        if not dropped_indices(b) & set(cut):
+            assert (a.messages, a.message_tokens, a.memory, a.actions, a.dropped) == (
+                b.messages,
+                b.message_tokens,
+                b.memory,
+                b.actions,
+                b.dropped,
+            )

@@ -308,3 +308,84 @@ def test_text_tokens_of_an_estimate_is_its_corrected_count() -> None:
     mc = MessageCounter(estimate)
     text = "word " * 30_000
     assert mc.text_tokens(text) == estimate.count_text(text)
+
+
+# -- a large cold request, counted in one batch ---------------------------------------------
+
+
+class BatchingCounter(CountingCounter):
+    """A ``BatchCounter``: records each batch it is given (counted one by one here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    def count_texts(self, texts: Any, /) -> list[int]:
+        self.batches.append(list(texts))
+        return [self.inner.count_text(text) for text in texts]
+
+
+def large_conversation(salt: str, *, messages: int = 40) -> list[dict[str, Any]]:
+    from app.core.tokens import BATCH_MIN_CHARS
+
+    text = "alpha beta gamma delta " * (2 * BATCH_MIN_CHARS // (23 * messages))
+    out: list[dict[str, Any]] = [{"role": "system", "content": f"{salt} be brief"}]
+    for i in range(messages):
+        out.append({"role": "user" if i % 2 == 0 else "assistant", "content": f"{salt} {i} {text}"})
+    out.append(call_message('{"path": "' + salt + "/x" * 200 + '"}'))
+    return out
+
+
+def test_the_texts_of_a_large_cold_request_are_counted_in_one_batch_with_the_same_counts() -> None:
+    tc = BatchingCounter()
+    mc = MessageCounter(tc)
+    messages = large_conversation("first")
+    counts = mc.count_messages(messages)
+    assert counts == MessageCounter(O200K).count_messages(messages)
+    (batch,) = tc.batches
+    # The long texts (contents, a call's arguments), each once; the short ones (a role, an id) are
+    # counted in line, not batched.
+    arguments = messages[-1]["tool_calls"][0]["function"]["arguments"]
+    assert sorted(batch) == sorted([*(m["content"] for m in messages[1:-1]), arguments])
+    assert not any(size >= 256 for size in tc.asked)  # nothing long was counted outside the batch
+
+
+def test_a_batch_holds_only_what_the_cache_misses_and_a_small_request_takes_none() -> None:
+    tc = BatchingCounter()
+    mc = MessageCounter(tc)
+    messages = large_conversation("first")
+    mc.count_messages(messages)
+    again = [*large_conversation("other")[:-1], *messages[1:5]]  # new messages and four known ones
+    mc.count_messages(again)
+    assert len(tc.batches) == 2
+    assert not set(tc.batches[1]) & {m["content"] for m in messages[1:5]}
+    mc.count_messages(conversation(6))
+    assert len(tc.batches) == 2  # below BATCH_MIN_CHARS: counted message by message
+
+
+def test_a_long_text_counted_in_a_batch_is_not_encoded_again_when_cut() -> None:
+    from app.core.tokens import BIG_TEXT_CHARS
+
+    tc = BatchingCounter()
+    mc = MessageCounter(tc)
+    long_text = "lorem ipsum dolor " * (BIG_TEXT_CHARS // 10)
+    messages = [{"role": "user", "content": long_text}, {"role": "assistant", "content": "ok"}]
+    mc.count_messages(messages)
+    assert [long_text] in tc.batches
+    assert mc.text_tokens(long_text) == O200K.count_text(long_text)
+    assert len(long_text) not in tc.asked  # from the text cache the batch filled
+
+
+@given(st.lists(st.text(min_size=0, max_size=400), min_size=1, max_size=30), st.integers(0, 3))
+@settings(max_examples=40, deadline=None)
+def test_batched_and_message_by_message_counts_are_equal(texts: list[str], repeat: int) -> None:
+    from app.core import tokens
+
+    messages = [{"role": "user", "content": text * (1 + repeat * 200)} for text in texts]
+    expected = MessageCounter(O200K).count_messages(messages)
+    original = tokens.BATCH_MIN_CHARS
+    tokens.BATCH_MIN_CHARS = 1  # every request batched
+    try:
+        assert MessageCounter(BatchingCounter()).count_messages(messages) == expected
+    finally:
+        tokens.BATCH_MIN_CHARS = original
