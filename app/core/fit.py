@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .budget import Budget, Limits, Policy, budget_for
@@ -68,11 +68,17 @@ from .dialects import DEFAULT_DIALECT
 from .memory import (
     MEMORY_GAP_FACTOR,
     MemorySpan,
+    Placed,
+    index_max_chars,
+    memory_room_tokens,
     memory_span,
     memory_step_tokens,
+    memory_text,
     memory_tokens_for,
     place_memory,
+    span_index_text,
     span_messages,
+    summary_tokens_for,
 )
 from .messages import Message
 from .plan import Action, DroppedSpan, Plan
@@ -90,7 +96,6 @@ __all__ = [
 
 HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation kept upstream
 _NO_OUTPUT_CAP: Mapping[str, Any] = {}
-
 
 
 class StructureGuardWarning(RuntimeWarning):
@@ -282,6 +287,7 @@ def plan_request(
         warnings: tuple[str, ...] = (),
         memory: MemorySpan | None = None,
         broken: tuple[str, ...] = (),
+        next_headroom: int = 0,
     ) -> Plan:
         return Plan(
             model=parsed.model or str(body.get("model", "")),
@@ -302,6 +308,7 @@ def plan_request(
             source=parsed.messages,
             memory=memory,
             broken=broken,
+            next_headroom_tokens=next_headroom,
         )
 
     if not parsed.fittable:
@@ -313,33 +320,68 @@ def plan_request(
         rejected = Action("rejected", 1, 0, f"over the input budget by {over} tokens (policy reject)")
         return plan(messages, per_message, changed=False, fits=False, actions=(rejected,))
 
-    room = memory_tokens_for(budget, policy)
-    steps = _run_steps(
-        messages,
-        per_message,
-        STRATEGIES,
-        budget=budget,
-        policy=policy,
-        counter=counter,
-        memory_tokens=room,
-        headroom_tokens=max(0, headroom_tokens),
-    )
-    current, tokens, actions = steps.messages, steps.tokens, steps.actions
-    span: MemorySpan | None = None
-    if room:
-        # Memory stops from counts calibration never moves (a model counted by estimate keeps
-        # the same stops, so the same spans, as its correction is learned).
+    most = memory_tokens_for(budget, policy)
+    pinned = pinned_indices(messages, pin_first_user=policy.pin_first_user) if most else frozenset()
+    # Memory stops from counts calibration never moves (a model counted by estimate keeps the
+    # same stops, so the same spans, as its correction is learned).
+    stop_counts = per_message if counter.exact or not most else counter.uncorrected_counts(messages)
+
+    def run(room: int) -> tuple[_Steps, MemorySpan | None]:
+        steps = _run_steps(
+            messages,
+            per_message,
+            STRATEGIES,
+            budget=budget,
+            policy=policy,
+            counter=counter,
+            memory_tokens=room,
+            headroom_tokens=max(0, headroom_tokens),
+        )
+        if not room:
+            return steps, None
         span = memory_span(
             messages,
-            per_message if counter.exact else counter.uncorrected_counts(messages),
+            stop_counts,
             forgotten=steps.forgotten,
-            pinned=pinned_indices(messages, pin_first_user=policy.pin_first_user),
+            pinned=pinned,
             step_tokens=memory_step_tokens(budget, policy),
-            gap_tokens=MEMORY_GAP_FACTOR * room,
+            gap_tokens=MEMORY_GAP_FACTOR * most,
         )
-    if span is not None and summaries is not None:
+        return steps, span
+
+    # The room follows the memory: planned with the most room first, the cut is planned again
+    # with the room its memory needs (its index and its summary's size), which is less. A
+    # smaller room forgets no more, so the memory of the second cut fits the room.
+    steps, span = run(most)
+    room = most
+    index_chars = index_max_chars(budget, policy)
+    if span is not None:
+        sized = memory_room_tokens(
+            _index_tokens(messages, span, counter=counter, max_chars=index_chars),
+            summary_tokens_for(span, budget, policy, index_tokens=0),
+            budget,
+            policy,
+        )
+        if sized < most:
+            steps, span = run(sized)
+            room = sized
+        if span is not None:
+            index_tokens = _index_tokens(messages, span, counter=counter, max_chars=index_chars)
+            span = replace(
+                span, summary_tokens=summary_tokens_for(span, budget, policy, index_tokens=index_tokens)
+            )
+    current, tokens, actions = steps.messages, steps.tokens, steps.actions
+    if span is not None:
         current, tokens = _remember(
-            current, tokens, steps, span, summaries, messages=messages, counter=counter, limit=limit
+            current,
+            tokens,
+            steps,
+            span,
+            summaries if policy.mode == "auto" and policy.summarize else None,
+            messages=messages,
+            counter=counter,
+            limit=limit,
+            index_chars=index_chars,
         )
 
     broken = tuple(new_problems(body, current, dialect=dialect, source=parsed.messages))
@@ -352,7 +394,7 @@ def plan_request(
         remembered = current is not steps.messages
         if remembered:  # the deterministic cut: the same steps, without the memory
             current, tokens, span = steps.messages, steps.tokens, None
-            actions = [a for a in actions if a.kind != "summarized"]
+            actions = [a for a in actions if a.kind not in ("summarized", "indexed")]
         if not remembered or new_problems(body, current, dialect=dialect, source=parsed.messages):
             return plan(messages, per_message, changed=False, fits=fits, broken=broken)
     fitted = sum(tokens) + REPLY_PRIMING_TOKENS <= limit
@@ -368,16 +410,31 @@ def plan_request(
         dropped=steps.dropped,
         memory=span,
         broken=broken,
+        # What this cut kept, the note in place of the memory: the next cut keeps less.
+        next_headroom=max(1, limit - REPLY_PRIMING_TOKENS - room - (sum(steps.tokens) - 1)) if most else 0,
     )
 
 
 def next_cut_headroom(plan: Plan, policy: Policy) -> int:
     """The ``headroom_tokens`` whose plan forgets more than ``plan`` (a plan of the same request
     without a summary provider): its strategies aim one token below what ``plan`` kept, with the
-    memory's room, so they reach the next level."""
+    memory's room, so they reach the next level (a cut plan knows it: ``Plan.next_headroom_tokens``,
+    what it kept before its memory took the note's place)."""
+    if plan.next_headroom_tokens:
+        return plan.next_headroom_tokens
     room = memory_tokens_for(plan.budget, policy)
     target = plan.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - room
     return max(1, target - (sum(plan.message_tokens) - 1))
+
+
+def _index_tokens(
+    messages: Sequence[Message], span: MemorySpan, *, counter: MessageCounter, max_chars: int
+) -> int:
+    """The tokens of ``span``'s memory with its index alone (0 when its index is empty)."""
+    index = span_index_text(messages, span, max_chars=max_chars)
+    if not index:
+        return 0
+    return counter.count_message({"role": "user", "content": memory_text(len(span.forgot), "", index)})
 
 
 def _remember(
@@ -385,37 +442,52 @@ def _remember(
     tokens: tuple[int, ...],
     steps: _Steps,
     span: MemorySpan,
-    summaries: SummaryProvider,
+    summaries: SummaryProvider | None,
     *,
     messages: Sequence[Message],
     counter: MessageCounter,
     limit: int,
+    index_chars: int,
 ) -> tuple[tuple[Message, ...], tuple[int, ...]]:
-    """The fitted messages with the memory of ``span`` in place when the provider has its summary
-    (or, else, the summary of one of its ``earlier`` spans) and it fits (``summarized``, counting
-    the messages it stands for), else unchanged (``summary_failed``, with why)."""
+    """The fitted messages with the memory of ``span`` in place: its summary when the provider
+    has it (or, else, the summary of one of its ``earlier`` spans) and the index of what it forgot
+    (``summarized``, counting the messages the summary stands for); without a summary, the index
+    alone (``indexed``; ``summary_failed`` too when a provider was given, with why); unchanged
+    (the note and placeholders) when the memory is empty or does not fit."""
     count = len(span.indices)
+    index = span_index_text(messages, span, max_chars=index_chars)
     summary: str | None = None
-    for candidate in (span, *(span.until(stop) for stop in span.earlier)):
-        found = summaries.summary_for(span_messages(messages, candidate))
-        if isinstance(found, str) and found.strip():
-            summary, span = found, candidate
-            break
-    if summary is None:
-        steps.actions.append(Action("summary_failed", count, detail="no summary available"))
-        return current, tokens
-    placed = place_memory(
-        current,
-        tokens,
-        steps.origins,
-        span=span,
-        summary=summary,
-        counter=counter,
-        limit_tokens=limit - REPLY_PRIMING_TOKENS,
-        note_at=steps.note_at,
-    )
-    if placed is None:
+    chosen = span
+    if summaries is not None:
+        for candidate in (span, *(span.until(stop) for stop in span.earlier)):
+            found = summaries.summary_for(span_messages(messages, candidate))
+            if isinstance(found, str) and found.strip():
+                summary, chosen = found, candidate
+                break
+        if summary is None:
+            steps.actions.append(Action("summary_failed", count, detail="no summary available"))
+
+    def place(text: str, covered: MemorySpan) -> Placed | None:
+        return place_memory(
+            current,
+            tokens,
+            steps.origins,
+            span=covered,
+            summary=text,
+            counter=counter,
+            limit_tokens=limit - REPLY_PRIMING_TOKENS,
+            note_at=steps.note_at,
+            index=index,
+        )
+
+    placed = place(summary, chosen) if summary is not None else None
+    if placed is not None:
+        steps.actions.append(Action("summarized", len(chosen.indices)))
+        return placed.messages, placed.tokens
+    if summary is not None:
         steps.actions.append(Action("summary_failed", count, detail="summary too large to fit"))
+    placed = place("", span) if index else None
+    if placed is None:
         return current, tokens
-    steps.actions.append(Action("summarized", len(span.indices)))
+    steps.actions.append(Action("indexed", len(span.forgot)))
     return placed.messages, placed.tokens

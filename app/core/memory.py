@@ -2,26 +2,38 @@
 
 INTERFACE CONTRACT (``fit.py`` places the memory; the service summarizes its span):
 
-* ``memory_tokens_for(budget, policy) -> int``: the room a cut leaves for the memory when the
-  policy wants one (``auto`` with ``summarize``), else 0: ``MEMORY_BUDGET_SHARE`` of the input
-  budget, at most ``MEMORY_MAX_TOKENS``, out of the protected tail's share (``context``). A
-  summary is asked for with this many tokens at most.
-  ``memory_step_tokens(budget, policy)``: the spacing of memory stops (below).
+* ``wants_memory(policy)``: a cut leaves a memory under ``auto`` with ``summarize`` (a summary
+  and the index) or with ``index_memory`` (the index alone; ``truncate`` too).
+  ``memory_tokens_for(budget, policy) -> int``: the most room a cut leaves for it (0 when none is
+  wanted): ``MEMORY_BUDGET_SHARE`` of the input budget, at most ``MEMORY_MAX_TOKENS``, out of the
+  protected tail's share (``context``). ``memory_step_tokens(budget, policy)``: the spacing of
+  memory stops (below), from that most room (so the stops never move with the memory's size).
+* The room a cut keeps follows the memory it will hold (``fit.py`` plans the cut with the most
+  room, then again with this one): ``memory_room_tokens(index_tokens, summary_tokens, budget,
+  policy)``, the index-only memory's tokens and the summary's size summed and rounded up to a
+  step (``ROOM_STEP_SHARE`` of the most room), so a memory that grows a little moves nothing;
+  ``summary_tokens_for(span, budget, policy, index_tokens=)``: the size a summary is asked for,
+  a quarter of the most room per memory stop the span covers (the previous memory and a bounded
+  growth), at most what the index leaves; ``index_max_chars(budget, policy)``: the index's bound.
+  All are functions of the conversation and its budget: every replica plans the same cut.
 * ``MemorySpan`` (frozen): ``at`` (the input index the memory goes before: where the forgetting
   ends), ``stop`` (the end of what it stands for), ``indices`` (the input messages it stands for,
-  ascending), ``tokens`` (the client's count of them) and ``earlier`` (the memory stops before
+  ascending), ``tokens`` (the client's count of them), ``earlier`` (the memory stops before
   ``stop``: ``until(stop)`` is the span of an earlier memory, which stands in while the summary
-  of this one is not there yet, so a late summary never takes away the memory a request had).
+  of this one is not there yet, so a late summary never takes away the memory a request had),
+  ``summary_tokens`` (the size of its summary) and ``forgot`` (what its index reads).
 * ``memory_stops(messages, tokens, *, step_tokens) -> list[int]`` and ``memory_span(messages,
   tokens, *, forgotten, pinned, step_tokens, gap_tokens=0) -> MemorySpan | None``.
-* ``memory_text(count, summary) -> str`` and ``MEMORY_HEAD_RE`` (the framing, a pure function of
-  the span's size and its summary); ``span_messages(messages, span)`` (what a summarizer reads:
-  the messages without the engine's reserved keys, so the same history gives the same span
-  whatever the dialect froze or priced this time).
-* ``place_memory(messages, tokens, origins, *, span, summary, counter, limit_tokens) ->
-  Placed | None``: ``messages`` with the memory inserted before the first message from input
-  index ``span.at`` on (and the drop's note, which it stands for, removed); None when it does
-  not fit ``limit_tokens``.
+* ``memory_text(count, summary, index="") -> str`` and ``MEMORY_HEAD_RE`` (the framing, a pure
+  function of the span's size, its summary and its index: with no summary, the index alone);
+  ``span_index_text(messages, span, *, max_chars)`` (the index of what it forgot,
+  ``app.core.span_index``); ``span_messages(messages, span)`` (what a summarizer reads: the
+  messages without the engine's reserved keys, so the same history gives the same span whatever
+  the dialect froze or priced this time).
+* ``place_memory(messages, tokens, origins, *, span, summary, counter, limit_tokens, note_at=None,
+  index="") -> Placed | None``: ``messages`` with the memory inserted before the first message
+  from input index ``span.at`` on (and the drop's note, which it stands for, removed); None when
+  it does not fit ``limit_tokens``.
 
 What is forgotten: every input message a strategy pruned (a placeholder now stands in its place)
 or dropped; the forgetting ends after the unit that holds the newest of them (``at``, called F
@@ -62,13 +74,25 @@ from .budget import Budget, Policy
 from .context import step_tokens_for
 from .conversation import strip_reserved
 from .messages import Message, group_turns, group_units
+from .span_index import span_index
 from .tokens import MessageCounter
 
 MEMORY_MAX_TOKENS = 4096
 MEMORY_BUDGET_SHARE = 0.15
 MEMORY_STEP_FACTOR = 4
 MEMORY_GAP_FACTOR = 2
-MEMORY_HEAD_RE = re.compile(r"\[ctxproxy: summary of [0-9,]+ earlier messages?\]\n")
+# The index's share of the memory's most room, and the characters it may take per token of it
+# (identifiers and paths cut into short tokens: about three characters each).
+INDEX_SHARE = 0.5
+INDEX_CHARS_PER_TOKEN = 3
+# A summary may take this share of the most room per memory stop it covers (the first one a
+# quarter, the fourth and later all of it): the previous memory and a bounded growth.
+SUMMARY_GROWTH_SHARE = 0.25
+# The room moves in steps of this share of the most room (and at least ``ROOM_STEP_MIN_TOKENS``),
+# so a memory that grows a little leaves the cut, and the prompt before it, where it was.
+ROOM_STEP_SHARE = 0.125
+ROOM_STEP_MIN_TOKENS = 32
+MEMORY_HEAD_RE = re.compile(r"\[ctxproxy: (?:summary|index) of [0-9,]+ earlier messages?[^\]\n]*\]\n")
 
 
 def memory_step_tokens(budget: Budget, policy: Policy) -> int:
@@ -80,30 +104,77 @@ def memory_step_tokens(budget: Budget, policy: Policy) -> int:
     return max(step_tokens_for(steady, policy), MEMORY_STEP_FACTOR * memory_tokens_for(steady, policy))
 
 
+def wants_memory(policy: Policy) -> bool:
+    """A cut of ``policy`` leaves a memory: ``auto`` with ``summarize`` (a summary and the index)
+    or ``index_memory`` (the index alone: ``auto`` with summaries off, ``truncate``)."""
+    if policy.mode == "auto":
+        return policy.summarize or policy.index_memory
+    return policy.mode == "truncate" and policy.index_memory
+
+
 def memory_tokens_for(budget: Budget, policy: Policy) -> int:
-    """The room a cut keeps for the memory (0 unless ``auto`` with ``summarize``)."""
-    if policy.mode != "auto" or not policy.summarize:
+    """The most room a cut keeps for the memory (0 when the policy wants none): ``MEMORY_BUDGET_SHARE``
+    of the input budget, at most ``MEMORY_MAX_TOKENS``. The room a cut keeps is sized to its
+    memory within it (``memory_room_tokens``)."""
+    if not wants_memory(policy):
         return 0
     return max(0, min(MEMORY_MAX_TOKENS, int(MEMORY_BUDGET_SHARE * budget.input_budget_tokens)))
+
+
+def index_max_chars(budget: Budget, policy: Policy) -> int:
+    """The most characters of the index (``INDEX_SHARE`` of the most room), reckoned on the budget
+    before tool definitions (as the stops are: the index of a span does not move with them)."""
+    steady = replace(budget, tool_tokens=0)
+    return int(INDEX_CHARS_PER_TOKEN * INDEX_SHARE * memory_tokens_for(steady, policy))
+
+
+def summary_tokens_for(span: MemorySpan, budget: Budget, policy: Policy, *, index_tokens: int) -> int:
+    """The tokens the summary of ``span`` may take beside an index-only memory of ``index_tokens``
+    (0 without ``summarize``): a ``SUMMARY_GROWTH_SHARE`` of the most room per memory stop the
+    span covers, at most what the index leaves of it. A pure function of the span and the budget:
+    the room of a cut and the size its summary is asked for (``MemorySpan.summary_tokens``) agree
+    on every replica."""
+    if not (policy.mode == "auto" and policy.summarize):
+        return 0
+    most = memory_tokens_for(budget, policy)
+    stops = len(span.earlier) + 1
+    return max(0, int(min(most - index_tokens, SUMMARY_GROWTH_SHARE * most * stops)))
+
+
+def memory_room_tokens(index_tokens: int, summary_tokens: int, budget: Budget, policy: Policy) -> int:
+    """The room a cut keeps for a memory of ``index_tokens`` (the index-only memory message, as
+    counted) and a summary of ``summary_tokens``: their sum rounded up to a room step, at most the
+    most room (``memory_tokens_for``)."""
+    most = memory_tokens_for(budget, policy)
+    if most <= 0:
+        return 0
+    step = max(ROOM_STEP_MIN_TOKENS, int(ROOM_STEP_SHARE * most))
+    need = max(0, index_tokens) + max(0, summary_tokens)
+    return min(most, -(-need // step) * step)
 
 
 @dataclass(frozen=True, slots=True)
 class MemorySpan:
     """The input messages a memory stands for (see the module docstring). ``earlier``: the memory
     stops before ``stop``, newest first: when the summary of this span is not there yet, the one
-    of a shorter span (an earlier cut step's) may stand in."""
+    of a shorter span (an earlier cut step's) may stand in. ``summary_tokens``: the size its
+    summary is asked for (``summary_tokens_for``; 0 when none is wanted). ``forgot``: the input
+    messages before ``at`` but the pinned ones (what the cut no longer shows whole, with the gap
+    past ``stop`` that has no summary yet): what its index reads."""
 
     at: int
     stop: int
     indices: tuple[int, ...]
     tokens: int
     earlier: tuple[int, ...] = ()
+    summary_tokens: int = 0
+    forgot: tuple[int, ...] = ()
 
     def until(self, stop: int) -> MemorySpan:
         """This span cut at ``stop`` (one of ``earlier``), for the summary of a shorter span."""
         indices = tuple(i for i in self.indices if i < stop)
         tokens = round(self.tokens * len(indices) / max(1, len(self.indices)))
-        return MemorySpan(at=self.at, stop=stop, indices=indices, tokens=tokens)
+        return MemorySpan(at=self.at, stop=stop, indices=indices, tokens=tokens, forgot=self.forgot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +187,22 @@ class Placed:
     memory_tokens: int
 
 
-def memory_text(count: int, summary: str) -> str:
+def memory_text(count: int, summary: str, index: str = "") -> str:
     """The memory as prompt text: the framing (which the engine recognises as its own, see
-    ``strategies.is_ctxproxy_note``) and the summary."""
+    ``strategies.is_ctxproxy_note``), the summary when there is one, and the index of the exact
+    strings of what it stands for (``span_index``). A pure function of its arguments."""
     noun = "message" if count == 1 else "messages"
-    return f"[ctxproxy: summary of {count:,} earlier {noun}]\n{summary.strip()}"
+    summary, index = summary.strip(), index.strip()
+    if not summary:
+        return f"[ctxproxy: index of {count:,} earlier {noun}, removed to fit the context window]\n{index}"
+    text = f"[ctxproxy: summary of {count:,} earlier {noun}]\n{summary}"
+    return f"{text}\n[ctxproxy: exact strings from them]\n{index}" if index else text
+
+
+def span_index_text(messages: Sequence[Message], span: MemorySpan, *, max_chars: int) -> str:
+    """The index of what ``span`` forgot (``span.forgot``: the messages after ``at`` are shown),
+    rendered (``span_index``)."""
+    return span_index((messages[i] for i in span.forgot), max_chars=max_chars).text()
 
 
 def memory_stops(messages: Sequence[Message], tokens: Sequence[int], *, step_tokens: int) -> list[int]:
@@ -176,8 +258,14 @@ def memory_span(
     if not indices:
         return None
     earlier = tuple(s for s in reversed(stops) if s < stop)
+    forgot = tuple(i for i in range(start, at) if i not in pinned)
     return MemorySpan(
-        at=at, stop=stop, indices=indices, tokens=sum(tokens[i] for i in indices), earlier=earlier
+        at=at,
+        stop=stop,
+        indices=indices,
+        tokens=sum(tokens[i] for i in indices),
+        earlier=earlier,
+        forgot=forgot,
     )
 
 
@@ -196,11 +284,12 @@ def place_memory(
     counter: MessageCounter,
     limit_tokens: int,
     note_at: int | None = None,
+    index: str = "",
 ) -> Placed | None:
     """``messages`` (the fitted ones; ``origins[j]`` is the input index of message ``j``, None
-    for a message the engine made) with the memory of ``span`` before the first message from
-    input index ``span.at`` on; ``note_at`` (the drop's note) is removed. None when the result's
-    tokens would exceed ``limit_tokens``."""
+    for a message the engine made) with the memory of ``span`` (its ``summary``, its ``index``)
+    before the first message from input index ``span.at`` on; ``note_at`` (the drop's note) is
+    removed. None when the result's tokens would exceed ``limit_tokens``."""
     keep = [j for j in range(len(messages)) if j != note_at]
     at = next(
         (k for k, j in enumerate(keep) if (origin := origins[j]) is not None and origin >= span.at),
@@ -209,7 +298,7 @@ def place_memory(
     previous = messages[keep[at - 1]].get("role") if at > 0 else None
     memory: dict[str, Any] = {
         "role": "assistant" if previous == "user" else "user",
-        "content": memory_text(len(span.indices), summary),
+        "content": memory_text(len(span.indices if summary.strip() else span.forgot), summary, index),
     }
     memory_tokens = counter.count_message(memory)
     out = [messages[j] for j in keep]
