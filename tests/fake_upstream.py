@@ -20,7 +20,9 @@ proxy talks to it exactly as it talks to vLLM, llama.cpp or OpenAI:
   :attr:`FakeUpstream.summary_prompt_tokens`. :attr:`FakeUpstream.summary_mode` makes those
   requests fail (``"error"``: a 500; ``"missing"``: a 404, as an upstream without that route),
   answer nothing (``"empty"``) or wait :attr:`summary_delay_s` first (``"slow"``);
-  :attr:`summary_padding` is appended to every summary (to make it long).
+  :attr:`summary_padding` is appended to every summary (to make it long); :attr:`summary_style`
+  is the summarizer's style (``tests.fake_summarizer.STYLES``: ``prose`` by default, or one of a
+  small model's bad answers).
 * ``GET /v1/models`` lists its models.
 * Every request is recorded (method, path, headers, raw body) in :attr:`FakeUpstream.requests`.
 
@@ -171,6 +173,7 @@ class FakeUpstream:
         self.summary_mode: SummaryMode = "ok"
         self.summary_delay_s = 0.0
         self.summary_padding = ""
+        self.summary_style = "prose"  # tests.fake_summarizer.STYLES
         self.summary_calls = 0
         self.summary_prompt_tokens = 0
         self.app = Starlette(
@@ -334,7 +337,9 @@ class FakeUpstream:
         cap = body.get("max_completion_tokens") or body.get("max_tokens")
         messages = body["messages"]
         user_text = "\n\n".join(prompt_text(m.get("content")) for m in messages[1:] if isinstance(m, Mapping))
-        summary = summary_answer(messages[0].get("content"), user_text, cap_tokens=cap, count_text=count_text)
+        system = messages[0].get("content")
+        style = self.summary_style
+        summary = summary_answer(system, user_text, cap_tokens=cap, count_text=count_text, style=style)
         text = "" if mode == "empty" else (summary or "") + self.summary_padding
         reply = {"role": "assistant", "content": text}
         completion = self._counter(model.encoding).counter.count_text(text)
