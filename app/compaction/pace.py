@@ -46,9 +46,9 @@ class Pace:
     @property
     def limit_s(self) -> float:
         seen = self.factor * max(self._answers) if self._answers else 0.0
-        limit = max(self.floor_s, seen) * 2**self._timeouts
+        limit: float = max(self.floor_s, seen) * 2.0**self._timeouts
         return min(self.ceiling_s, limit)
 
     @property
     def expected_s(self) -> float | None:
-        return statistics.median(self._answers) if self._answers else None
+        return float(statistics.median(self._answers)) if self._answers else None

@@ -12,10 +12,11 @@ Counters (``counters`` in the snapshot; the same keys in total and in ``counters
 (planned and forwarded, or rejected), ``changed_requests`` (cut), ``tokens_before``,
 ``tokens_after`` and ``tokens_saved`` (rejected requests forwarded nothing: no "after", nothing
 saved), ``prefix_reused_tokens``, ``emergency_retries``, ``by_outcome``, ``actions``, ``memory``
-(``summary``/``note``: what stands in for dropped turns) and ``summaries`` (``calls``,
-``failures``, ``tokens_in``, ``tokens_out``, ``cache_hit``, ``cache_miss``, ``cache_error``, from
-the summary hooks). The totals also have ``by_route``. They follow the same rules as the
-Prometheus metrics (``app.observability.metrics``), so the two agree.
+(``summary``/``index``/``note``: what stands in for dropped turns) and ``summaries`` (``calls``,
+``failures`` (``rejected`` among them: answers the summary checks refused), ``preempted``
+(cancelled by a client request, not a failure), ``tokens_in``, ``tokens_out``, ``cache_hit``,
+``cache_miss``, ``cache_error``, from the summary hooks). The totals also have ``by_route``. They
+follow the same rules as the Prometheus metrics (``app.observability.metrics``), so the two agree.
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ from .shared import SharedBoard, add_counts, merge
 RECENT_MAX = 200
 MODEL_NAME_MAX = 80
 NO_API = "no_api"  # the raw counters' bucket of the requests of no API (pass-through)
-SUMMARY_KEYS = ("calls", "failures", "tokens_in", "tokens_out", "cache_hit", "cache_miss", "cache_error")
+SUMMARY_KEYS = (
+    "calls",
+    "failures",
+    "rejected",
+    "preempted",
+    "tokens_in",
+    "tokens_out",
+    "cache_hit",
+    "cache_miss",
+    "cache_error",
+)
 
 __all__ = ["RecentRequest", "StatusBoard", "display_url"]
 
@@ -74,7 +85,7 @@ def _counters() -> dict[str, Any]:
         "emergency_retries": 0,
         "by_outcome": {},
         "actions": {},
-        "memory": {"summary": 0, "note": 0},
+        "memory": {"summary": 0, "index": 0, "note": 0},
         "summaries": dict.fromkeys(SUMMARY_KEYS, 0),
     }
 
@@ -212,7 +223,10 @@ class StatusBoard:
         with self._lock:
             summaries = self._counters_of(api)["summaries"]
             summaries["calls"] += 1
-            summaries["failures"] += outcome != "ok"
+            # A summary the checks refused failed too; one a client request cancelled did not.
+            summaries["failures"] += outcome not in ("ok", "preempted")
+            summaries["rejected"] += outcome == "rejected"
+            summaries["preempted"] += outcome == "preempted"
             summaries["tokens_in"] += max(0, tokens_in)
             summaries["tokens_out"] += max(0, tokens_out)
         self._changed()
