@@ -54,6 +54,7 @@ from app.compaction.checks import check_summary
 from app.compaction.prompts import SYSTEM_MARKER
 from app.tokenizer import counter_for
 from bench.servers import REPO, ServerPool, free_port, git_state, uvicorn_argv
+from tests.fake_summarizer import prompt_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CODE = re.compile(r"\b[A-Z]{3}-[0-9]{4}\b")
@@ -266,19 +267,11 @@ async def serve_recorder(recorder: Recorder) -> tuple[web.AppRunner, str]:
 # -- the figures ---------------------------------------------------------------------------------
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
 def placed_summaries(forwarded: dict[str, Any]) -> list[str]:
     """The summaries a forwarded request carries (the memory's summary part, index aside)."""
     out = []
     for message in forwarded.get("messages") or []:
-        text = _text(message.get("content"))
+        text = prompt_text(message.get("content"))
         head = SUMMARY_HEAD.match(text)
         if head:
             out.append(text[head.end() :].split(INDEX_HEAD, 1)[0])
@@ -317,7 +310,7 @@ def verdicts(exchanges: list[Exchange]) -> list[dict[str, Any]]:
                 "answer": e.answer,
                 "status": e.status,
                 "seconds": round(e.ended_s - e.started_s, 2),
-                "prompt_chars": sum(len(_text(m.get("content"))) for m in e.request["messages"]),
+                "prompt_chars": sum(len(prompt_text(m.get("content"))) for m in e.request["messages"]),
                 "max_tokens": cap,
                 "verdict": "ok" if rejection is None else rejection.cause,
                 "detail": "" if rejection is None else rejection.detail,

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.span_index import identifiers
+from .prompts import render_content
 
 CAUSES: tuple[str, ...] = ("empty", "template", "echo", "repetition", "invented", "unrelated", "overrun")
 MIN_WORDS = 3
@@ -91,20 +92,12 @@ class Rejection:
         return f"{self.cause}: {self.detail}"
 
 
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return ""
-
-
 def material(request: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     """``(material, instructions)`` of a summary request (see the module docstring)."""
     found: list[str] = []
     rest: list[str] = []
     for message in request:
-        text = _text(message.get("content"))
+        text = render_content(message.get("content"))
         found += [body for _, body in _SECTION.findall(text)]
         rest.append(_SECTION.sub(" ", text))
     return "\n".join(found), "\n".join(rest)
