@@ -355,23 +355,30 @@ def plan_request(
     steps, span = run(most)
     room = most
     index_chars = index_max_chars(budget, policy)
+    indexes: dict[tuple[int, ...], tuple[str, int]] = {}
+
+    def index_of(span: MemorySpan) -> tuple[str, int]:
+        """The span's index and its index-only memory's tokens (0 when empty), once a plan."""
+        found = indexes.get(span.forgot)
+        if found is None:
+            text = span_index_text(messages, span, max_chars=index_chars)
+            memory = {"role": "user", "content": memory_text(len(span.forgot), "", text)}
+            found = indexes[span.forgot] = (text, counter.count_message(memory) if text else 0)
+        return found
+
     if span is not None:
         sized = memory_room_tokens(
-            _index_tokens(messages, span, counter=counter, max_chars=index_chars),
-            summary_tokens_for(span, budget, policy, index_tokens=0),
-            budget,
-            policy,
+            index_of(span)[1], summary_tokens_for(span, budget, policy, index_tokens=0), budget, policy
         )
         if sized < most:
             steps, span = run(sized)
             room = sized
-        if span is not None:
-            index_tokens = _index_tokens(messages, span, counter=counter, max_chars=index_chars)
-            span = replace(
-                span, summary_tokens=summary_tokens_for(span, budget, policy, index_tokens=index_tokens)
-            )
     current, tokens, actions = steps.messages, steps.tokens, steps.actions
     if span is not None:
+        index, index_tokens = index_of(span)
+        span = replace(
+            span, summary_tokens=summary_tokens_for(span, budget, policy, index_tokens=index_tokens)
+        )
         current, tokens = _remember(
             current,
             tokens,
@@ -381,7 +388,7 @@ def plan_request(
             messages=messages,
             counter=counter,
             limit=limit,
-            index_chars=index_chars,
+            index=index,
         )
 
     broken = tuple(new_problems(body, current, dialect=dialect, source=parsed.messages))
@@ -427,16 +434,6 @@ def next_cut_headroom(plan: Plan, policy: Policy) -> int:
     return max(1, target - (sum(plan.message_tokens) - 1))
 
 
-def _index_tokens(
-    messages: Sequence[Message], span: MemorySpan, *, counter: MessageCounter, max_chars: int
-) -> int:
-    """The tokens of ``span``'s memory with its index alone (0 when its index is empty)."""
-    index = span_index_text(messages, span, max_chars=max_chars)
-    if not index:
-        return 0
-    return counter.count_message({"role": "user", "content": memory_text(len(span.forgot), "", index)})
-
-
 def _remember(
     current: tuple[Message, ...],
     tokens: tuple[int, ...],
@@ -447,15 +444,14 @@ def _remember(
     messages: Sequence[Message],
     counter: MessageCounter,
     limit: int,
-    index_chars: int,
+    index: str,
 ) -> tuple[tuple[Message, ...], tuple[int, ...]]:
     """The fitted messages with the memory of ``span`` in place: its summary when the provider
-    has it (or, else, the summary of one of its ``earlier`` spans) and the index of what it forgot
+    has it (or, else, the summary of one of its ``earlier`` spans) and ``index``, what it forgot
     (``summarized``, counting the messages the summary stands for); without a summary, the index
     alone (``indexed``; ``summary_failed`` too when a provider was given, with why); unchanged
     (the note and placeholders) when the memory is empty or does not fit."""
     count = len(span.indices)
-    index = span_index_text(messages, span, max_chars=index_chars)
     summary: str | None = None
     chosen = span
     if summaries is not None:

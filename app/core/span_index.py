@@ -29,7 +29,9 @@ calls' arguments by value; a tool's name and a call's id are structure, not cont
 * ``identifier``: see ``identifiers`` (tokens inside a URL or path are not repeated);
 * ``string``: a short backticked span (`` `make test` ``).
 
-The bound: when the rendered index would be longer than ``max_chars``, entries are taken in turns,
+It reads the messages from the newest back, ``INDEX_SCAN_CHARS`` characters of their text at most
+(older ones could only fill room the newer ones left). The bound: when
+the rendered index would be longer than ``max_chars``, entries are taken in turns,
 one of each kind in ``KINDS`` order, each kind's newest first (the end of a forgotten span is the
 work just before what is still shown), while they fit; the kept ones are rendered by kind, in the
 order they were first seen. So the index of a longer span (the conversation
@@ -59,43 +61,46 @@ LABELS: Mapping[str, str] = {
 # Kinds whose entries may hold spaces or commas: one per line; the others share a line.
 _LINED: frozenset[str] = frozenset({"error", "command", "string"})
 ITEM_MAX_CHARS = 160
+INDEX_SCAN_CHARS = 65_536
 _COMMAND_KEYS: frozenset[str] = frozenset({"command", "cmd", "script", "commands"})
 
-_URL = re.compile(r"https?://[^\s<>\"'`()\[\]{}]+")
+# A text is read word by word (split on white space, in C); most words of prose are plain words
+# (lowercase, or capitalized), skipped at once; the others are classified by the first of these
+# that matches the word without its surrounding punctuation.
+_PUNCTUATION = ".,;:!?'\"()[]{}<>*"
+_VERSION = re.compile(r"v?\d+\.\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?|v\d+\.\d+")
 _PATH = re.compile(
-    r"(?<![\w/.~-])(?:~|\.{1,2})?/?(?:[\w@+-][\w.@+-]*/)+[\w.@+-]*[\w@+-]"
-    r"|(?<![\w/.-])[\w@+-]+(?:\.[\w@+-]+)*\.[A-Za-z][A-Za-z0-9]{0,5}(?![\w/])"
-)
-_VERSION = re.compile(
-    r"(?<![\w.])v?\d+\.\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?(?![\w])|(?<![\w.])v\d+\.\d+(?![\w.])"
+    r"(?:~|\.{1,2})?/?(?:[\w@+-][\w.@+-]*/)+[\w.@+-]*[\w@+-]|[\w@+-]+(?:\.[\w@+-]+)*\.[A-Za-z][A-Za-z0-9]{0,5}"
 )
 _TOKEN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?")
+_BACKTICK = re.compile(r"`([^`\n]{2,80})`")
 _ERROR = re.compile(
     r"\b(?:[A-Z][A-Za-z]*(?:Error|Exception)\b|Traceback \(most recent call last\)|FAILED\b|FATAL\b"
     r"|fatal:|error(?:\[\w+\])?:|ERROR\b|panic:|Segmentation fault|command not found|No such file"
     r" or directory|Permission denied)"
 )
-_BACKTICK = re.compile(r"`([^`\n]{2,80})`")
-_PROMPTED = re.compile(r"^\s*\$ (\S.*)$")
+_PROMPTED = re.compile(r"^[ \t]*\$ (\S.*)$", re.MULTILINE)
 # A dotted token that is a sentence's last word and the next one's first ("end.The") is no file.
 _PROSE_DOT = re.compile(r"^[a-z]+\.[A-Z][a-z]+$")
 
 
+_DIGIT = re.compile(r"[0-9]").search
+_LETTER = re.compile(r"[A-Za-z]").search
+_CAMEL = re.compile(r"[a-z][A-Z]").search
+
+
 def _is_identifier(token: str) -> bool:
-    if len(token) < 3 or token.isdigit():
+    if len(token) < 3:
         return False
-    letters = any(c.isalpha() for c in token)
-    digits = any(c.isdigit() for c in token)
-    if letters and digits:
-        return True
-    if not letters:
+    if token.isalpha():  # camelCase, PascalCase, iPhone (not a word, NAME or Title)
+        return not (token.islower() or token.isupper() or token.istitle())
+    if token.isalnum():  # letters and digits
+        return not token.isdigit()
+    if not _LETTER(token):
         return False
-    if "_" in token.strip("_"):
-        return True  # snake_case, CONST_NAME
-    if "-" in token and token.replace("-", "").isupper():
-        return True  # a dashed code in capitals: ABC-DEF
-    inner = token[1:]
-    return any(c.isupper() for c in inner) and any(c.islower() for c in token)  # camelCase, PascalCase
+    if _DIGIT(token) or "_" in token.strip("_"):
+        return True  # FACT-t12, snake_case, CONST_NAME
+    return token.replace("-", "").isupper() or bool(_CAMEL(token))  # ABC-DEF, get-userName
 
 
 def identifiers(text: str) -> list[str]:
@@ -108,34 +113,39 @@ def _clip(text: str) -> str:
     return text if len(text) <= ITEM_MAX_CHARS else text[: ITEM_MAX_CHARS - 1] + "…"
 
 
+def _word_entries(word: str) -> list[tuple[str, str]]:
+    """The entries of one white-space-delimited word."""
+    if word.startswith(("http://", "https://")):
+        return [("url", word.rstrip(".,;:!?'\")]>"))]
+    core = word.strip(_PUNCTUATION)
+    if _VERSION.fullmatch(core):
+        return [("version", core)]
+    if _PATH.fullmatch(core) and ("/" in core or not _PROSE_DOT.match(core)):
+        return [("path", core)]
+    return [("identifier", token) for token in _TOKEN.findall(core) if _is_identifier(token)]
+
+
 @lru_cache(maxsize=8192)
 def _text_entries(text: str) -> tuple[tuple[str, str], ...]:
-    """The entries of one text, in order (memoized: a resent conversation's texts are the same
-    objects, whose hash Python keeps)."""
+    """The entries of one text (memoized: a resent conversation's texts are the same objects,
+    whose hash Python keeps): its error lines, prompted commands and backticked strings, then
+    what its words hold, in order."""
     out: list[tuple[str, str]] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if _ERROR.search(line):
-            out.append(("error", _clip(line)))
-        prompted = _PROMPTED.match(line)
-        if prompted:
-            out.append(("command", _clip(prompted.group(1))))
-        rest = line
-        for match in _URL.finditer(line):
-            out.append(("url", match.group(0).rstrip(".,;:!?")))
-        rest = _URL.sub(" ", rest)
-        for match in _BACKTICK.finditer(rest):
-            out.append(("string", match.group(1).strip()))
-        for match in _VERSION.finditer(rest):
-            out.append(("version", match.group(0)))
-        rest = _VERSION.sub(" ", rest)
-        for match in _PATH.finditer(rest):
-            path = match.group(0).rstrip(".")
-            if "/" in path or not _PROSE_DOT.match(path):
-                out.append(("path", path))
-        rest = _PATH.sub(" ", rest)
-        out.extend(("identifier", token) for token in identifiers(rest))
+    seen_lines: set[int] = set()
+    for match in _ERROR.finditer(text):
+        start = text.rfind("\n", 0, match.start()) + 1
+        if start not in seen_lines:
+            seen_lines.add(start)
+            end = text.find("\n", match.end())
+            out.append(("error", _clip(text[start : end if end >= 0 else len(text)])))
+    out += [("command", _clip(m.group(1))) for m in _PROMPTED.finditer(text)]
+    if "`" in text:
+        out += [("string", m.group(1).strip()) for m in _BACKTICK.finditer(text)]
+    for word in text.split():
+        core = word.strip(_PUNCTUATION)
+        if len(core) < 3 or (core.isalpha() and (core.islower() or core.istitle())):
+            continue  # a plain word
+        out += _word_entries(word)
     return tuple(out)
 
 
@@ -235,43 +245,71 @@ def _render(entries: Sequence[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+_LABEL_CHARS = {kind: len(label) + 2 for kind, label in LABELS.items()}
+_SMALLEST = 3  # the fewest characters an entry takes (a short one and its separator)
+
+
 def _rendered_chars(kind: str, text: str) -> int:
     return len(text) + (3 if kind in _LINED else 2)
 
 
+def _message_chars(message: Message) -> int:
+    chars = sum(len(text) for text in _content_texts(message.get("content")))
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, Mapping) else None
+            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            chars += len(arguments) if isinstance(arguments, str) else 0
+    return chars
+
+
 def span_index(messages: Iterable[Message], *, max_chars: int) -> SpanIndex:
     """The index of ``messages`` (see the module docstring), at most ``max_chars`` rendered."""
+    if max_chars <= 0:
+        return SpanIndex()
+    window = list(messages)
+    # The newest messages back, ``INDEX_SCAN_CHARS`` of text at most: the older ones could only
+    # fill room the newer ones left (and reading all of a long agent session would cost more than
+    # its counting).
+    start, scanned = len(window), 0
+    while start > 0 and scanned < INDEX_SCAN_CHARS:
+        start -= 1
+        scanned += _message_chars(window[start])
     first_seen: dict[tuple[str, str], int] = {}
     last_seen: dict[tuple[str, str], int] = {}
     position = 0
-    for message in messages:
+    for message in window[start:]:
         for entry in message_entries(message):
-            if entry[1]:
-                first_seen.setdefault(entry, position)
-                last_seen[entry] = position
-                position += 1
-    if not first_seen or max_chars <= 0:
+            if entry not in first_seen:
+                first_seen[entry] = position
+            last_seen[entry] = position
+            position += 1
+    if not first_seen:
         return SpanIndex()
     # Round robin over the kinds (``KINDS`` order), each kind's entries newest first: a bound
     # that binds leaves every kind some room and the newest of each.
-    queues = {
-        kind: sorted((e for e in first_seen if e[0] == kind), key=last_seen.__getitem__) for kind in KINDS
-    }
+    queues: dict[str, list[tuple[str, str]]] = {kind: [] for kind in KINDS}
+    for entry in sorted(last_seen, key=last_seen.__getitem__):
+        queues[entry[0]].append(entry)
     kept: list[tuple[str, str]] = []
-    labelled: set[str] = set()
+    taken: set[str] = set()
     used = 0
-    while any(queues.values()):
-        for kind in KINDS:
+    active = [kind for kind in KINDS if queues[kind]]
+    while active and used + _SMALLEST <= max_chars:
+        for kind in tuple(active):
             queue = queues[kind]
             while queue:
                 entry = queue.pop()  # the newest left
                 # A label line per kind, paid by its first entry.
-                cost = _rendered_chars(kind, entry[1]) + (0 if kind in labelled else len(LABELS[kind]) + 2)
+                cost = _rendered_chars(kind, entry[1]) + (_LABEL_CHARS[kind] if kind not in taken else 0)
                 if used + cost <= max_chars:
                     kept.append(entry)
-                    labelled.add(kind)
+                    taken.add(kind)
                     used += cost
                     break
+            if not queue:
+                active.remove(kind)
     rank = {kind: n for n, kind in enumerate(KINDS)}
     kept.sort(key=lambda e: (rank[e[0]], first_seen[e]))
     return SpanIndex(tuple(kept))
