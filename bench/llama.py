@@ -314,6 +314,7 @@ def verdicts(exchanges: list[Exchange]) -> list[dict[str, Any]]:
                 "max_tokens": cap,
                 "verdict": "ok" if rejection is None else rejection.cause,
                 "detail": "" if rejection is None else rejection.detail,
+                "request": e.request["messages"],
             }
         )
     return out
@@ -404,6 +405,11 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
     return result
 
 
+def _brief(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary call's record without its request (the fixtures keep the requests)."""
+    return {k: v for k, v in summary.items() if k != "request"}
+
+
 def _fmt(value: Any, digits: int = 2) -> str:
     if value is None:
         return "n/a"
@@ -470,7 +476,10 @@ async def amain(args: argparse.Namespace) -> None:
     text = render(runs, args)
     (args.out / f"{args.name}.md").write_text(text, encoding="utf-8")
     (args.out / f"{args.name}.json").write_text(
-        json.dumps([{"figures": r["figures"], "summaries": r["summaries"]} for r in runs], indent=1),
+        json.dumps(
+            [{"figures": r["figures"], "summaries": [_brief(s) for s in r["summaries"]]} for r in runs],
+            indent=1,
+        ),
         encoding="utf-8",
     )
     if args.fixtures is not None:
