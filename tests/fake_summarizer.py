@@ -111,9 +111,16 @@ LEADS = (
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "summaries"
 
 
+_LEAD_INS = tuple(lead.removesuffix("{}") for lead in LEADS)
+
+
 def _lead(sentence: str) -> str:
-    """``sentence`` in its lead-in (a transcript's message label is no prose: left out)."""
-    return LEADS[zlib.crc32(sentence.encode()) % len(LEADS)].format(_LABEL.sub("", sentence))
+    """``sentence`` in its lead-in (a transcript's message label is no prose, and a point of an
+    earlier summary keeps its own lead-in rather than a second one: left out)."""
+    bare = _LABEL.sub("", sentence)
+    while bare.startswith(_LEAD_INS):
+        bare = bare[next(len(lead) for lead in _LEAD_INS if bare.startswith(lead)) :]
+    return LEADS[zlib.crc32(bare.encode()) % len(LEADS)].format(bare)
 
 
 def salient_summary(

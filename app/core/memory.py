@@ -83,7 +83,7 @@ MEMORY_STEP_FACTOR = 4
 MEMORY_GAP_FACTOR = 2
 # The index's share of the memory's most room, and the characters it may take per token of it
 # (identifiers and paths cut into short tokens: about three characters each).
-INDEX_SHARE = 0.5
+INDEX_SHARE = 0.6
 INDEX_CHARS_PER_TOKEN = 3
 # A summary may take this share of the most room per memory stop it covers (the first one a
 # quarter, the fourth and later all of it): the previous memory and a bounded growth.
@@ -125,7 +125,7 @@ def index_max_chars(budget: Budget, policy: Policy) -> int:
     """The most characters of the index (``INDEX_SHARE`` of the most room), reckoned on the budget
     before tool definitions (as the stops are: the index of a span does not move with them)."""
     steady = replace(budget, tool_tokens=0)
-    return int(INDEX_CHARS_PER_TOKEN * INDEX_SHARE * memory_tokens_for(steady, policy))
+    return round(INDEX_CHARS_PER_TOKEN * INDEX_SHARE * memory_tokens_for(steady, policy))
 
 
 def summary_tokens_for(span: MemorySpan, budget: Budget, policy: Policy, *, index_tokens: int) -> int:

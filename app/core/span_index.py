@@ -26,16 +26,18 @@ calls' arguments by value; a tool's name and a call's id are structure, not cont
 * ``error``: a line naming an error (``ValueError: ...``, ``error:``, ``Traceback``, ``FAILED``,
   ``panic:``...), at most ``ITEM_MAX_CHARS``;
 * ``version``: ``1.2.3``, ``v2.0``, ``3.11.7-rc1``;
-* ``identifier``: see ``identifiers`` (tokens inside a URL or path are not repeated);
+* ``identifier``: see ``identifiers`` (tokens inside a URL or path are not repeated; not from a
+  call's arguments, the model's own choices);
 * ``string``: a short backticked span (`` `make test` ``).
 
 It reads the messages from the newest back, ``INDEX_SCAN_CHARS`` characters of their text at most
-(older ones could only fill room the newer ones left). The bound: when
-the rendered index would be longer than ``max_chars``, entries are taken in turns,
-one of each kind in ``KINDS`` order, each kind's newest first (the end of a forgotten span is the
-work just before what is still shown), while they fit; the kept ones are rendered by kind, in the
-order they were first seen. So the index of a longer span (the conversation
-grown) holds what the shorter one held until the bound binds, and then the newest.
+(older ones could only fill room the newer ones left). An identifier found inside a longer
+identifier, a path or a URL the index holds is left out. The bound: when the rendered index would
+be longer than ``max_chars``, the kind that has used the fewest characters takes its newest entry
+next (the end of a forgotten span is the work just before what is still shown), while they fit; the
+kept ones are rendered by kind, oldest first (the order they were last seen in). So the index of a
+longer span (the conversation grown) holds what the shorter one held until the bound binds, and
+then the newest.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ LABELS: Mapping[str, str] = {
 # Kinds whose entries may hold spaces or commas: one per line; the others share a line.
 _LINED: frozenset[str] = frozenset({"error", "command", "string"})
 ITEM_MAX_CHARS = 160
-INDEX_SCAN_CHARS = 65_536
+INDEX_SCAN_CHARS = 262_144
 _COMMAND_KEYS: frozenset[str] = frozenset({"command", "cmd", "script", "commands"})
 
 # A text is read word by word (split on white space, in C); most words of prose are plain words
@@ -162,23 +164,33 @@ def _strings(value: object) -> Iterator[tuple[str | None, str]]:
             stack.extend((key, v) for v in reversed(item))
 
 
-def _call_entries(arguments: object) -> list[tuple[str, str]]:
-    """The entries of a tool call's arguments: a command argument is a command; every string
-    value is read as text (never the keys)."""
+def _call_entries(arguments: object) -> tuple[tuple[str, str], ...]:
+    """The entries of a tool call's arguments: a command argument is a command; every other
+    string value is read as text (never the keys) for the files, URLs, versions and strings it
+    names. Its identifiers are not taken: they are the model's own choices (a query, a call's
+    handle), while the identifiers worth keeping are in what was read and said."""
     if isinstance(arguments, str):
-        try:
-            value: object = json.loads(arguments)
-        except ValueError:
-            value = arguments
-    else:
+        return _arguments_entries(arguments)
+    return _value_entries(arguments)
+
+
+@lru_cache(maxsize=8192)
+def _arguments_entries(arguments: str) -> tuple[tuple[str, str], ...]:
+    try:
+        value: object = json.loads(arguments)
+    except ValueError:
         value = arguments
+    return _value_entries(value)
+
+
+def _value_entries(value: object) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
     for key, text in _strings(value):
         if key is not None and key.lower() in _COMMAND_KEYS and text.strip():
             out.append(("command", _clip(text.strip().splitlines()[0])))
         else:
-            out.extend(_text_entries(text))
-    return out
+            out.extend(entry for entry in _text_entries(text) if entry[0] != "identifier")
+    return tuple(out)
 
 
 def _content_texts(content: object) -> Iterator[str]:
@@ -264,6 +276,27 @@ def _message_chars(message: Message) -> int:
     return chars
 
 
+def _texts_key(message: Message) -> tuple[str | None, tuple[object, ...]] | None:
+    """What a message's entries depend on, hashable (its strings: Python keeps their hashes), or
+    None when it is not that simple (parts, a legacy function call)."""
+    content = message.get("content")
+    if (content is not None and not isinstance(content, str)) or "function_call" in message:
+        return None
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return (content, ())
+    arguments = [c.get("function") if isinstance(c, Mapping) else None for c in calls]
+    return (content, tuple(f.get("arguments") if isinstance(f, Mapping) else None for f in arguments))
+
+
+def _key_entries(key: tuple[str | None, tuple[object, ...]]) -> list[tuple[str, str]]:
+    content, arguments = key
+    out = list(_text_entries(content)) if content else []
+    for argument in arguments:
+        out.extend(_call_entries(argument))
+    return out
+
+
 def span_index(messages: Iterable[Message], *, max_chars: int) -> SpanIndex:
     """The index of ``messages`` (see the module docstring), at most ``max_chars`` rendered."""
     if max_chars <= 0:
@@ -276,42 +309,69 @@ def span_index(messages: Iterable[Message], *, max_chars: int) -> SpanIndex:
     while start > 0 and scanned < INDEX_SCAN_CHARS:
         start -= 1
         scanned += _message_chars(window[start])
-    first_seen: dict[tuple[str, str], int] = {}
-    last_seen: dict[tuple[str, str], int] = {}
-    position = 0
-    for message in window[start:]:
-        for entry in message_entries(message):
-            if entry not in first_seen:
-                first_seen[entry] = position
-            last_seen[entry] = position
-            position += 1
-    if not first_seen:
-        return SpanIndex()
-    # Round robin over the kinds (``KINDS`` order), each kind's entries newest first: a bound
-    # that binds leaves every kind some room and the newest of each.
+    keys = [_texts_key(m) for m in window[start:]]
+    if all(key is not None for key in keys):
+        return _indexed(tuple(keys), max_chars)
+    return _select([message_entries(m) for m in window[start:]], max_chars)
+
+
+@lru_cache(maxsize=64)
+def _indexed(keys: tuple[tuple[str | None, tuple[object, ...]], ...], max_chars: int) -> SpanIndex:
+    """``span_index`` of messages known by their texts, memoized (content-addressed: a resent
+    conversation's index is read again, not made again; the same texts give the same index to
+    anyone)."""
+    return _select([_key_entries(key) for key in keys], max_chars)
+
+
+def _select(entries: Sequence[Sequence[tuple[str, str]]], max_chars: int) -> SpanIndex:
+    """The index of the messages whose ``entries`` (each message's, oldest message first) it
+    reads."""
+    # Each kind's entries, newest first, deduplicated; a kind stops collecting once it holds the
+    # whole bound (no fair share could take more of it).
     queues: dict[str, list[tuple[str, str]]] = {kind: [] for kind in KINDS}
-    for entry in sorted(last_seen, key=last_seen.__getitem__):
-        queues[entry[0]].append(entry)
+    collected = dict.fromkeys(KINDS, 0)
+    seen: set[tuple[str, str]] = set()
+    for found in reversed(entries):
+        for entry in reversed(found):
+            kind = entry[0]
+            if collected[kind] >= max_chars or entry in seen or not entry[1]:
+                continue
+            seen.add(entry)
+            queues[kind].append(entry)
+            collected[kind] += len(entry[1]) + 2
+    # Fair shares: the kind that has used the fewest characters takes its newest entry left that
+    # fits (``KINDS`` order among equals), so a bound that binds leaves every kind about the same
+    # room and the newest of each. An identifier inside a longer identifier, path or URL kept
+    # already says nothing more ("58x0" of "FACT-r58x0", "module_5" of "src/module_5.py").
     kept: list[tuple[str, str]] = []
-    taken: set[str] = set()
+    names = ""
+    used_by = dict.fromkeys(KINDS, 0)
     used = 0
+    rank = {kind: n for n, kind in enumerate(KINDS)}
+    heads = dict.fromkeys(KINDS, 0)
     active = [kind for kind in KINDS if queues[kind]]
     while active and used + _SMALLEST <= max_chars:
-        for kind in tuple(active):
-            queue = queues[kind]
-            while queue:
-                entry = queue.pop()  # the newest left
-                # A label line per kind, paid by its first entry.
-                cost = _rendered_chars(kind, entry[1]) + (_LABEL_CHARS[kind] if kind not in taken else 0)
-                if used + cost <= max_chars:
-                    kept.append(entry)
-                    taken.add(kind)
-                    used += cost
-                    break
-            if not queue:
-                active.remove(kind)
-    rank = {kind: n for n, kind in enumerate(KINDS)}
-    kept.sort(key=lambda e: (rank[e[0]], first_seen[e]))
+        kind = min(active, key=lambda k: (used_by[k], rank[k]))
+        queue = queues[kind]
+        while heads[kind] < len(queue):
+            entry = queue[heads[kind]]  # the newest left
+            heads[kind] += 1
+            if kind == "identifier" and entry[1] in names:
+                continue
+            # A label line per kind, paid by its first entry.
+            cost = _rendered_chars(kind, entry[1]) + (0 if used_by[kind] else _LABEL_CHARS[kind])
+            if used + cost <= max_chars:
+                kept.append(entry)
+                if kind in ("identifier", "path", "url"):
+                    names += "\0" + entry[1]
+                used_by[kind] += cost
+                used += cost
+                break
+        if heads[kind] >= len(queue):
+            active.remove(kind)
+    # Rendered by kind, oldest first (the order they were last seen in).
+    order = {entry: n for n, entry in enumerate(e for queue in queues.values() for e in queue)}
+    kept.sort(key=lambda e: (rank[e[0]], -order[e]))
     return SpanIndex(tuple(kept))
 
 

@@ -162,9 +162,9 @@ def test_the_room_is_the_memory_it_will_hold_in_steps() -> None:
     assert summary_tokens_for(later, big, policy, index_tokens=100) == 1400
     assert summary_tokens_for(later, big, policy, index_tokens=2000) == 0
     assert summary_tokens_for(later, big, Policy(index_memory=True), index_tokens=0) == 0
-    # The index's characters: half the most room, three a token, before tool definitions.
+    # The index's characters: 60% of the most room, three a token, before tool definitions.
     tools = Budget(window_tokens=10_000, reserve_tokens=0, margin_tokens=0, tool_tokens=4000)
-    assert index_max_chars(big, policy) == index_max_chars(tools, policy) == 2250
+    assert index_max_chars(big, policy) == index_max_chars(tools, policy) == 2700
 
 
 def test_the_memory_replaces_the_note_where_the_forgetting_ends(counter: FakeMessageCounter) -> None:
