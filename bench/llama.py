@@ -27,18 +27,24 @@ proxied request spent besides the model's own work on it (the client's latency l
 the proxy's ``CTXPROXY_SUMMARY_TIMEOUT_S``). ``--runs N`` alternates the order of the sessions.
 
 ``--fixtures FILE`` saves every summary answer with its request's size and verdict as JSON (the
-bad answers of a real small model: ``tests/fixtures/summaries/``). Writes ``--out`` (markdown and
-JSON). The machine may be shared: timings are ratios within one run.
+bad answers of a real small model: ``tests/fixtures/summaries/``). ``--capture N``: instead of the
+sessions, N summary requests of the chat's first 4, 8, 12... turns, built by ``--tree``'s own
+prompts (``app/compaction/prompts.py`` of that checkout: the prompt before a change, or this one),
+sent straight to the server with ``--capture-tokens`` as their cap and no time limit: what the model
+writes when nothing else competes for it. Writes ``--out`` (markdown and JSON). The machine may be
+shared: timings are ratios within one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
 import re
+import signal
 import statistics
 import time
 from collections.abc import Iterator
@@ -494,6 +500,70 @@ async def amain(args: argparse.Namespace) -> None:
     print(text)
 
 
+def tree_prompts(tree: Path) -> Any:
+    """``tree``'s own ``app/compaction/prompts.py`` (standalone: it imports the standard library
+    only)."""
+    path = tree / "app" / "compaction" / "prompts.py"
+    spec = importlib.util.spec_from_file_location(f"prompts_of_{abs(hash(str(tree)))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def capture(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The model's answers to summary requests of the chat (see ``--capture``)."""
+    prompts = tree_prompts(args.tree)
+    histories = list(chat_turns(args.seed, args.turns))
+    out: list[dict[str, Any]] = []
+    count = counter_for("o200k_base").count_text
+    with ServerPool() as pool:
+        server = start_llama(pool, "capture", args, ctx=args.ctx)
+        async with httpx.AsyncClient(base_url=server, timeout=3600) as client:
+            for n in range(args.capture):
+                turns = 4 * (n + 1)
+                span = histories[min(turns, len(histories)) - 1][
+                    1:-1
+                ]  # the system prompt and the new turn aside
+                transcript = "\n\n".join(prompts.render_messages(span))
+                try:
+                    request = prompts.summarize_messages(transcript, reply_tokens=args.capture_tokens)
+                except TypeError:  # a prompt of before issue 28: no size in it
+                    request = prompts.summarize_messages(transcript)
+                body = {"model": "local", "messages": request, "max_tokens": args.capture_tokens}
+                started = time.perf_counter()
+                response = await client.post("/v1/chat/completions", json=body)
+                answer = str(response.json()["choices"][0]["message"]["content"] or "")
+                rejection = check_summary(
+                    answer, request=request, cap_tokens=2 * args.capture_tokens, count_text=count
+                )
+                out.append(
+                    {
+                        "prompt_version": prompts.PROMPT_VERSION,
+                        "turns": turns,
+                        "answer": answer,
+                        "status": response.status_code,
+                        "seconds": round(time.perf_counter() - started, 1),
+                        "prompt_chars": sum(len(m["content"]) for m in request),
+                        "max_tokens": args.capture_tokens,
+                        "verdict": "ok" if rejection is None else rejection.cause,
+                        "detail": "" if rejection is None else rejection.detail,
+                        "request": request,
+                    }
+                )
+                print(json.dumps(_brief(out[-1]))[:400], flush=True)
+    return out
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C: every server this run started is stopped on the way out."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--server", required=True, help="the llama-server binary")
@@ -510,9 +580,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout whose proxy runs")
     parser.add_argument("--proxy-env", action="append", default=[], metavar="CTXPROXY_X=V")
     parser.add_argument("--fixtures", type=Path, default=None, help="save the summary answers (JSON)")
+    parser.add_argument("--capture", type=int, default=0, help="N summary requests straight to the server")
+    parser.add_argument("--capture-tokens", type=int, default=160)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="llama")
-    asyncio.run(amain(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    _stop_on_sigterm()
+    if args.capture:
+        answers = asyncio.run(capture(args))
+        if args.fixtures is not None:
+            data = {"model": os.path.basename(args.model), "answers": answers}
+            if args.fixtures.exists():  # answers to another prompt saved before: kept beside
+                data["answers"] = json.loads(args.fixtures.read_text(encoding="utf-8"))["answers"] + answers
+            args.fixtures.parent.mkdir(parents=True, exist_ok=True)
+            args.fixtures.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+        return
+    asyncio.run(amain(args))
 
 
 if __name__ == "__main__":
