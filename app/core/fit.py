@@ -66,7 +66,6 @@ from .conversation import Conversation
 from .dialect import Dialect
 from .dialects import DEFAULT_DIALECT
 from .memory import (
-    MEMORY_GAP_FACTOR,
     MemorySpan,
     Placed,
     index_max_chars,
@@ -345,7 +344,6 @@ def plan_request(
             forgotten=steps.forgotten,
             pinned=pinned,
             step_tokens=memory_step_tokens(budget, policy),
-            gap_tokens=MEMORY_GAP_FACTOR * most,
         )
         return steps, span
 
@@ -449,12 +447,13 @@ def _remember(
     """The fitted messages with the memory of ``span`` in place: its summary when the provider
     has it (or, else, the summary of one of its ``earlier`` spans) and ``index``, what it forgot
     (``summarized``, counting the messages the summary stands for); without a summary, the index
-    alone (``indexed``; ``summary_failed`` too when a provider was given, with why); unchanged
+    alone (``indexed``; ``summary_failed`` too when a provider was given for a span that has one to
+    give, with why); unchanged
     (the note and placeholders) when the memory is empty or does not fit."""
     count = len(span.indices)
     summary: str | None = None
     chosen = span
-    if summaries is not None:
+    if summaries is not None and span.indices:  # before the first memory stop: the index alone
         for candidate in (span, *(span.until(stop) for stop in span.earlier)):
             found = summaries.summary_for(span_messages(messages, candidate))
             if isinstance(found, str) and found.strip():

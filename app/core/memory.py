@@ -23,7 +23,7 @@ INTERFACE CONTRACT (``fit.py`` places the memory; the service summarizes its spa
   of this one is not there yet, so a late summary never takes away the memory a request had),
   ``summary_tokens`` (the size of its summary) and ``forgot`` (what its index reads).
 * ``memory_stops(messages, tokens, *, step_tokens) -> list[int]`` and ``memory_span(messages,
-  tokens, *, forgotten, pinned, step_tokens, gap_tokens=0) -> MemorySpan | None``.
+  tokens, *, forgotten, pinned, step_tokens) -> MemorySpan | None``.
 * ``memory_text(count, summary, index="") -> str`` and ``MEMORY_HEAD_RE`` (the framing, a pure
   function of the span's size, its summary and its index: with no summary, the index alone);
   ``span_index_text(messages, span, *, max_chars)`` (the index of what it forgot,
@@ -46,13 +46,13 @@ conversation's own start, so while a cut moves by a unit or a block the memory s
 and it moves on in steps of at least ``S`` tokens: one summary call, folding the previous summary
 with the next step's messages, so every forgotten token is summarized about once and the previous
 summary sent again is at most a quarter of the call. A cut past the last stop (within a step of
-the conversation's end) keeps the memory at the last stop while what it forgot after that stop
-is less than two memories' worth (``MEMORY_GAP_FACTOR``): that gap has no summary (the note and
-placeholders stand for it) until the conversation grows past the next stop, a request or two
-later, which costs less than a summary call for a few messages at every cut step; a larger gap is
-summarized up to the cut itself (the next stop's summary folds on from there). So the memory of
-one cut is a function of the conversation's own messages and of where the cut is, and as a
-session grows it only moves forward (``app.compaction`` folds the previous summary).
+the conversation's end) keeps the summary at the last stop: what it forgot after that stop has
+its index alone until the conversation grows past the next stop; before the first stop there is
+no summary, the index stands for everything (``indices`` empty, ``forgot`` not). So a summary is
+asked for once per memory step, never per cut step (an agent whose every request adds a large
+tool result moves its cut every request). The memory of one cut is a function of the
+conversation's own messages and of where the cut is, and as a session grows it only moves
+forward (``app.compaction`` folds the previous summary).
 
 Where it goes: before the first kept message at or after F, the place where the forgetting ends
 (so what it also covers of the messages after it is shown right after it); a prune that moves on
@@ -80,7 +80,6 @@ from .tokens import MessageCounter
 MEMORY_MAX_TOKENS = 4096
 MEMORY_BUDGET_SHARE = 0.15
 MEMORY_STEP_FACTOR = 4
-MEMORY_GAP_FACTOR = 2
 # The index's share of the memory's most room, and the characters it may take per token of it
 # (identifiers and paths cut into short tokens: about three characters each).
 INDEX_SHARE = 0.6
@@ -122,10 +121,8 @@ def memory_tokens_for(budget: Budget, policy: Policy) -> int:
 
 
 def index_max_chars(budget: Budget, policy: Policy) -> int:
-    """The most characters of the index (``INDEX_SHARE`` of the most room), reckoned on the budget
-    before tool definitions (as the stops are: the index of a span does not move with them)."""
-    steady = replace(budget, tool_tokens=0)
-    return round(INDEX_CHARS_PER_TOKEN * INDEX_SHARE * memory_tokens_for(steady, policy))
+    """The most characters of the index (``INDEX_SHARE`` of the most room)."""
+    return round(INDEX_CHARS_PER_TOKEN * INDEX_SHARE * memory_tokens_for(budget, policy))
 
 
 def summary_tokens_for(span: MemorySpan, budget: Budget, policy: Policy, *, index_tokens: int) -> int:
@@ -134,7 +131,7 @@ def summary_tokens_for(span: MemorySpan, budget: Budget, policy: Policy, *, inde
     span covers, at most what the index leaves of it. A pure function of the span and the budget:
     the room of a cut and the size its summary is asked for (``MemorySpan.summary_tokens``) agree
     on every replica."""
-    if not (policy.mode == "auto" and policy.summarize):
+    if not (policy.mode == "auto" and policy.summarize) or not span.indices:
         return 0
     most = memory_tokens_for(budget, policy)
     stops = len(span.earlier) + 1
@@ -159,8 +156,8 @@ class MemorySpan:
     stops before ``stop``, newest first: when the summary of this span is not there yet, the one
     of a shorter span (an earlier cut step's) may stand in. ``summary_tokens``: the size its
     summary is asked for (``summary_tokens_for``; 0 when none is wanted). ``forgot``: the input
-    messages before ``at`` but the pinned ones (what the cut no longer shows whole, with the gap
-    past ``stop`` that has no summary yet): what its index reads."""
+    messages before ``at`` but the pinned ones (what the cut no longer shows whole, with what lies
+    past ``stop``, which has no summary yet): what its index reads."""
 
     at: int
     stop: int
@@ -232,7 +229,6 @@ def memory_span(
     forgotten: Iterable[int],
     pinned: frozenset[int],
     step_tokens: int,
-    gap_tokens: int = 0,
 ) -> MemorySpan | None:
     """The span of input ``messages`` (with the client's per-message ``tokens``) a memory stands
     for, given the input indices a cut ``forgotten``; None when nothing was."""
@@ -241,24 +237,19 @@ def memory_span(
         return None
     at = next((unit.stop for unit in group_units(messages) if unit.start <= last < unit.stop), last + 1)
     stops = memory_stops(messages, tokens, step_tokens=step_tokens)
-    # The next stop; past the last one (the conversation has not grown a step past the cut yet),
-    # the last one when what lies between it and the cut is less than ``gap_tokens`` (it has no
-    # summary until the next stop exists; the note and placeholders stand for it), rather than a
-    # summary call for a few messages; else the cut itself.
-    stop = next((s for s in stops if s >= at), None)
-    if stop is None:
-        last_stop = stops[-1] if stops else None
-        gap = sum(tokens[last_stop:at]) if last_stop is not None else gap_tokens
-        stop = last_stop if last_stop is not None and gap < gap_tokens else at
     turns = group_turns(messages)
     start = turns[0].start if turns else at
+    # The summary ends at a memory stop, never at the cut itself (one call per memory step, not
+    # per cut step): the next stop; past the last one (the conversation has not grown a step past
+    # the cut yet), the last one; before the first, none (what lies past it has the index alone).
+    stop = next((s for s in stops if s >= at), stops[-1] if stops else start)
     # The newest user message is never forgotten, but it is covered like any shown message: when a
     # newer one arrives it is the same span's prefix, so the chain folds on instead of starting over.
     indices = tuple(i for i in range(start, stop) if i not in pinned)
-    if not indices:
+    forgot = tuple(i for i in range(start, at) if i not in pinned)
+    if not indices and not forgot:
         return None
     earlier = tuple(s for s in reversed(stops) if s < stop)
-    forgot = tuple(i for i in range(start, at) if i not in pinned)
     return MemorySpan(
         at=at,
         stop=stop,

@@ -81,30 +81,26 @@ def test_the_span_covers_up_to_the_next_stop_and_skips_the_pinned(counter: FakeM
     assert shorter.indices == tuple(i for i in span.indices if i < shorter.stop)
 
 
-def test_past_the_last_stop_the_memory_stays_at_it_unless_the_gap_is_large(
-    counter: FakeMessageCounter,
-) -> None:
+def test_the_summary_ends_at_a_memory_stop_never_at_the_cut(counter: FakeMessageCounter) -> None:
     messages = chat(20)
     tokens = counter.count_messages(messages)
     stops = memory_stops(messages, tokens, step_tokens=100)
     last = len(messages) - 2
     assert last > stops[-1]
-    gap = sum(tokens[stops[-1] : last])
 
-    def span_with(gap_tokens: int) -> MemorySpan | None:
+    def span_of(forgotten: int, step_tokens: int = 100) -> MemorySpan | None:
         return memory_span(
-            messages,
-            tokens,
-            forgotten={last - 1},
-            pinned=frozenset({0}),
-            step_tokens=100,
-            gap_tokens=gap_tokens,
+            messages, tokens, forgotten={forgotten}, pinned=frozenset({0}), step_tokens=step_tokens
         )
 
-    small = span_with(gap + 1)  # the gap is less than the threshold: no call for it yet
-    assert small is not None and small.at == last and small.stop == stops[-1]
-    large = span_with(gap)  # a gap that is worth a call: summarized up to the cut
-    assert large is not None and large.at == last == large.stop
+    # Past the last stop: the summary stays at it, whatever the gap; the index reads it all.
+    past = span_of(last - 1)
+    assert past is not None and past.at == last and past.stop == stops[-1]
+    assert past.forgot == tuple(range(1, last)) and past.indices == tuple(range(1, stops[-1]))
+    # Before the first stop: no summary at all, the index alone.
+    first = span_of(2, step_tokens=10_000)
+    assert first is not None and first.indices == () and first.forgot == (1, 2)
+    assert summary_tokens_for(first, budget(10_000), Policy(summarize=True), index_tokens=0) == 0
 
 
 def test_nothing_forgotten_is_no_memory(counter: FakeMessageCounter) -> None:
@@ -162,9 +158,8 @@ def test_the_room_is_the_memory_it_will_hold_in_steps() -> None:
     assert summary_tokens_for(later, big, policy, index_tokens=100) == 1400
     assert summary_tokens_for(later, big, policy, index_tokens=2000) == 0
     assert summary_tokens_for(later, big, Policy(index_memory=True), index_tokens=0) == 0
-    # The index's characters: 60% of the most room, three a token, before tool definitions.
-    tools = Budget(window_tokens=10_000, reserve_tokens=0, margin_tokens=0, tool_tokens=4000)
-    assert index_max_chars(big, policy) == index_max_chars(tools, policy) == 2700
+    # The index's characters: 60% of the most room, three a token.
+    assert index_max_chars(big, policy) == 2700
 
 
 def test_the_memory_replaces_the_note_where_the_forgetting_ends(counter: FakeMessageCounter) -> None:
