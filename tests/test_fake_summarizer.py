@@ -112,5 +112,12 @@ def test_every_bad_style_is_refused_by_the_summary_checks() -> None:
         "invent": "invented",
         "empty": "empty",
     }
+    real = summary_answer(
+        request[0]["content"], request[1]["content"], cap_tokens=120, count_text=words, style="real"
+    )
+    assert (
+        real is not None
+        and check_summary(real, request=request, cap_tokens=120, count_text=words) is not None
+    )
     good = summary_answer(request[0]["content"], request[1]["content"], cap_tokens=120, count_text=words)
     assert good is not None and check_summary(good, request=request, cap_tokens=120, count_text=words) is None
