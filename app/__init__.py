@@ -1,8 +1,9 @@
 """ctxproxy: an OpenAI-compatible proxy that keeps every LLM request inside the model's context window.
 
 The installed import package is ``ctxproxy``. Its in-process API (see ``ctxproxy.engine``):
-``fit(body, *, api="chat", window_tokens=None, ...) -> FitResult``, ``count(body, *, api="chat")``,
-``FitResult``, ``InvalidRequest`` and ``APIS`` (the wire APIs it fits). Importing the package does
+``fit(body, *, api=None, window_tokens=None, ...) -> FitResult``, ``count(body, *, api=None)``
+(``api`` detected from the body when not given), ``FitResult``, ``InvalidRequest`` and ``APIS``
+(the wire APIs it fits). Importing the package does
 nothing but define ``__version__``: those names load the engine on first use.
 """
 

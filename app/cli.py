@@ -20,7 +20,6 @@ a demo turn that failed, ``models --upstream/--proxy`` that found no model), 2 b
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -181,12 +180,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .settings import worker_environment
+    from .core.dialects import DIALECTS
+    from .settings import InvalidSettings, worker_environment
 
     settings = _settings(warn=False)  # the app logs them, with its start-up lines
     # Everything create_app would stop on, checked here where it can be one clean line and exit
     # code 2 (uvicorn would print a traceback and exit 3).
     _registry(None, warn=False)
+    try:
+        settings.require_apis(tuple(DIALECTS))
+    except InvalidSettings as exc:
+        raise CliError("\nctxproxy: error: ".join(exc.lines)) from None
     # On SIGTERM uvicorn stops accepting, drains in-flight requests for up to the grace period,
     # then re-raises the signal to whatever handler was there before it: with this one, a stop
     # that was asked for ends with exit code 0 instead of death by signal.
@@ -262,42 +266,44 @@ def _read_body(path: Path) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from . import tokenizer
     from .core.dialects import DIALECTS
     from .core.errors import InvalidRequest
-    from .core.fit import plan_request
-    from .core.routes import detect
-    from .core.tokens import MessageCounter
+    from .core.routes import RouteMatch, detect
+    from .service.planner import offline_planner
     from .service.report import plan_report
-    from .tokenizer import counter_for
+    from .service.request import RequestOptions
 
     body = _read_body(args.file)
     dialect = DIALECTS[args.api] if args.api is not None else detect(DIALECTS, body, {})
-    try:
-        model = dialect.model_of(body, {})
-    except InvalidRequest:
-        raise CliError("the request body has no 'model' (a string)") from None
     registry = _registry(args.models_file)
-    spec = registry.resolve(model)
-    if args.model_window is not None:
-        spec = dataclasses.replace(spec, window_tokens=args.model_window, source="cli")
-    policy = (
-        _settings(warn=False)  # warned by _registry already
-        .fit_policy()
-        .refined(mode=args.policy, keep_turns=args.keep_turns, reserve_tokens=args.reserve)
+    settings = _settings(warn=False)  # warned by _registry already
+    # The proxy's own decision with these settings, as a planner outside its process (no
+    # upstream, nothing learned: what that changes is named in the report's estimates).
+    planner = offline_planner(
+        policy=settings.fit_policy(),
+        registry=registry,
+        vocabularies=tokenizer,
+        summarize=settings.summarize,
+        boundary_exact=settings.boundary_exact,
+        lower_output=settings.lower_output,
+        upstream_count=settings.upstream_count,
+    )
+    # The flags are the X-Context-* headers of the same meaning.
+    options = RequestOptions(
+        budget_tokens=args.budget,
+        reserve_tokens=args.reserve,
+        window_tokens=args.model_window,
+        mode=args.policy,
+        keep_turns=args.keep_turns,
     )
     try:
-        plan = plan_request(
-            body,
-            spec=spec,
-            policy=policy,
-            counter=MessageCounter(counter_for(spec.encoding)),
-            cap_tokens=args.budget,
-            dialect=dialect,
-        )
+        decision = planner.dry_run(planner.request(body, options, route=RouteMatch.first(dialect)))
     except InvalidRequest as exc:
         where = f" ({exc.param})" if exc.param else ""
         raise CliError(f"invalid request{where}: {exc.message}") from exc
-    report = plan_report(plan, body)
+    plan = decision.plan
+    report = plan_report(plan, body, estimates=decision.explained)
     if not args.json:
         print(format_plan(report))
         return 0 if plan.fits else 1
@@ -308,15 +314,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def format_plan(report: dict[str, Any]) -> str:
-    """A plan (``plan_report``) for people: the model, the budget, before -> after, what was done."""
+    """A plan (``plan_report``) for people: the model, the budget, before -> after, what was done,
+    and which figures a running proxy could decide otherwise (its estimates)."""
     spec, budget = report["spec"], report["budget"]
     before, after = report["tokens_before"], report["tokens_after"]
     if not report["fits"]:
         verdict = "does NOT fit: the proxy would answer 400 context_length_exceeded"
     elif report["changed"]:
-        verdict = (
-            f"fits after fitting: {before - after:,} tokens cut ({(before - after) / max(before, 1):.0%})"
-        )
+        done = []
+        if after < before:
+            done.append(f"{before - after:,} tokens cut ({(before - after) / max(before, 1):.0%})")
+        if report["output_lowered"] is not None:
+            done.append(f"output cap lowered to {report['output_lowered']:,} (X-Context-Output-Lowered)")
+        verdict = "fits after fitting: " + ", ".join(done)
     else:
         verdict = "fits as it is: forwarded byte for byte"
     lines = [
@@ -334,6 +344,7 @@ def format_plan(report: dict[str, Any]) -> str:
         detail = f" ({action['detail']})" if action["detail"] else ""
         lines.append(f"action   {action['kind']} x{action['count']}{freed}{detail}")
     lines += [f"warning  {warning}" for warning in report["warnings"]]
+    lines += [f"estimate {name}: {why}" for name, why in report["estimates"].items()]
     lines.append("(--json for the whole plan, with the body to forward)")
     return "\n".join(lines)
 

@@ -49,6 +49,9 @@ from .upstream.senders import HttpxSender, Sender
 from .upstream.traffic import Traffic, local_origin
 
 _HANDLER_MARK = "_ctxproxy_handler"
+# The API that speaks for requests of no API (an error on /healthz, a pass-through path no
+# dialect owns): OpenAI's shape, what most clients of a /v1 base URL read; else the registry's first.
+FALLBACK_API = "chat"
 startup_logger = logging.getLogger("ctxproxy.startup")
 
 
@@ -339,14 +342,18 @@ def create_app(
     test seams; by default the transport follows ``settings.upstream_transport``, the model table
     is ``app.model_table.load_registry``, the vocabularies are ``app.tokenizer``'s and the wire
     APIs are ``app.core.dialects.DIALECTS``. Everything that lists APIs is derived from that
-    registry here: the routes (served by ``DialectLane``) and the pass-through prefixes, the key
-    slots auth accepts and the upstream clears, the dry run's choices."""
+    registry here and injected: the routes (served by ``DialectLane``) and the pass-through
+    prefixes, the key slots auth accepts and the upstream clears, the dry run's choices, the
+    summaries' API (``CTXPROXY_SUMMARY_API``, checked against it), and the fallback dialect that
+    speaks for a request of no API (``FALLBACK_API``, ``app.state.fallback_dialect``)."""
     settings = settings or load_settings()  # bad values: InvalidSettings, one line per setting
     configure_logging(settings)
     for warning in unknown_variables():  # a mistyped variable must not be silently ignored
         startup_logger.warning(warning)
     vocab: Vocabularies = vocabularies or TiktokenVocabularies()
     apis = dict(DIALECTS if dialects is None else dialects)
+    settings.require_apis(tuple(apis))  # InvalidSettings: a summary API the registry lacks
+    fallback = apis.get(FALLBACK_API) or next(iter(apis.values()))
     table = RouteTable.of(apis)  # ValueError for a registry whose routes clash
     slots = key_slots(apis.values())
     observability = Observability.from_settings(settings, apis=tuple(apis), counting=CountingPaths(table))
@@ -381,6 +388,7 @@ def create_app(
                 registry=models,
                 vocabularies=vocab,
                 upstream=upstream,
+                dialects=apis,
                 events=observability,
             )
             # Its lookups are reported by API (the events); the cache itself tells its entries.
@@ -429,6 +437,7 @@ def create_app(
     )
     app.state.observability = observability
     app.state.dialects = apis
+    app.state.fallback_dialect = fallback  # read by app.api.errors.dialect_of
     app.state.routes = table
     app.include_router(build_compress_router(apis))  # before the pass-through of every /v1/... path
     app.include_router(build_router(table))

@@ -18,7 +18,7 @@ import difflib
 import os
 import re
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -28,7 +28,6 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from .core.budget import DEFAULT_CUT_TARGET, Policy, PolicyMode
-from .core.dialects import DIALECTS
 from .core.errors import CtxproxyError
 
 MIB = 1024 * 1024
@@ -187,10 +186,17 @@ class Settings(BaseSettings):
 
     @field_validator("summary_api")
     @classmethod
-    def _known_api(cls, value: str | None) -> str | None:
-        if value is not None and value.lower() not in DIALECTS:
-            raise ValueError(f"unknown API {value!r}")
+    def _api_name(cls, value: str | None) -> str | None:
         return value.lower() if value is not None else None
+
+    def require_apis(self, names: Collection[str]) -> None:
+        """Refuse (``InvalidSettings``, one line) a setting that names a wire API not among
+        ``names``: the registry's, which the composition root passes (the settings know no API)."""
+        if self.summary_api is not None and self.summary_api not in names:
+            known = ", ".join(names)
+            raise InvalidSettings(
+                [f"CTXPROXY_SUMMARY_API: unknown API {self.summary_api!r}; expected one of {known}"]
+            )
 
     @field_validator("cache_url")
     @classmethod
@@ -406,8 +412,6 @@ def _expected(name: str) -> str:
     words = expected.get(base, "a valid value")
     if name == "cache_url":
         words = "a redis://, rediss:// or unix:// URL (or empty: in memory)"
-    elif name == "summary_api":
-        words = "one of " + ", ".join(DIALECTS)
     elif name.endswith("_url"):
         words = "an http:// or https:// URL"
     bounds = []

@@ -231,6 +231,7 @@ def engine_scenario(plan: Plan) -> dict[str, Any]:
 def fit_scenario(plan: Plan, prefill_tokens_per_s: int) -> dict[str, Any]:
     """(c) in-process: plan_request on a cold ~300K-token conversation for a 128K window."""
     from app.core.budget import Policy
+    from app.core.dialects import CHAT
     from app.core.fit import plan_request
     from app.core.registry import ModelSpec
     from app.core.tokens import MessageCounter
@@ -251,7 +252,9 @@ def fit_scenario(plan: Plan, prefill_tokens_per_s: int) -> dict[str, Any]:
         MessageCounter(counter).count_request(body)
         count_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        result = plan_request(body, spec=spec, policy=Policy(), counter=MessageCounter(counter))
+        result = plan_request(
+            body, spec=spec, policy=Policy(), counter=MessageCounter(counter), dialect=CHAT
+        )
         fit_times.append(time.perf_counter() - t0)
     assert result is not None
     fit = report.stats_ms(fit_times)

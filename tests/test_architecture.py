@@ -190,20 +190,41 @@ SEAM_ALLOWED: dict[str, str] = {
     "app/demo.py": "the demo's client speaks chat completions to the proxy",
     "app/demo_upstream.py": "the demo's fake upstream serves chat completions",
 }
-SPECIFIC_DIALECTS = frozenset({"CHAT", "RESPONSES", "MESSAGES"})
+
+
+def registry_bindings() -> tuple[frozenset[str], frozenset[str]]:
+    """``(constants, modules)`` of the registry, Gemini and any later API included: the names the
+    registered dialects are bound to in ``app.core.dialects`` (``CHAT``, ``GEMINI``, ...) and the
+    modules of that package that define them (``chat``, ``gemini``, ...)."""
+    import app.core.dialects as package
+    from app.core.dialects import DIALECTS
+
+    dialects = list(DIALECTS.values())
+    constants = {name for name, value in vars(package).items() if any(value is d for d in dialects)}
+    modules = {type(d).__module__.rsplit(".", 1)[-1] for d in dialects}
+    return frozenset(constants), frozenset(modules)
+
+
+def test_the_registry_bindings_cover_every_api() -> None:
+    from app.core.dialects import DIALECTS
+
+    constants, modules = registry_bindings()
+    assert len(constants) >= len(DIALECTS) and len(modules) == len(DIALECTS)
+    assert {"CHAT", "GEMINI"} <= constants and {"chat", "gemini"} <= modules
 
 
 def api_names() -> tuple[frozenset[str], frozenset[str]]:
     """``(exact, contained)``: strings that name a registered wire API: its name (``messages`` is
     also the neutral conversation's own key, so it is no API's name alone), its routes and the
     multi-segment paths they go to upstream, its header key slots but HTTP's own
-    ``authorization``, and the header families of Anthropic and
-    Google."""
+    ``authorization``, the headers its summary calls carry (its version and organisation
+    headers), and the header families of Anthropic and Google."""
     from app.core.dialects import DIALECTS
     from app.core.routes import AUTHORIZATION, key_slots
 
     exact = {d.name for d in DIALECTS.values()} - {"messages"}
     contained = {"anthropic-", "x-goog-"}
+    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     for dialect in DIALECTS.values():
         for route in dialect.routes:
             contained.add(route.template)
@@ -211,6 +232,8 @@ def api_names() -> tuple[frozenset[str], frozenset[str]]:
                 contained.add(route.upstream)
             elif route.upstream not in ("", "messages"):
                 exact.add(route.upstream)
+        call = dialect.summary_request(prompt, model="m", max_tokens=1)
+        contained |= {name for name in (*call.carry, *(h for h, _ in call.defaults)) if "-" in name}
     # A query parameter's name is a plain word (Gemini's ``key``, also a login form's field): not
     # an API's name. Code reaches every slot through ``Dialect.key_slots`` anyway.
     contained |= {
@@ -231,7 +254,13 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
 
 def seam_violations(path: Path, exact: frozenset[str], contained: frozenset[str]) -> list[str]:
     """API names in code (docstrings may describe the APIs), identity branches on a dialect
-    (``is CHAT``, ``dialect is None``) and imports of a specific dialect, in one module."""
+    (``is CHAT``, ``is GEMINI``, ``dialect is None``, ``dialect.name == "messages"``) and imports of a
+    specific dialect (its constant, or any module of the dialects package but the registry), in
+    one module; the constants and module names come from the registry (``registry_bindings``)."""
+    from app.core.dialects import DIALECTS
+
+    specific, _ = registry_bindings()
+    names = frozenset(DIALECTS)
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docs = _docstring_nodes(tree)
     found: list[str] = []
@@ -247,17 +276,22 @@ def seam_violations(path: Path, exact: frozenset[str], contained: frozenset[str]
             lower = text.lower()
             if lower in exact or any(name in lower for name in contained):
                 found.append(f"line {node.lineno}: names an API: {text[:60]!r}")
-        elif isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+        elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            names = {named(side) for side in sides}
-            none = any(isinstance(side, ast.Constant) and side.value is None for side in sides)
-            if names & SPECIFIC_DIALECTS or (none and names & {"dialect"}):
-                found.append(f"line {node.lineno}: identity branch: {ast.unparse(node)}")
+            sided = {named(side) for side in sides}
+            if any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+                none = any(isinstance(side, ast.Constant) and side.value is None for side in sides)
+                if sided & specific or (none and sided & {"dialect"}):
+                    found.append(f"line {node.lineno}: identity branch: {ast.unparse(node)}")
+            elif any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops):
+                texts = {side.value for side in sides if isinstance(side, ast.Constant)}
+                if texts & names and sided & {"name", "api"}:
+                    found.append(f"line {node.lineno}: identity branch by name: {ast.unparse(node)}")
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
-            if module.split(".")[-1] in ("chat", "responses", "messages") and "dialects" in module:
+            if "dialects." in module:
                 found.append(f"line {node.lineno}: imports a specific dialect's module {module}")
-            taken = {alias.name for alias in node.names} & SPECIFIC_DIALECTS
+            taken = {alias.name for alias in node.names} & specific
             if taken:
                 found.append(f"line {node.lineno}: imports a specific dialect {sorted(taken)}")
     return found
@@ -265,20 +299,26 @@ def seam_violations(path: Path, exact: frozenset[str], contained: frozenset[str]
 
 def test_the_seam_scan_finds_what_it_forbids(tmp_path: Path) -> None:
     exact, contained = api_names()
-    assert {"chat", "responses"} <= exact and "/v1/messages" in contained and "x-api-key" in contained
+    assert {"chat", "responses", "gemini"} <= exact and "/v1/messages" in contained
+    assert {"x-api-key", "x-goog-api-key", "anthropic-version"} <= contained
     sample = tmp_path / "sample.py"
     sample.write_text(
         '"""Docstrings may say chat/completions."""\n'
         "from app.core.dialects import CHAT\n"
+        "from app.core.dialects.gemini_wire import render_contents\n"
         "def f(dialect, body):\n"
         '    """x-api-key in a docstring is fine."""\n'
-        "    if dialect is CHAT or dialect is None:\n"
+        "    if dialect is CHAT or dialect is None or dialect is not GEMINI:\n"
         '        return body["messages"]\n'
+        '    if dialect.name == "messages" or body["api"] != "gemini":\n'
+        "        return None\n"
         '    return dialect.name == "responses" or "x-api-key" in body\n',
         encoding="utf-8",
     )
     found = seam_violations(sample, exact, contained)
-    assert len(found) == 5, found  # the import, two identity branches, two names; not "messages"
+    # The two imports, three identity branches, two by name and three names; not ``"messages"``
+    # alone (the neutral conversation's own key).
+    assert len(found) == 2 + 3 + 2 + 3, found
 
 
 def test_no_api_name_nor_identity_branch_outside_the_dialects_and_the_composition_root() -> None:

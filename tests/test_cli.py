@@ -108,7 +108,7 @@ def test_plan_over_a_small_window_under_reject(tmp_path: Path, capsys: pytest.Ca
     assert code == 1
     assert report["fits"] is False
     assert report["spec"]["window_tokens"] == 1024
-    assert report["spec"]["source"] == "cli"
+    assert report["spec"]["source"] == "request"
     assert report["tokens_before"] > report["budget"]["input_budget_tokens"]
     assert "body" not in report and "messages" not in report
 
@@ -412,7 +412,7 @@ def test_plan_prints_a_summary_for_people(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(ValueError):
         json.loads(out)
     lines = out.splitlines()
-    assert lines[0].startswith("model    gpt-4o -> gpt-4o (cli): window 2,048, o200k_base (exact count)")
+    assert lines[0].startswith("model    gpt-4o -> gpt-4o (request): window 2,048, o200k_base (exact count)")
     assert re.match(r"tokens   [\d,]+ -> [\d,]+$", lines[2])
     assert lines[3].startswith("result   fits after fitting: ")
     actions = [line for line in lines if line.startswith("action   ")]

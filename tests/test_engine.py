@@ -170,3 +170,26 @@ def test_every_api_is_fitted_in_its_own_shape(api: str) -> None:
     assert set(result.body) == set(body)  # same keys: only the conversation was replaced
     # Never more than planned (Messages merges same-role neighbours on render: a little less).
     assert ctxproxy.count(result.body, api=api) <= result.tokens_after
+
+
+@pytest.mark.parametrize("api", ctxproxy.APIS)
+def test_the_api_is_detected_from_the_body_when_not_named(api: str) -> None:
+    body = long_request(api)
+    if api == "messages":  # its top-level system prompt marks it (a bare messages array is chat's too)
+        body = {**body, "system": "be brief"}
+    detected = ctxproxy.fit(body, window_tokens=4096)
+    named = ctxproxy.fit(body, api=api, window_tokens=4096)
+    assert detected.api == api and detected.body == named.body
+    assert ctxproxy.count(body) == ctxproxy.count(body, api=api)
+
+
+def test_an_output_cap_that_leaves_no_room_is_lowered_as_the_proxy_lowers_it() -> None:
+    # The proxy's own decision: ``max_tokens`` 5000 on a 4,096-token window is forwarded lowered
+    # (the live route's X-Context-Output-Lowered), not refused.
+    body = {"model": "gpt-4o", "max_tokens": 5000, "messages": [{"role": "user", "content": "hello"}]}
+    result = ctxproxy.fit(body, window_tokens=4096)
+    assert result.fits and result.changed and result.actions == ("output_lowered=1",)
+    assert result.body["max_tokens"] == result.plan.output_cap_tokens < 4096
+    assert result.body["messages"] == body["messages"] and body["max_tokens"] == 5000
+    assert result.estimates == ()  # the caller gave the window: nothing a proxy could know better
+    assert ctxproxy.fit(body).estimates == ("window",)

@@ -21,9 +21,8 @@ from urllib.parse import unquote_to_bytes
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..core.dialect import Dialect, ErrorInfo
-from ..core.dialects import DEFAULT_DIALECT
 from ..core.routes import AUTHORIZATION, KeySlot, RouteTable
-from .errors import json_stream_of, render_info
+from .errors import dialect_of, json_stream_of, render_info
 
 OPEN_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz"})
 
@@ -118,7 +117,7 @@ class ProxyKeyMiddleware:
             await self.app(scope, receive, send)
             return
         owner = self.table.owner(str(scope.get("path") or "")) if self.table is not None else None
-        dialect = owner or DEFAULT_DIALECT
+        dialect = owner or dialect_of(scope)
         json_stream = json_stream_of(scope, self.table)
         response = render_info(unauthorized_info(dialect), dialect, json_stream=json_stream)
         response.headers["WWW-Authenticate"] = "Bearer"

@@ -15,8 +15,10 @@
 
 Both answer 200 with the ``X-Context-*`` headers of the plan (``X-Context-Api`` too); a request
 that cannot fit is the API's own 400 ``context_length_exceeded`` with the numbers (a gateway then
-fails open or closed, as it is configured); bad input a 400. Nothing is sent upstream (except LLM
-summaries when they are on).
+fails open or closed, as it is configured); bad input a 400. They decide as the live routes do
+(``Service.decide``): the request itself is never sent upstream, but near the budget the
+upstream's counting endpoint may be asked for its count of it (its API's, when it has one), and
+with summaries on the summary calls of what a cut forgot are.
 
 Wiring is one line in ``create_app``, *before* ``build_router`` (whose pass-through would take any
 ``/v1/...`` path first): ``app.include_router(build_compress_router(apis))``.

@@ -31,7 +31,8 @@ shape with ``Allow: POST`` (``method_not_allowed``; ``app.api.routes.passthrough
 in its API's shape (``Dialect.error_body``; OpenAI's for chat:
 ``{"error": {"message", "type", "param", "code"}}``). The request's dialect is the one its route
 recorded in the scope (``DIALECT_SCOPE_KEY``) before anything can fail; every route of no dialect
-speaks ``DEFAULT_DIALECT`` (``dialect_of``): the one default, chosen here. On a route whose answer
+speaks the app's fallback dialect (``dialect_of``: ``app.state.fallback_dialect``, which the
+composition root chooses; nothing here names an API). On a route whose answer
 is one JSON array streamed element by element (``RouteMatch.json_stream``: Gemini's
 ``streamGenerateContent`` without ``alt=sse``) the error is that array's form, when the dialect
 has one (``Dialect.json_stream_error(info, started=False)``), as the API's own server answers there.
@@ -54,7 +55,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.dialect import Dialect, ErrorInfo, error_info
-from ..core.dialects import DEFAULT_DIALECT
 from ..core.errors import CannotFit, CtxproxyError, InvalidRequest
 from ..core.routes import RouteMatch, RouteTable
 from ..observability.context import DIALECT_SCOPE_KEY as DIALECT_SCOPE_KEY
@@ -86,11 +86,11 @@ class BodyTooLarge(CtxproxyError):
         )
 
 
-def error_info_of(exc: Exception) -> ErrorInfo:
-    """Any error we answer with, before a dialect shapes it (the table in the module docstring; a
-    cannot-fit error keeps its numbers)."""
+def error_info_of(exc: Exception, dialect: Dialect) -> ErrorInfo:
+    """Any error we answer with on a request of ``dialect``, before the dialect shapes it (the
+    table in the module docstring; a cannot-fit error keeps its numbers)."""
     if isinstance(exc, CannotFit | InvalidRequest):
-        return error_info(exc)
+        return error_info(exc, dialect)
     if isinstance(exc, BodyTooLarge):
         return ErrorInfo(status=413, code="request_too_large", message=str(exc))
     if isinstance(exc, UpstreamBusy):
@@ -109,9 +109,13 @@ def error_info_of(exc: Exception) -> ErrorInfo:
 
 
 def dialect_of(scope: Mapping[str, Any]) -> Dialect:
-    """The dialect of the route that took the request; ``DEFAULT_DIALECT`` for every other route."""
-    dialect: Dialect = scope.get(DIALECT_SCOPE_KEY) or DEFAULT_DIALECT
-    return dialect
+    """The dialect of the route that took the request; for every other route the app's fallback
+    (``app.state.fallback_dialect``, injected by the composition root)."""
+    found: Dialect | None = scope.get(DIALECT_SCOPE_KEY)
+    if found is not None:
+        return found
+    fallback: Dialect = scope["app"].state.fallback_dialect
+    return fallback
 
 
 def render_info(info: ErrorInfo, dialect: Dialect, *, json_stream: bool = False) -> Response:
@@ -143,9 +147,9 @@ def _json_stream(scope: Mapping[str, Any], app: Any) -> bool:
     return json_stream_of(scope, getattr(state, "routes", None))
 
 
-def render(exc: Exception, dialect: Dialect = DEFAULT_DIALECT, *, json_stream: bool = False) -> Response:
+def render(exc: Exception, dialect: Dialect, *, json_stream: bool = False) -> Response:
     """Our error response for ``exc`` in the shape of the request's ``dialect``."""
-    response = render_info(error_info_of(exc), dialect, json_stream=json_stream)
+    response = render_info(error_info_of(exc, dialect), dialect, json_stream=json_stream)
     if isinstance(exc, UpstreamBusy):
         response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
@@ -178,7 +182,7 @@ PASSTHROUGH_RESOURCES = frozenset(
 class PathHint:
     """What an unknown path most likely meant: ``text`` (a sentence for the error message, with a
     leading space) and ``owner``, the dialect whose route the corrected path is (None: no API's,
-    the answer is then in ``DEFAULT_DIALECT``'s shape)."""
+    the answer is then in the request's fallback's shape)."""
 
     text: str
     owner: Dialect | None = None
@@ -236,9 +240,7 @@ def missing_prefix_hint(path: str, table: RouteTable | None) -> str:
     return hint.text if hint is not None else ""
 
 
-def unknown_path(
-    method: str, path: str, table: RouteTable | None, *, fallback: Dialect = DEFAULT_DIALECT
-) -> Response:
+def unknown_path(method: str, path: str, table: RouteTable | None, *, fallback: Dialect) -> Response:
     """Our 404 for ``method path``, with the hint of :func:`path_hint` when there is one, in the
     shape of the API that owns the corrected path (else ``fallback``'s)."""
     hint = path_hint(path, table)

@@ -10,8 +10,8 @@ that; so a slow client slows the upstream read instead of growing a buffer in th
 
 When the upstream fails after the headers went out (it closed the connection, or went silent for
 longer than the stream idle timeout), an event stream (``text/event-stream``) ends with one
-error event in the request's API's shape (``Dialect.stream_error``; the default dialect's on a
-route of no dialect), and is then closed; any other body ends with the API's own closing error
+error event in the request's API's shape (``Dialect.stream_error``; the app's fallback dialect's
+on a route of no dialect), and is then closed; any other body ends with the API's own closing error
 when it has one (``Dialect.json_stream_error``: Gemini's JSON array gets an error element), else
 it is cut short (no final chunk), so the client sees an error or a truncated body, never a
 complete one.
@@ -30,7 +30,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..core.dialect import Dialect, ErrorInfo
-from ..core.dialects import DEFAULT_DIALECT
 from ..core.plan import Plan
 from ..core.reuse import PrefixReuse
 from ..observability.context import ACCESS_SCOPE_KEY, RELAYED_SCOPE_KEY
@@ -151,8 +150,8 @@ class UpstreamStreamResponse(Response):
         self,
         upstream: UpstreamResponse,
         *,
+        dialect: Dialect,
         extra_headers: Iterable[Header] = (),
-        dialect: Dialect = DEFAULT_DIALECT,
         raw_extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """``extra_headers`` (text), or ``raw_extra`` (as ASGI sends them: names lowercased), are
@@ -275,14 +274,14 @@ def stream_error_info(exc: UpstreamError) -> ErrorInfo:
     return ErrorInfo(status=504 if timeout else 502, code=code, message=exc.message)
 
 
-def stream_error_event(exc: UpstreamError, dialect: Dialect = DEFAULT_DIALECT) -> bytes:
+def stream_error_event(exc: UpstreamError, dialect: Dialect) -> bytes:
     """The SSE event that ends a stream the upstream broke off (the SDKs raise it as an APIError),
     in the shape of the request's API."""
     return dialect.stream_error(stream_error_info(exc))
 
 
 def fitted_response(
-    outcome: Outcome, dialect: Dialect = DEFAULT_DIALECT, *, scope: MutableMapping[str, Any] | None = None
+    outcome: Outcome, dialect: Dialect, *, scope: MutableMapping[str, Any] | None = None
 ) -> UpstreamStreamResponse:
     """The upstream's answer to a fitted request, with our ``X-Context-*`` headers; the plan's
     access fields recorded in ``scope`` when given (:func:`record_plan`). What was rendered while

@@ -5,11 +5,13 @@
   router: ``fitted`` plans and forwards a route of kind ``fit`` (``Service.handle`` with the
   matched route), ``app.api.counting.count`` answers one of kind ``count``. Our errors are in
   that API's shape. A new dialect is served without a line here.
-* ``POST /v1/context/plan``: the dry run; the plan as JSON (``app.service.report.plan_report``:
-  the figures, and ``body``, the request that would be forwarded, in the body's own API shape), the
-  upstream is not called. The API of the body: ``?api=NAME`` or the ``X-Context-Api: NAME`` header
-  (a registry name), else detected (``app.core.routes.detect``: each dialect's ``recognition`` of
-  the body and headers).
+* ``POST /v1/context/plan``: the dry run; the live route's decision without its I/O
+  (``Planner.dry_run``, ``app.service.decision``) as JSON (``app.service.report.plan_report``: the
+  figures, ``body``, the request that would be forwarded, in the body's own API shape, and
+  ``estimates``, what it could not know); the request is not sent (nor is the upstream's counting
+  endpoint asked: its figure is then named an estimate). The API of the body: ``?api=NAME`` or the
+  ``X-Context-Api: NAME`` header (a registry name), else detected (``app.core.routes.detect``:
+  each dialect's ``recognition`` of the body and headers).
 * ``HEAD /``: 200 (a client's connectivity check; ``GET /`` is the status page).
 * ``GET /v1/context/models``: every model the proxy knows something about (discovered, learned,
   calibrated), with the source of each figure.
@@ -33,7 +35,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..core.dialect import Dialect
-from ..core.dialects import DEFAULT_DIALECT
 from ..core.errors import InvalidRequest
 from ..core.routes import RouteMatch, RouteTable, detect
 from ..service.driver import Service
@@ -42,7 +43,14 @@ from ..service.report import plan_report
 from ..service.request import parse_body
 from ..upstream.errors import UpstreamError
 from .disconnect import ClientLeft, NoResponse, until_client_leaves
-from .errors import DIALECT_SCOPE_KEY, BodyTooLarge, doubled_prefix, method_not_allowed, unknown_path
+from .errors import (
+    DIALECT_SCOPE_KEY,
+    BodyTooLarge,
+    dialect_of,
+    doubled_prefix,
+    method_not_allowed,
+    unknown_path,
+)
 from .headers import API, parse_context_headers
 from .request_io import json_response, raw_headers, read_body, receive_body, request_head, service_of
 from .responses import (
@@ -104,9 +112,13 @@ async def context_plan(request: Request) -> Response:
     body = parse_body(raw)
     dialect = plan_dialect(request, request.app.state.dialects, body)
     request.scope[DIALECT_SCOPE_KEY] = dialect
-    plan = service.plan(body, options, dialect=dialect, headers=raw_headers(request))
-    record_plan(request.scope, plan, retries=0)
-    return json_response(plan_report(plan, body))
+    # The live route's request value and its decision, without I/O (``Planner.dry_run``): what
+    # the upstream would have told the proxy is named among the estimates.
+    route = RouteMatch.first(dialect)
+    proxied = service.request(body, options, route=route, raw=raw, headers=raw_headers(request))
+    decision = service.dry_run(proxied)
+    record_plan(request.scope, decision.plan, retries=0)
+    return json_response(plan_report(decision.plan, body, estimates=decision.explained))
 
 
 @router.get("/v1/context/models")
@@ -220,7 +232,7 @@ async def passthrough(
     table: RouteTable = request.app.state.routes
     full_path = f"{prefix}/{path}"
     if doubled_prefix(full_path, table) is not None:
-        return unknown_path(request.method, full_path, table)
+        return unknown_path(request.method, full_path, table, fallback=dialect_of(request.scope))
     service = service_of(request)
     content: bytes | AsyncIterable[bytes] | None = None
     limited: _LimitedBody | None = None
@@ -264,7 +276,7 @@ async def passthrough(
             allow = allowed_methods(upstream.headers)
             return method_not_allowed(request.method, full_path, route.dialect, allow=allow)
     # A stream the upstream breaks off ends with an error event in the owning API's shape.
-    return UpstreamStreamResponse(upstream, dialect=owner or DEFAULT_DIALECT)
+    return UpstreamStreamResponse(upstream, dialect=owner or dialect_of(request.scope))
 
 
 def passthrough_route(prefix: str, *, at_origin: bool) -> Callable[[Request, str], Awaitable[Response]]:

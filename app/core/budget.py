@@ -1,24 +1,36 @@
 """The input budget of one request, and the policy that shapes fitting.
 
 ``input_budget = window - output_reserve - safety_margin - tool_definition_tokens``, capped by the
-per-request budget header when one is given. The reserve is the request's own
-``max_completion_tokens``/``max_tokens`` when set, else the policy's reserve, else 15% of the
-window clamped to [512, 4096] (and never more than the model's max output, nor more than half the
-window: a reserve that fills the window would leave no room for any prompt).
+per-request budget header when one is given. The reserve is the request's own output cap when it
+sets one (its dialect reads it: ``Conversation.requested_output_tokens``), else the policy's
+reserve, else 15% of the window clamped to [512, 4096] (and never more than the model's max
+output, nor more than half the window: a reserve that fills the window would leave no room for
+any prompt).
 
 ``Limits`` is what one request learned before it is planned again: the window an overflow taught,
 an output cap lower than the client's (``app.core.boundary``: no refusal when a fit exists), a
 margin measured for this request (the upstream's own count of it). ``budget_for(..., limits=)``
 applies it.
+
+``request_budget(body, conversation, ...)`` is the budget of one parsed request, set up once for
+every caller: the fit pipeline (``fit.plan_request``, with its exact or estimating counter) and the
+tokenizer-free ceiling of the fast path (``ceiling``, with its byte counter): the tool definitions
+by the request's dialect's own rule, the output reserve from the conversation's requested output
+(none where the dialect's upstream limits the input alone, ``Dialect.output_in_window``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .registry import ModelSpec
+
+if TYPE_CHECKING:
+    from .conversation import Conversation
+    from .dialect import Dialect
+    from .tokens import MessageCounter
 
 PolicyMode = Literal["auto", "truncate", "reject", "off"]
 DEFAULT_CUT_TARGET = 0.6
@@ -164,22 +176,22 @@ def margin_tokens_for(window_tokens: int, policy: Policy, *, exact: bool) -> int
 
 def budget_for(
     spec: ModelSpec,
-    body: Mapping[str, Any],
     policy: Policy,
     *,
+    requested_tokens: int | None = None,
     tool_tokens: int,
     exact: bool,
     cap_tokens: int | None = None,
     limits: Limits | None = None,
     output_in_window: bool = True,
 ) -> Budget:
-    """The budget of ``body`` against ``spec`` under ``policy``, with ``limits`` applied; no
-    output reserve when the output is not ``output_in_window`` (the upstream limits the input
-    alone)."""
+    """The budget of a request asking for ``requested_tokens`` of output (None: it sets no cap)
+    against ``spec`` under ``policy``, with ``limits`` applied; no output reserve when the output
+    is not ``output_in_window`` (the upstream limits the input alone)."""
     window = spec.window_tokens
     if limits is not None and limits.window_tokens is not None:
         window = limits.window_tokens
-    reserve = requested_output_tokens(body) if output_in_window else 0
+    reserve = requested_tokens if output_in_window else 0
     if reserve is None:
         reserve = (
             policy.reserve_tokens
@@ -199,4 +211,32 @@ def budget_for(
         tool_tokens=tool_tokens,
         cap_tokens=cap_tokens,
         cut_target=policy.cut_target,
+    )
+
+
+def request_budget(
+    body: Mapping[str, Any],
+    conversation: Conversation,
+    *,
+    dialect: Dialect,
+    spec: ModelSpec,
+    policy: Policy,
+    counter: MessageCounter,
+    exact: bool,
+    cap_tokens: int | None = None,
+    limits: Limits | None = None,
+) -> Budget:
+    """The budget of ``body`` (parsed by ``dialect`` into ``conversation``): its tool definitions
+    counted by the dialect's rule on ``counter``, its output reserve the conversation's requested
+    output (see ``budget_for``); ``exact``: the margin of an exact count (the ceiling passes True
+    with a counter that bounds an exact one)."""
+    return budget_for(
+        spec,
+        policy,
+        requested_tokens=conversation.requested_output_tokens,
+        tool_tokens=dialect.tool_tokens(body, counter),
+        exact=exact,
+        cap_tokens=cap_tokens,
+        limits=limits,
+        output_in_window=dialect.output_in_window,
     )

@@ -12,22 +12,22 @@ INTERFACE CONTRACT (the service relies on it):
 
 * ``Utf8ByteCounter``: a :class:`~app.core.tokens.TokenCounter` whose ``count_text`` is the text's
   UTF-8 length (a lone surrogate as 3 bytes: tiktoken replaces it with U+FFFD, 3 bytes too).
-* ``token_ceiling(body) -> RequestCeiling``: ``message_tokens`` >= the sum of
-  ``MessageCounter(c).count_messages(messages)`` and ``tool_tokens`` >= ``count_tools(body)``, for
-  every exact counter ``c`` whose ``count_text`` never exceeds the UTF-8 length (every byte-level
-  BPE; the tool constants used are cl100k's, which are >= o200k's).
-* ``surely_fits(body, *, spec, policy, cap_tokens=None) -> bool``: True only when
-  ``plan_request(body, spec=spec, policy=policy, counter=MessageCounter(c), cap_tokens=cap_tokens)``
-  with such an exact ``c`` would return ``fits=True, changed=False`` (any policy mode). It
-  validates the messages as ``plan_request`` does (raises ``InvalidRequest``). False means "count
-  to know", not "does not fit". Not valid for the estimate (``exact is False``).
-* ``conversation_surely_fits(body, conversation, *, dialect, spec, policy, cap_tokens=None)``: the
-  same promise for any dialect's parsed conversation (``plan_request(..., dialect=dialect,
-  conversation=conversation)``): its neutral messages through the ceiling counter, its tools by the
-  dialect's own rule run on the ceiling counter (a dialect counts through the counter's methods,
-  so its rule keeps the bound).
+* ``fitting_ceiling(body, conversation, *, dialect, spec, policy, cap_tokens=None, limits=None)
+  -> Ceiling | None``: for a conversation ``dialect`` parsed from ``body``, the ceiling of the whole
+  request (``Ceiling.tokens``: its neutral messages through the ceiling counter, the reply priming
+  and its tools by the dialect's own rule run on the ceiling counter: a dialect counts through the
+  counter's methods, so its rule keeps the bound) and its budget (``budget.request_budget``, the
+  budget setup of ``plan_request`` itself, with the tools at their ceiling: a larger tool count
+  only lowers the input budget) when they prove that ``plan_request(body, ..., dialect=dialect,
+  conversation=conversation, cap_tokens=cap_tokens, limits=limits)`` with an exact counter ``c``
+  whose ``count_text`` never exceeds the UTF-8 length (every byte-level BPE) returns ``fits=True,
+  changed=False``; None means "count to know", not "does not fit". ``Ceiling.tokens`` is at least
+  that plan's ``tokens_before`` and ``Ceiling.budget`` has its window, reserve, margin and cap.
+  Policy ``off`` and a conversation that is not ``fittable`` are planned unchanged whatever they
+  count: the caller need not ask. Not valid for the estimate (``exact is False``).
 
-Cost: one walk over the messages; an ASCII string's length is free, other strings are encoded.
+Cost: one walk over the messages, stopped at the first one over the budget; an ASCII string's
+length is free, other strings are encoded.
 """
 
 from __future__ import annotations
@@ -36,14 +36,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .budget import Policy, budget_for
+from .budget import Budget, Limits, Policy, request_budget
 from .conversation import Conversation
 from .dialect import Dialect
-from .messages import validate_messages
 from .registry import ModelSpec
 from .tokens import REPLY_PRIMING_TOKENS, MessageCounter
 
-__all__ = ["RequestCeiling", "Utf8ByteCounter", "conversation_surely_fits", "surely_fits", "token_ceiling"]
+__all__ = ["Ceiling", "Utf8ByteCounter", "fitting_ceiling"]
 
 
 class Utf8ByteCounter:
@@ -72,51 +71,19 @@ class Utf8ByteCounter:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestCeiling:
-    """Upper bounds, in tokens, of a request's messages (overheads included) and tool definitions."""
+class Ceiling:
+    """A request's ceiling that fits its budget: ``tokens`` (messages, reply priming and tool
+    definitions, never below the exact count) and ``budget`` (see the module docstring)."""
 
-    message_tokens: int
-    tool_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        """The whole request's ceiling, as ``MessageCounter.count_request`` would count it."""
-        return self.message_tokens + REPLY_PRIMING_TOKENS + self.tool_tokens
+    tokens: int
+    budget: Budget
 
 
 # Uncached: the ceiling is a single cheap walk, and a cache key would cost as much as the walk.
 _CEILING = MessageCounter(Utf8ByteCounter(), cache_size=0)
 
 
-def token_ceiling(body: Mapping[str, Any]) -> RequestCeiling:
-    """The ceiling of ``body``'s messages and tools (messages are not validated here)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list | tuple):
-        messages = []
-    return RequestCeiling(sum(_CEILING.count_messages(messages)), _CEILING.count_tools(body))
-
-
-def surely_fits(
-    body: Mapping[str, Any], *, spec: ModelSpec, policy: Policy, cap_tokens: int | None = None
-) -> bool:
-    """True when the exact plan is certain to fit unchanged (see the module docstring)."""
-    messages = validate_messages(body.get("messages"))
-    if policy.mode == "off":  # forwarded unchanged whatever it counts
-        return True
-    tool_tokens = _CEILING.count_tools(body)
-    # A larger tool count only lowers the input budget, so budgeting with the tools' ceiling
-    # gives an input budget no larger than the exact one.
-    budget = budget_for(spec, body, policy, tool_tokens=tool_tokens, exact=True, cap_tokens=cap_tokens)
-    room = budget.input_budget_tokens - REPLY_PRIMING_TOKENS
-    count = _CEILING.count_message
-    for message in messages:  # stop at the first message that goes over: "not sure" is enough
-        room -= count(message)
-        if room < 0:
-            return False
-    return True
-
-
-def conversation_surely_fits(
+def fitting_ceiling(
     body: Mapping[str, Any],
     conversation: Conversation,
     *,
@@ -124,19 +91,26 @@ def conversation_surely_fits(
     spec: ModelSpec,
     policy: Policy,
     cap_tokens: int | None = None,
-) -> bool:
-    """True when the exact plan of a parsed conversation is certain to fit unchanged (see the
-    module docstring)."""
-    if policy.mode == "off" or not conversation.fittable:  # forwarded unchanged whatever it counts
-        return True
-    tool_tokens = dialect.tool_tokens(body, _CEILING)
-    requested = conversation.requested_output_tokens
-    caps: Mapping[str, Any] = {"max_tokens": requested} if requested is not None else {}
-    budget = budget_for(spec, caps, policy, tool_tokens=tool_tokens, exact=True, cap_tokens=cap_tokens)
+    limits: Limits | None = None,
+) -> Ceiling | None:
+    """The ceiling of a parsed request when it proves the exact plan fits unchanged, else None
+    (see the module docstring)."""
+    budget = request_budget(
+        body,
+        conversation,
+        dialect=dialect,
+        spec=spec,
+        policy=policy,
+        counter=_CEILING,
+        exact=True,
+        cap_tokens=cap_tokens,
+        limits=limits,
+    )
     room = budget.input_budget_tokens - REPLY_PRIMING_TOKENS
+    used = 0
     count = _CEILING.count_message
-    for message in conversation.messages:
-        room -= count(message)
-        if room < 0:
-            return False
-    return True
+    for message in conversation.messages:  # stop at the first message that goes over: "not sure" is enough
+        used += count(message)
+        if used > room:
+            return None
+    return Ceiling(used + REPLY_PRIMING_TOKENS + budget.tool_tokens, budget)

@@ -124,3 +124,13 @@ def neutral(
     if price_tokens is not None:
         message[PRICE_KEY] = price_tokens
     return message
+
+
+def priced_view(messages: Sequence[Message], tool_tokens: int) -> dict[str, Any]:
+    """The neutral ``messages`` as a body the chat accounting counts
+    (``MessageCounter.request_parts``), the tool definitions' ``tool_tokens`` (priced by the
+    dialect's own rule) joining them as one priced message: the ``Dialect.accounting_view`` of an
+    API whose bodies are not that accounting's own shape."""
+    if tool_tokens <= 0:
+        return {"messages": messages}
+    return {"messages": (*messages, {"role": "system", "content": None, PRICE_KEY: tool_tokens})}

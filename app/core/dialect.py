@@ -31,9 +31,12 @@ composition root names an API or branches on which dialect it holds (``tests/tes
   - ``output_in_window``: True when the upstream counts the requested output against the
     model's window (OpenAI, Anthropic: the budget keeps an output reserve); False when its limit
     is on the input alone (Gemini's ``inputTokenLimit``: no output reserve);
-  - ``chat_shaped``: True when a body of this API is itself a chat body to the chat accounting
-    (messages and tool definitions): learning compares the upstream's usage with the body as it
-    is; else with the neutral messages plus the tool definitions' tokens as one priced message;
+  - ``accounting_view(body, messages, tool_tokens) -> Mapping``: a forwarded ``body`` of this
+    API (its neutral ``messages``, its tool definitions' ``tool_tokens`` by ``tool_tokens``) as
+    the chat accounting counts it (``MessageCounter.request_parts``): what learning compares the
+    upstream's usage with (``Forwarded.counted``). The body itself for an API whose bodies are
+    that accounting's own shape (chat: its text and tools split as they are, so the estimate's
+    correction learns from both); else ``conversation.priced_view(messages, tool_tokens)``;
   - ``parse(body, *, memo=None) -> Conversation``: validate what planning relies on (raise
     ``InvalidRequest`` with ``param`` naming the field) and build the neutral messages
     (``conversation.py``). Never mutates ``body``; unknown fields are the upstream's business.
@@ -104,8 +107,9 @@ composition root names an API or branches on which dialect it holds (``tests/tes
   the client's request headers the call repeats, lower-case), ``carry_query`` (names of the
   client's query parameters it repeats: a key slot in the query, Gemini's ``key``) and ``defaults``
   (headers sent when the client did not send them, e.g. Anthropic's ``anthropic-version``).
-* ``error_info(error) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` -> 400,
-  ``CannotFit`` -> 400 ``context_length_exceeded``).
+* ``error_info(error, dialect) -> ErrorInfo``: the core errors mapped once (``InvalidRequest`` ->
+  400 with its own ``param``, ``CannotFit`` -> 400 ``context_length_exceeded`` whose ``param`` is
+  the dialect's ``items_key``: the conversation that does not fit).
 * ``model_from_body(body) -> str``: the body's ``model`` (a non-empty string), else
   ``InvalidRequest``; the ``model_of`` of APIs that name the model in the body.
 """
@@ -176,9 +180,6 @@ class Dialect(Protocol):
     def items_key(self) -> str: ...
 
     @property
-    def chat_shaped(self) -> bool: ...
-
-    @property
     def output_in_window(self) -> bool: ...
 
     @property
@@ -192,6 +193,10 @@ class Dialect(Protocol):
     def parse(self, body: Mapping[str, Any], /, *, memo: ParseMemo | None = None) -> Conversation: ...
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int: ...
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]: ...
 
     def render(
         self,
@@ -231,14 +236,15 @@ class Dialect(Protocol):
     def summary_text(self, answer: Mapping[str, Any], /) -> str | None: ...
 
 
-def error_info(error: CoreError) -> ErrorInfo:
-    """A core error as an ``ErrorInfo`` (400 for both kinds a request can cause)."""
+def error_info(error: CoreError, dialect: Dialect) -> ErrorInfo:
+    """A core error of a request of ``dialect`` as an ``ErrorInfo`` (400 for both kinds a request
+    can cause; a cannot-fit error names the dialect's conversation, ``items_key``)."""
     if isinstance(error, CannotFit):
         return ErrorInfo(
             status=400,
             code="context_length_exceeded",
             message=error.message,
-            param="messages",
+            param=dialect.items_key,
             tokens=error.tokens,
             limit_tokens=error.budget_tokens,
             window_tokens=error.window_tokens,

@@ -7,8 +7,9 @@ requested_output_tokens=None)`` lives for one request (``policy``: the request's
 rules of a retry, default ``Policy(mode=mode)``; ``requested_output_tokens``: the client's own output
 cap). The driver does what each command says and feeds back what happened:
 
-* ``start(plan) -> Send | Fail``: the first plan. ``Fail`` (with the plan and a reason) when it
-  does not fit and the policy is not ``off``; else ``Send(plan)``.
+* ``start(plan) -> Send | Fail``: the first plan. ``Fail`` (with the plan and a reason,
+  ``refusal_reason(plan, mode=)``: the words of every door's refusal) when it does not fit and
+  the policy is not ``off``; else ``Send(plan)``.
 * ``start_unplanned() -> Send``: the fast path: send the client's original bytes now
   (``Send(None)``); ``sent(plan)`` hands over the plan of those bytes once it is made, before
   the answer is fed in (the plan of an unchanged body, so it needs no check).
@@ -139,7 +140,7 @@ class Exchange:
         self._expect("new")
         if not plan.fits and self.mode != "off":
             self.state = "done"
-            return Fail(plan, reason=self._reason(plan))
+            return Fail(plan, reason=refusal_reason(plan, mode=self.mode))
         self.plan, self.state = plan, "sending"
         return Send(plan)
 
@@ -243,22 +244,24 @@ class Exchange:
         self.state = "done"
         return Deliver(overflow)
 
-    def _reason(self, plan: Plan) -> str:
-        budget = plan.budget
-        if budget.tool_tokens > 0 and budget.input_budget_tokens == 0:
-            # No cut of the conversation can help: say what is too big.
-            room = budget.window_tokens - budget.reserve_tokens - budget.margin_tokens
-            if budget.cap_tokens is not None:
-                room = min(room, budget.cap_tokens)
-            too_big = "exceed" if budget.tool_tokens > room else "use up"
-            return (
-                f"the tool definitions alone ({budget.tool_tokens} tokens) {too_big} the input budget, "
-                "so shortening the conversation cannot help: send fewer or shorter tool definitions, "
-                "or use a model with a larger context window"
-            )
-        if self.mode == "reject":
-            return "the context policy is 'reject', so the proxy does not shorten conversations"
-        return "shortening the conversation as far as the policy allows does not bring it under"
+def refusal_reason(plan: Plan, *, mode: str) -> str:
+    """Why a plan that does not fit is refused, in words (the error's message says it, at every
+    door: the live routes' ``Fail``, the gateway engine's refusals)."""
+    budget = plan.budget
+    if budget.tool_tokens > 0 and budget.input_budget_tokens == 0:
+        # No cut of the conversation can help: say what is too big.
+        room = budget.window_tokens - budget.reserve_tokens - budget.margin_tokens
+        if budget.cap_tokens is not None:
+            room = min(room, budget.cap_tokens)
+        too_big = "exceed" if budget.tool_tokens > room else "use up"
+        return (
+            f"the tool definitions alone ({budget.tool_tokens} tokens) {too_big} the input budget, "
+            "so shortening the conversation cannot help: send fewer or shorter tool definitions, "
+            "or use a model with a larger context window"
+        )
+    if mode == "reject":
+        return "the context policy is 'reject', so the proxy does not shorten conversations"
+    return "shortening the conversation as far as the policy allows does not bring it under"
 
 
 def _smaller(plan: Plan, sent: Plan) -> bool:

@@ -2,17 +2,18 @@
 
 INTERFACE CONTRACT (the service relies on this):
 
-``plan_request(body, *, spec, policy, counter, cap_tokens=None, summaries=None,
-dialect=DEFAULT_DIALECT, conversation=None, limits=None) -> Plan`` parses ``body`` with its
-``dialect`` into the neutral conversation (raises ``InvalidRequest``; pass the ``conversation``
-already parsed to skip that),
-counts, builds the budget (``limits``: a window, output cap or margin this request learned, see
-``budget.Limits``) and fits the neutral messages. An output cap below the client's own is the
-plan's ``output_cap_tokens`` (the plan then always renders its body: ``changed``, and its actions
-say ``output_lowered``). It never raises ``CannotFit`` itself: a plan that cannot fit has
-``fits=False`` and the numbers. The plan renders its body through the same dialect
-(``Plan.body``). A conversation the dialect marks not ``fittable`` (its history lives upstream) is
-planned unchanged, with ``fits=True`` and the warning ``history-upstream``: the proxy cannot know.
+``plan_request(body, *, spec, policy, counter, dialect, cap_tokens=None, summaries=None,
+conversation=None, limits=None) -> Plan`` parses ``body`` with its ``dialect`` (the caller's to
+name: no API is assumed) into the neutral conversation (raises ``InvalidRequest``; pass the
+``conversation`` already parsed to skip that), counts, builds the budget
+(``budget.request_budget``, the one budget setup; ``limits``: a window, output cap or margin this
+request learned, see ``budget.Limits``) and fits the neutral messages. An output cap below the
+client's own is the plan's ``output_cap_tokens`` (the plan then always renders its body:
+``changed``, and its actions say ``output_lowered``). It never raises ``CannotFit`` itself: a
+plan that cannot fit has ``fits=False`` and the numbers. The plan renders its body through the
+same dialect (``Plan.body``). A conversation the dialect marks not ``fittable`` (its history
+lives upstream) is planned unchanged, with ``fits=True`` and the warning ``history-upstream``:
+the proxy cannot know.
 
 ``SummaryProvider`` is the seam for LLM summaries: a *synchronous* lookup the pipeline calls for
 the span its memory stands for (``memory.py``); ``None`` means "use the deterministic note and
@@ -60,11 +61,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .budget import Budget, Limits, Policy, budget_for
+from .budget import Budget, Limits, Policy, request_budget
 from .context import SummaryProvider, build_context, pinned_indices
 from .conversation import Conversation
 from .dialect import Dialect
-from .dialects import DEFAULT_DIALECT
 from .memory import (
     MemorySpan,
     Placed,
@@ -94,44 +94,11 @@ __all__ = [
 ]
 
 HISTORY_UPSTREAM = "history-upstream"  # the plan's warning for a conversation kept upstream
-_NO_OUTPUT_CAP: Mapping[str, Any] = {}
 
 
 class StructureGuardWarning(RuntimeWarning):
     """A strategy made a body with a structural problem its input did not have (a bug): the plan
     fell back (see the module docstring)."""
-
-
-def _prepare(
-    body: Mapping[str, Any],
-    conversation: Conversation,
-    *,
-    dialect: Dialect,
-    spec: ModelSpec,
-    policy: Policy,
-    counter: MessageCounter,
-    cap_tokens: int | None,
-    limits: Limits | None = None,
-) -> tuple[tuple[Message, ...], tuple[int, ...], int, Budget]:
-    messages = conversation.messages
-    per_message = counter.count_messages(messages)
-    tool_tokens = dialect.tool_tokens(body, counter)
-    # The budget reads the output cap from a chat-shaped mapping; every dialect states its own
-    # cap on the conversation, so the budget is the same whatever the wire key was called.
-    requested = conversation.requested_output_tokens
-    caps = {"max_tokens": requested} if requested is not None else _NO_OUTPUT_CAP
-    # The upstream may limit the input alone (Gemini's inputTokenLimit): then no output reserve.
-    budget = budget_for(
-        spec,
-        caps,
-        policy,
-        tool_tokens=tool_tokens,
-        exact=counter.exact,
-        cap_tokens=cap_tokens,
-        limits=limits,
-        output_in_window=dialect.output_in_window,
-    )
-    return messages, per_message, tool_tokens, budget
 
 
 def new_problems(
@@ -239,7 +206,7 @@ def plan_request(
     counter: MessageCounter,
     cap_tokens: int | None = None,
     summaries: SummaryProvider | None = None,
-    dialect: Dialect = DEFAULT_DIALECT,
+    dialect: Dialect,
     conversation: Conversation | None = None,
     limits: Limits | None = None,
     headroom_tokens: int = 0,
@@ -251,16 +218,20 @@ def plan_request(
     ahead-of-time summaries prepare.
     """
     parsed = dialect.parse(body) if conversation is None else conversation
-    messages, per_message, tool_tokens, budget = _prepare(
+    messages = parsed.messages
+    per_message = counter.count_messages(messages)
+    budget = request_budget(
         body,
         parsed,
         dialect=dialect,
         spec=spec,
         policy=policy,
         counter=counter,
+        exact=counter.exact,
         cap_tokens=cap_tokens,
         limits=limits,
     )
+    tool_tokens = budget.tool_tokens
     requested = parsed.requested_output_tokens
     output_cap = limits.output_cap_tokens if limits is not None else None
     lowered = (

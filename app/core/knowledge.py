@@ -34,8 +34,9 @@ INTERFACE CONTRACT (the service, the CLI and the learning glue rely on these):
 
 Precedence of each figure (each spec carries the source of each in ``ModelSpec.sources``):
 
-* window: per-request header > operator table > learned (from an upstream context error, or a silent
-  truncation) > discovered > built-in table > default. An error that states no window (OpenAI
+* window: the request's own (``X-Context-Window``, source ``request``) > operator table > learned
+  (from an upstream context error, or a silent truncation) > discovered > built-in table >
+  default. An error that states no window (OpenAI
   Responses: "Your input exceeds the context window of this model") proves the window is below
   what was sent; the window learned from it is ``retry.window_after_refusal`` of that (half of it,
   or the largest prompt the upstream took whole when that is more), source ``learned:bound``, and
@@ -312,7 +313,7 @@ class Knowledge:
         learned = entry.learned_window_tokens if entry is not None else None
         learned_from = (entry.learned_from if entry is not None else None) or "learned:overflow"
         if header_window_tokens is not None:
-            window, window_source = header_window_tokens, "header"
+            window, window_source = header_window_tokens, "request"
         elif operator:
             if learned is not None and learned < window:
                 window, window_source = learned, learned_from

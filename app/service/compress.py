@@ -15,13 +15,18 @@ Two contracts (``docs/gateways.md`` has their sources; ``app.api.compress`` serv
   whole request body of one API and returns a body of the same shape: the client's own bytes when
   it fits, else the body the proxy would forward. Everything the budget needs is in the body.
 
-Both run the proxy's own engine on the proxy's own request value (``Service.request``): exact
-counts where the tokenizer is public, the calibrated estimate elsewhere, cuts anchored at the
-conversation's start (the same history gives the same bytes on every replica, so prompt caches
-keep hitting), LLM summaries when they are on, and every structural guarantee of the dialect
-(a call is never parted from its results, signed reasoning and compaction items are never edited,
-pinned messages stay). A request that cannot fit raises ``PlanCannotFit`` (the gateway then fails
-open and forwards the original, or fails closed, as configured); bad input ``InvalidRequest``.
+Both decide through the proxy's one decision (``Service.decide``, ``app.service.decision``) on the
+proxy's own request value (``Planner.request``), as the live routes do: exact counts where the
+tokenizer is public, the calibrated estimate elsewhere, cuts anchored at the conversation's start
+(the same history gives the same bytes on every replica, so prompt caches keep hitting), the
+refinements near the budget (the upstream's own count: its counting endpoint may be asked; an
+output cap that leaves no room lowered in a whole body), LLM summaries when they are on, and every
+structural guarantee of the dialect (a call is never parted from its results, signed reasoning
+and compaction items are never edited, pinned messages stay). The messages contract's budget is
+the request's own capped by what is kept aside (``X-Context-Budget`` and the aside's cap, the
+smaller, on every plan of it). A request that cannot fit raises ``PlanCannotFit`` (the gateway
+then fails open and forwards the original, or fails closed, as configured); bad input
+``InvalidRequest``.
 
 Which API a bare message list is in (:func:`messages_api`): named by the caller (``?api=`` or
 ``X-Context-Api``), else the registered dialect that recognises the items most surely
@@ -33,17 +38,16 @@ Responses items), else the registry's first (chat).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..core.budget import budget_for
+from ..core.budget import request_budget
 from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
+from ..core.exchange import refusal_reason
 from ..core.plan import Plan
 from ..core.routes import RouteMatch
 from ..upstream.headers import Header
-from .fastpath import run_plan
 from .outcome import PlanCannotFit
 from .request import Forwarded, RequestOptions
 
@@ -54,7 +58,6 @@ DEFAULT_ASIDE_SHARE = 0.10
 """Share of the window left for what a gateway keeps aside when nobody says how much: a coding
 agent's system prompt and tools are ~15-20K tokens, about 10% of a 128-200K window."""
 
-_REASON = "shortening the conversation as far as the policy allows does not bring it under"
 
 @dataclass(frozen=True, slots=True)
 class Compressed:
@@ -135,21 +138,31 @@ class Compressor:
         body = {"model": model, dialect.items_key: messages}
         service = self.service
         await service.learner.discover(model, service.upstream.base_url_for(model))
-        request = service.request(body, options, headers=headers, dialect=dialect)
+        request = service.request(body, options, headers=headers, route=RouteMatch.first(dialect))
         aside = aside_tokens_for(
             request.spec.window_tokens,
             requested=aside_tokens,
             configured=service.settings.compress_aside_tokens,
         )
-        # The input budget the full request would have, less what the gateway keeps aside; no
-        # output reserve where the upstream does not count the output against the window.
-        room = budget_for(request.spec, {}, request.policy, tool_tokens=0, exact=request.counter.exact)
-        reserve = room.reserve_tokens if dialect.output_in_window else 0
-        cap_tokens = max(0, room.window_tokens - reserve - room.margin_tokens - aside)
-        plan = await run_plan(partial(request.plan, cap_tokens=cap_tokens), size_bytes=size_bytes)
-        plan = await service.summarized(request, plan, cap_tokens=cap_tokens)
+        # The input budget the full request would have, less what the gateway keeps aside (no
+        # output reserve where the upstream does not count the output against the window): a cap
+        # on every plan of the request, as X-Context-Budget is.
+        room = request_budget(
+            body,
+            request.conversation,
+            dialect=dialect,
+            spec=request.spec,
+            policy=request.policy,
+            counter=request.counter,
+            exact=request.counter.exact,
+        )
+        cap_tokens = max(0, room.window_tokens - room.reserve_tokens - room.margin_tokens - aside)
+        if options.budget_tokens is not None:
+            cap_tokens = min(cap_tokens, options.budget_tokens)
+        request = replace(request, options=replace(options, budget_tokens=cap_tokens))
+        request, plan = await service.decide(request, size_bytes=size_bytes)
         if not plan.fits:
-            raise PlanCannotFit(plan, reason=_REASON)
+            raise PlanCannotFit(plan, reason=refusal_reason(plan, mode=request.policy.mode))
         if not plan.changed:
             return Compressed(plan, dialect, messages, body, b"", aside_tokens=aside)
         fitted = plan.body(body)
@@ -162,11 +175,10 @@ class Compressor:
         after the endpoint's prefix); see the module doc."""
         service = self.service
         dialect = route.dialect
-        request = await service.prepare(raw, headers, options=options, dialect=dialect, route=route)
-        plan = await run_plan(request.plan, size_bytes=len(raw))
-        plan = await service.summarized(request, plan)
+        request = await service.prepare(raw, headers, options=options, route=route)
+        request, plan = await service.decide(request)
         if not plan.fits:
-            raise PlanCannotFit(plan, reason=_REASON)
+            raise PlanCannotFit(plan, reason=refusal_reason(plan, mode=request.policy.mode))
         if not plan.changed:
             items = request.body.get(dialect.items_key) or []
             return Compressed(plan, dialect, items, request.body, raw)

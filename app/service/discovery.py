@@ -14,6 +14,8 @@ instrumentation: out of the chat traffic's upstream metrics) and reports each ca
   seen, waits for that base's discovery and, when it told us no window for the model, for Ollama's
   ``POST {root}/api/show {"model": name}``; never longer than ``timeout_s`` in all. The discovery
   itself carries on in the background when the request stops waiting, and its result is cached.
+* ``settled(model, base_url)``: whether that is known already (a dry run, which asks nothing,
+  says its window is an estimate otherwise).
 * ``aclose()`` cancels what is still running.
 
 A model list refused (401/403) with the operator's key in the first key slot (``Authorization``)
@@ -136,6 +138,12 @@ class Discovery:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), self.timeout_s)
+
+    def settled(self, model: str, base_url: str) -> bool:
+        """True when what can be discovered about ``model`` is known without asking (its
+        discovery finished, or discovery is closed): ``ensure`` would not wait for an answer."""
+        found = self._models.get((base_url, model))
+        return self._closed or (found is not None and found[0].done())
 
     async def discover_listed(self, base_url: str, *, limit: int = 64) -> tuple[str, ...]:
         """Discover every model ``base_url`` lists (at most ``limit``; the CLI's table), each

@@ -1,19 +1,22 @@
 """Where the budget engine meets the upstream: the short driver of a request's exchange.
 
+``Service`` is the ``app.service.planner.Planner`` of the app with an upstream.
 ``Service.handle(raw, headers, *, options, route) -> Outcome`` is the whole path of one request of
 any wire API (``route``: the matched ``app.core.routes.RouteMatch``, its dialect and path
-parameters; ``dialect=`` alone stands for that dialect's first route):
+parameters; ``RouteMatch.first(dialect)`` for a dialect's first route):
 
 1. parse the body (bad JSON, a non-object body or a bad model -> ``InvalidRequest``);
-2. make the request value once (``Service.prepare`` -> ``app.service.request.ProxyRequest``):
-   the model (``Dialect.model_of``: the body's or the path's) resolved and refined by the
-   dialect (``refine_spec``; ``X-Context-Window`` overrides the window), the policy refined by the
+2. make the request value once (``Service.prepare`` -> ``Planner.request``): the model
+   (``Dialect.model_of``: the body's or the path's) resolved and refined by the dialect
+   (``refine_spec``; ``X-Context-Window`` overrides the window), the policy refined by the
    request's ``X-Context-*`` options, the counter, the dialect's neutral conversation;
-3. plan it (``ProxyRequest.plan``); a plan that does not fit raises ``CannotFit`` (the
-   ``off`` policy never fails). A large body is planned in a worker thread, and one that
-   ``app.core.ceiling`` proves fits is sent first and planned meanwhile (``app.service.fastpath``:
-   a large body in a worker thread, a small one on the event loop while the upstream works); the
-   exact plan is always ready before the outcome is returned;
+3. decide (``Service.decide``: ``app.service.decision``, the one decision of every door: the
+   plan, the boundary's refinements, the memory); a plan that does not fit raises ``CannotFit``
+   (the ``off`` policy never fails). A large body is planned in a worker thread, and one that
+   ``app.core.ceiling`` proves fits, and that the boundary keeps as it is, is sent first and
+   planned meanwhile (``app.service.fastpath``: a large body in a worker thread, a small one on
+   the event loop while the upstream works); the exact plan is always ready before the outcome is
+   returned;
 4. send: the client's *original bytes* when the plan did not change anything, else the plan's
    body serialized once, to where the route says (``RouteMatch.target``), with the client's
    query string, the operator's key in the dialect's first key slot;
@@ -32,33 +35,28 @@ frameworks; the API layer renders errors and responses.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncIterable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..core.body_memo import BodyMemo
-from ..core.budget import Policy
-from ..core.ceiling import conversation_surely_fits
-from ..core.conversation import Conversation
-from ..core.dialect import Dialect
-from ..core.dialects import DEFAULT_DIALECT
+from ..core.ceiling import fitting_ceiling
 from ..core.exchange import Command, Deliver, Exchange, Fail, Replan, Send
 from ..core.overflow import ContextOverflow
-from ..core.parse_memo import ParseMemo
 from ..core.plan import Plan
-from ..core.registry import ModelSpec
 from ..core.reuse import PrefixMemory, PrefixReuse
 from ..core.routes import KeySlot, RouteMatch
-from ..core.tokens import MessageCounter
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, UpstreamResponse
 from ..upstream.headers import Header
 from .boundary import build_boundary
+from .decision import decide
 from .fastpath import OFFLOAD_MIN_BYTES, Pending, abandon_plan, finish_plan, plan_soon, run_plan, start_plan
 from .learning import Learner
 from .outcome import Ahead, Outcome, PlanCannotFit, Readiness, Render
 from .peek import is_event_stream, read_preamble
+from .planner import Planner
 from .ports import REQUIRED_ENCODINGS, ModelResolver, Vocabularies
 from .request import Forwarded, ProxyRequest, RequestOptions, parse_body
 
@@ -66,7 +64,7 @@ if TYPE_CHECKING:
     from .summaries import Summaries
 
 
-class Service:
+class Service(Planner):
     """The proxy's state and request path; one per app (``app.state.service``), no globals.
 
     Keeps one :class:`MessageCounter` per encoding for the app's life (their caches are per
@@ -84,136 +82,35 @@ class Service:
         summaries: Summaries | None = None,
         learner: Learner | None = None,
     ) -> None:
+        learner = learner if learner is not None else Learner()
+        super().__init__(
+            policy=settings.fit_policy(),
+            registry=registry,
+            vocabularies=vocabularies,
+            # Near the boundary: exact counts, lowered output caps, anchors (app.service.boundary).
+            boundary=build_boundary(settings, learner=learner, upstream=upstream),
+            summarize=settings.summarize if summaries is not None else None,
+            base_url_for=upstream.base_url_for,
+        )
         self.settings = settings
-        self.registry = registry
-        self.vocabularies = vocabularies
         self.upstream = upstream
         self.required_encodings = tuple(required_encodings)
-        self._policy = settings.fit_policy()
-        self._remembering: Policy | None = None  # the operator's policy with summaries wanted
-        self._counters: dict[str, MessageCounter] = {}
         self.summaries = summaries
-        self.learner = learner if learner is not None else Learner()
         self.prefixes = PrefixMemory()
-        # The dialects' parses of recent requests: a resent history is not converted again.
-        self.parses = ParseMemo()
         # Recent bodies: a resent one is parsed only where it changed (its history's newest end).
         self.bodies = BodyMemo()
-        # Near the boundary: exact counts, lowered output caps, anchors (app.service.boundary).
-        self.boundary = build_boundary(settings, learner=self.learner, upstream=upstream)
-
-    def counter(self, encoding: str) -> MessageCounter:
-        counter = self._counters.get(encoding)
-        if counter is None:
-            counter = self._counters[encoding] = MessageCounter(self.vocabularies.counter_for(encoding))
-        return counter
-
-    def policy(self, options: RequestOptions) -> Policy:
-        policy = self._policy.refined(
-            mode=options.mode,
-            keep_turns=options.keep_turns,
-            reserve_tokens=options.reserve_tokens,
-            cut_target=options.cut_target,
-            lower_output=options.lower_output,
-        )
-        # With summaries wanted, every plan of the request (the first one too) leaves the cut room
-        # for the memory: the same cut whether or not its summary comes.
-        wanted = self.summaries is not None and self.summaries.wanted(policy, options.summarize)
-        if not wanted or policy.summarize:
-            return policy
-        if policy is self._policy:  # the common case: no per-request override, made once
-            if self._remembering is None:
-                self._remembering = replace(policy, summarize=True)
-            return self._remembering
-        return replace(policy, summarize=True)
-
-    def counter_for_spec(self, spec: ModelSpec) -> MessageCounter:
-        """The counter to plan ``spec`` with (per model, calibrated, for the estimate)."""
-        return self.learner.counter(spec, self.counter)
 
     # -- the request value --------------------------------------------------------------------
 
-    def request(
-        self,
-        body: Mapping[str, Any],
-        options: RequestOptions,
-        *,
-        raw: bytes = b"",
-        headers: Sequence[Header] = (),
-        dialect: Dialect = DEFAULT_DIALECT,
-        route: RouteMatch | None = None,
-        model: str | None = None,
-    ) -> ProxyRequest:
-        """The request value of ``body`` (no I/O): ``InvalidRequest`` for a bad model first, then
-        for what the dialect refuses in the conversation. ``route`` (else ``dialect``'s first
-        route) gives the dialect, the path's parameters and where the request goes; ``model``: the
-        route dialect's ``model_of`` the body, when the caller read it already."""
-        match = route if route is not None else RouteMatch.first(dialect)
-        dialect = match.dialect
-        if model is None:
-            model = dialect.model_of(body, match.params)
-        table_spec = dialect.refine_spec(self.registry.resolve(model), headers)
-        spec = self.learner.effective(table_spec, header_window_tokens=options.window_tokens)
-        conversation = dialect.parse(body, memo=self.parses)
-        stream = conversation.stream if match.route.stream is None else match.route.stream
-        if conversation.model != model or conversation.stream != stream:
-            # The path's model and stream (Gemini's); the constructor, not ``replace`` (which
-            # walks the fields on every call).
-            conversation = Conversation(
-                model=model,
-                messages=conversation.messages,
-                tool_tokens=conversation.tool_tokens,
-                requested_output_tokens=conversation.requested_output_tokens,
-                stream=stream,
-                fittable=conversation.fittable,
-                unfittable_reason=conversation.unfittable_reason,
-            )
-        return ProxyRequest(
-            raw=raw,
-            body=body,
-            dialect=dialect,
-            route=match,
-            conversation=conversation,
-            spec=spec,
-            policy=self.boundary.policy_for(self.policy(options)),
-            counter=self.counter_for_spec(spec),
-            base_url=self.upstream.base_url_for(model),
-            options=options,
-            headers=tuple(headers),
-            calibrated=self.learner.calibrated(spec),
-        )
-
     async def prepare(
-        self,
-        raw: bytes,
-        headers: Sequence[Header],
-        *,
-        options: RequestOptions,
-        dialect: Dialect = DEFAULT_DIALECT,
-        route: RouteMatch | None = None,
+        self, raw: bytes, headers: Sequence[Header], *, options: RequestOptions, route: RouteMatch
     ) -> ProxyRequest:
         """Parse ``raw``, learn about a model seen for the first time (``Learner.discover``), and
         make the request value."""
-        match = route if route is not None else RouteMatch.first(dialect)
-        body = parse_body(raw, memo=self.bodies, key=match.dialect.items_key)
-        model = match.dialect.model_of(body, match.params)
+        body = parse_body(raw, memo=self.bodies, key=route.dialect.items_key)
+        model = route.dialect.model_of(body, route.params)
         await self.learner.discover(model, self.upstream.base_url_for(model))
-        return self.request(body, options, raw=raw, headers=headers, route=match, model=model)
-
-    def plan(
-        self,
-        body: Mapping[str, Any],
-        options: RequestOptions,
-        *,
-        dialect: Dialect = DEFAULT_DIALECT,
-        headers: Sequence[Header] = (),
-    ) -> Plan:
-        """The plan for ``body`` (no I/O, no summaries); ``InvalidRequest`` on a bad body. Never
-        raises ``CannotFit``: the dry run reports ``fits=False``."""
-        return self.request(body, options, dialect=dialect, headers=headers).plan()
-
-    def plan_raw(self, raw: bytes, options: RequestOptions, *, dialect: Dialect = DEFAULT_DIALECT) -> Plan:
-        return self.plan(parse_body(raw), options, dialect=dialect)
+        return self.request(body, options, raw=raw, headers=headers, route=route, model=model)
 
     def count(
         self, raw: bytes, options: RequestOptions, *, route: RouteMatch, headers: Sequence[Header] = ()
@@ -253,21 +150,33 @@ class Service:
             return plan
         return await self.summaries.refine(request, plan, cap_tokens=cap_tokens, writes=writes)
 
-    @staticmethod
-    def surely_fits(request: ProxyRequest) -> bool:
-        """True when the exact plan is certain to fit unchanged (``app.core.ceiling``; exact
-        counters only)."""
+    def surely_fits(self, request: ProxyRequest) -> bool:
+        """True when the decision is certain to forward the request unchanged without counting
+        it: the ceiling (``app.core.ceiling``; exact counters only) fits the budget and the
+        boundary keeps a request of that size as it is (``Boundary.keeps``)."""
         if not request.counter.exact or not request.conversation.fittable:
             return False
-        cap_tokens = request.options.budget_tokens
-        return conversation_surely_fits(
+        if request.policy.mode == "off":  # forwarded unchanged whatever it counts
+            return True
+        ceiling = fitting_ceiling(
             request.body,
             request.conversation,
             dialect=request.dialect,
             spec=request.spec,
             policy=request.policy,
-            cap_tokens=cap_tokens,
+            cap_tokens=request.options.budget_tokens,
+            limits=request.limits,
         )
+        return ceiling is not None and self.boundary.keeps(request, ceiling.tokens, ceiling.budget)
+
+    async def decide(
+        self, request: ProxyRequest, *, size_bytes: int | None = None
+    ) -> tuple[ProxyRequest, Plan]:
+        """The one decision (``app.service.decision``) with the proxy's I/O: the request with the
+        limits its plan was made under, and the plan (``fits`` False: refused). ``size_bytes``:
+        what planning it may cost, when its body did not come as ``request.raw``."""
+        size = self.counting_size(request) if size_bytes is None else size_bytes
+        return await decide(request, boundary=self.boundary, summaries=self.summaries, size_bytes=size)
 
     @staticmethod
     def counting_size(request: ProxyRequest) -> int:
@@ -285,18 +194,17 @@ class Service:
         headers: Sequence[Header],
         *,
         options: RequestOptions,
-        dialect: Dialect = DEFAULT_DIALECT,
-        route: RouteMatch | None = None,
+        route: RouteMatch,
         render: Render | None = None,
     ) -> Outcome:
-        """Plan and send one request of ``route`` (else of ``dialect``'s first route); see
-        the module docstring. ``render(plan, prefix_reuse)``: what the caller will make of the
-        answered plan (its response headers), made on the fast path while the upstream works and
-        given back as ``Outcome.rendered`` when that plan is answered as it was.
+        """Plan and send one request of ``route``; see the module docstring.
+        ``render(plan, prefix_reuse)``: what the caller will make of the answered plan (its
+        response headers), made on the fast path while the upstream works and given back as
+        ``Outcome.rendered`` when that plan is answered as it was.
 
         Raises ``InvalidRequest``, ``CannotFit`` or an ``UpstreamError``.
         """
-        request = await self.prepare(raw, headers, options=options, dialect=dialect, route=route)
+        request = await self.prepare(raw, headers, options=options, route=route)
         return await self.run(request, render=render)
 
     async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
@@ -320,9 +228,8 @@ class Service:
             pending = plan_soon(plan_ahead) if small else start_plan(plan_ahead)
             command = exchange.start_unplanned()
         else:
-            plan = await run_plan(request.plan, size_bytes=size_bytes)
-            request, plan = await self.boundary.refine(request, plan)
-            command = exchange.start(await self.summarized(request, plan))
+            request, plan = await self.decide(request)
+            command = exchange.start(plan)
         response: UpstreamResponse | None = None
         # Made by the first ``Send`` (``start`` answers ``Send`` or ``Fail``; ``Deliver`` and
         # ``Replan`` only follow an answer): not priced before it is needed.

@@ -6,8 +6,10 @@ slices (an 80 ms count inline stalls every other request for 80 ms). So:
 
 * ``run_plan(fn, *, size_bytes)``: plan inline for a small body (a thread hop would cost more
   than the count), in a worker thread (``asyncio.to_thread``) from ``OFFLOAD_MIN_BYTES`` up.
-* The fast path (``Service.run``): when ``app.core.ceiling.surely_fits`` says a body cannot be
-  over its budget, its original bytes go upstream at once and the exact plan is computed
+* The fast path (``Service.run``): when ``app.core.ceiling.fitting_ceiling`` says a body cannot
+  be over its budget, and the boundary keeps a request of that ceiling as it is
+  (``Service.surely_fits``: the one decision forwards it unchanged), its original bytes go
+  upstream at once and the exact plan is computed
   meanwhile: a large body's in a worker thread (``start_plan``), a small body's on the event loop
   once the request is out, while the upstream works (``plan_soon``: the plan leaves the
   critical path of a small request); ``finish_plan`` takes it when the upstream has answered,

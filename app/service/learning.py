@@ -225,6 +225,10 @@ class Learner:
         elif self.share is not None:
             await self.share.sync(model)
 
+    def settled(self, model: str, base_url: str) -> bool:
+        """True when ``discover`` would find nothing new about ``model`` at the upstream."""
+        return self.discovery is None or self.discovery.settled(model, base_url)
+
     async def aclose(self) -> None:
         if self.discovery is not None:
             await self.discovery.aclose()
@@ -284,8 +288,9 @@ class Learner:
     def learn_from_count(
         self, model: str, input_tokens: int, *, counter: MessageCounter, counted: Mapping[str, Any]
     ) -> bool:
-        """The upstream's count of ``counted`` (a chat-shaped body, see ``Forwarded.counted``) from its
-        counting endpoint calibrates ``model``'s estimate like usage does. True when it did."""
+        """The upstream's count of ``counted`` (a body as the chat accounting counts it, see
+        ``Forwarded.counted``) from its counting endpoint calibrates ``model``'s estimate like
+        usage does. True when it did."""
         fixed, text = counter.request_parts(counted)
         sampled = self.knowledge.observe_count(
             model, input_tokens=input_tokens, fixed_tokens=fixed, text_tokens=text, exact=counter.exact

@@ -1,7 +1,8 @@
 """The plan as numbers for people: the dry run's JSON and the whole-request budget.
 
-``plan_report(plan, original, *, retries=0) -> dict`` is the answer of ``POST /v1/context/plan``
-and of ``ctxproxy plan``; ``request_budget_tokens(budget)`` is the figure ``X-Context-Budget`` caps.
+``plan_report(plan, original, *, retries=0, estimates=None) -> dict`` is the answer of
+``POST /v1/context/plan`` and of ``ctxproxy plan``; ``request_budget_tokens(budget)`` is the figure
+``X-Context-Budget`` caps.
 """
 
 from __future__ import annotations
@@ -29,13 +30,24 @@ def forwarded_body(plan: Plan, original: Mapping[str, Any]) -> Mapping[str, Any]
     return plan.body(original) if plan.changed else original
 
 
-def plan_report(plan: Plan, original: Mapping[str, Any], *, retries: int = 0) -> dict[str, Any]:
+def plan_report(
+    plan: Plan,
+    original: Mapping[str, Any],
+    *,
+    retries: int = 0,
+    estimates: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The plan of the request body ``original`` as JSON-ready data (the dry run's answer, and
     ``ctxproxy plan``'s output).
 
     ``body`` is the request the proxy would forward, in the request's own API shape
     (:func:`forwarded_body`); when ``fits`` is false the proxy refuses the request instead (policy
-    ``off`` aside), and ``body`` shows how far the policy got. ``message_tokens`` and ``dropped``
+    ``off`` aside), and ``body`` shows how far the policy got. ``output_lowered``: the output cap
+    the body is forwarded with when it was lowered below the client's (the live route's
+    ``X-Context-Output-Lowered``), else null; ``upstream_tokens``: the upstream's own count of the
+    whole request when it decided the plan, else null. ``estimates``: what the door that made the
+    plan could not know, each figure's name with why (``app.service.decision.ESTIMATES``; empty:
+    the proxy decides exactly this). ``message_tokens`` and ``dropped``
     index the conversation as the engine counts it (one entry per message; for Chat Completions
     these are the body's ``messages``; another API's items map to messages as its dialect says)."""
     spec, budget = plan.spec, plan.budget
@@ -69,6 +81,9 @@ def plan_report(plan: Plan, original: Mapping[str, Any], *, retries: int = 0) ->
         "tokens_after": plan.tokens_after,
         "fits": plan.fits,
         "changed": plan.changed,
+        "output_lowered": plan.output_cap_tokens,
+        "upstream_tokens": plan.upstream_tokens,
+        "estimates": dict(estimates or {}),
         "retries": retries,
         "actions": [
             {"kind": a.kind, "count": a.count, "tokens_freed": a.tokens_freed, "detail": a.detail}

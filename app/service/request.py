@@ -2,7 +2,8 @@
 
 * ``RequestOptions``: the validated ``X-Context-*`` request headers (``upstream_count`` and
   ``lower_output``: the ``X-Context-Upstream-Count`` / ``X-Context-Lower-Output`` switches of
-  ``app.service.boundary``).
+  ``app.service.boundary``); ``summaries_wanted(policy, requested, default=)``: whether a request
+  wants LLM summaries (its ``X-Context-Summarize``, else the operator's switch; policy ``auto``).
 * ``parse_body(raw) -> dict`` turns bad JSON or a non-object into ``InvalidRequest``;
   ``dump_body(body) -> bytes`` writes a rewritten body back (``app.wire``).
 * ``ProxyRequest``: one request as everything downstream sees it, made once at the top of the
@@ -31,7 +32,7 @@ import orjson
 
 from ..core.body_memo import BodyMemo
 from ..core.budget import Limits, Policy, PolicyMode
-from ..core.conversation import PRICE_KEY, Conversation
+from ..core.conversation import Conversation
 from ..core.dialect import Dialect
 from ..core.errors import InvalidRequest
 from ..core.fit import SummaryProvider, plan_request
@@ -58,6 +59,13 @@ class RequestOptions:
     cut_target: float | None = None
     upstream_count: bool | None = None
     lower_output: bool | None = None
+
+
+def summaries_wanted(policy: Policy, requested: bool | None, *, default: bool) -> bool:
+    """Whether a request under ``policy`` wants LLM summaries: its own ``X-Context-Summarize``
+    (``requested``), else the operator's switch (``default``); only under policy ``auto``."""
+    enabled = default if requested is None else requested
+    return enabled and policy.mode == "auto"
 
 
 def load_json(raw: bytes) -> Any:
@@ -165,9 +173,8 @@ class ProxyRequest:
 @dataclass(frozen=True, slots=True)
 class Forwarded:
     """What one plan sends: ``body``, ``content`` (the bytes on the wire) and ``counted``, the same
-    conversation as a chat body for the chat accounting that learning compares usage with (the
-    body itself for a ``chat_shaped`` dialect; else the neutral messages, plus the tool
-    definitions' tokens as one priced message)."""
+    conversation as the chat accounting counts it, which learning compares usage with (the
+    dialect's ``accounting_view`` of the body, its neutral messages and its tools' tokens)."""
 
     plan: Plan | None
     body: Mapping[str, Any]
@@ -183,20 +190,16 @@ class Forwarded:
         else:
             body = plan.body(request.body)
             content = dump_body(body)
-        if request.dialect.chat_shaped:
-            return cls(plan, body, content, body)
         messages = request.conversation.messages if plan is None else plan.messages
-        # The upstream's usage counts the tool definitions too: they join the comparison as a
-        # priced message (fixed tokens, by the dialect's own rule), or a body with many tools
-        # (Claude Code's: ~11K tokens) would teach a correction of about 2 from its first answer.
+        # The upstream's usage counts the tool definitions too: a view that prices them by the
+        # dialect's own rule (a body with many tools, Claude Code's ~11K tokens, would otherwise
+        # teach a correction of about 2 from its first answer).
         tools = (
             request.dialect.tool_tokens(request.body, request.counter)
             if plan is None
             else plan.budget.tool_tokens
         )
-        if tools > 0:
-            messages = (*messages, {"role": "system", "content": None, PRICE_KEY: tools})
-        return cls(plan, body, content, {"messages": messages})
+        return cls(plan, body, content, request.dialect.accounting_view(body, messages, tools))
 
     @classmethod
     def sent_first(cls, request: ProxyRequest, plan: Plan) -> Forwarded:

@@ -33,7 +33,7 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   header its API uses). Neither the query nor a key is ever logged (a failure names the URL
   without its query). ``CTXPROXY_SUMMARY_MODEL``,
   ``CTXPROXY_SUMMARY_BASE_URL`` and ``CTXPROXY_SUMMARY_API`` override the model, the upstream and
-  the API.
+  the API (one of ``dialects``, the app's registry, injected by the composition root).
 * ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures,
   tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
   in by an ``earlier`` one, ``too_large``, ``backing_off``; summaries made ``ahead``), totals of
@@ -62,7 +62,6 @@ from ..compaction.cache import SummaryCache, cache_from_url
 from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError
 from ..core.budget import Policy
 from ..core.dialect import Dialect
-from ..core.dialects import DIALECTS
 from ..core.fit import next_cut_headroom
 from ..core.memory import memory_tokens_for, span_messages
 from ..core.plan import Plan
@@ -73,7 +72,7 @@ from ..wire import dump_json
 from .fastpath import run_plan
 from .ports import ModelResolver, SummaryEvents, Vocabularies
 from .report import request_budget_tokens
-from .request import ProxyRequest
+from .request import ProxyRequest, summaries_wanted
 
 logger = logging.getLogger("ctxproxy.compaction")
 
@@ -172,10 +171,12 @@ class Summaries:
         registry: ModelResolver,
         vocabularies: Vocabularies,
         upstream: UpstreamClient,
+        dialects: Mapping[str, Dialect],
         cache: SummaryCache | None = None,
         events: SummaryEvents | None = None,
     ) -> None:
         self.settings = settings
+        self.dialects = dialects  # the app's registry: CTXPROXY_SUMMARY_API names one of them
         self.events = events
         self.registry = registry
         self.vocabularies = vocabularies
@@ -188,8 +189,7 @@ class Summaries:
         self._events: dict[str, dict[str, int]] = {}
 
     def wanted(self, policy: Policy, summarize: bool | None) -> bool:
-        enabled = self.settings.summarize if summarize is None else summarize
-        return enabled and policy.mode == "auto"
+        return summaries_wanted(policy, summarize, default=self.settings.summarize)
 
     def _count(self, api: str, event: str) -> None:
         counts = self._events.setdefault(api, dict.fromkeys(EVENTS, 0))
@@ -215,7 +215,7 @@ class Summaries:
     def dialect_for(self, request: ProxyRequest) -> Dialect:
         """The wire API summaries of ``request`` are asked in (``CTXPROXY_SUMMARY_API`` or its own)."""
         name = self.settings.summary_api
-        return DIALECTS[name] if name else request.dialect
+        return self.dialects[name] if name else request.dialect
 
     def ahead_for(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 import respx
 
 from app.api.errors import BodyTooLarge, error_info_of, render
+from app.core.dialects import DIALECTS
 from app.core.errors import CannotFit, InvalidRequest
 from app.upstream.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from tests.api import UPSTREAM, chat_ok, forwarded_calls, proxy
@@ -160,16 +162,18 @@ async def test_a_bug_is_a_logged_openai_shaped_500_and_the_app_keeps_serving(cap
 
 def test_status_mapping_covers_every_error_the_proxy_raises() -> None:
     fit = CannotFit(tokens=900, budget_tokens=700, window_tokens=1000, reserve_tokens=200, reason="r")
-    info = error_info_of(fit)
-    assert (info.status, info.code, info.param) == (400, "context_length_exceeded", "messages")
-    assert "900" in info.message and "700" in info.message
-    bad = error_info_of(InvalidRequest("m", param="p"))
-    assert (bad.status, bad.message, bad.code, bad.param) == (400, "m", "invalid_request_error", "p")
-    assert error_info_of(BodyTooLarge(limit_bytes=5)).status == 413
-    assert error_info_of(UpstreamUnreachable("x")).status == 502
-    assert error_info_of(UpstreamTimeout("x")).status == 504
-    assert error_info_of(UpstreamProtocolError("x")).status == 502
-    assert error_info_of(ValueError("x")).status == 500
+    for dialect in DIALECTS.values():
+        info = error_info_of(fit, dialect)
+        # The conversation that does not fit is the dialect's own array (``items_key``).
+        assert (info.status, info.code, info.param) == (400, "context_length_exceeded", dialect.items_key)
+        assert "900" in info.message and "700" in info.message
+        bad = error_info_of(InvalidRequest("m", param="p"), dialect)
+        assert (bad.status, bad.message, bad.code, bad.param) == (400, "m", "invalid_request_error", "p")
+        assert error_info_of(BodyTooLarge(limit_bytes=5), dialect).status == 413
+        assert error_info_of(UpstreamUnreachable("x"), dialect).status == 502
+        assert error_info_of(UpstreamTimeout("x"), dialect).status == 504
+        assert error_info_of(UpstreamProtocolError("x"), dialect).status == 502
+        assert error_info_of(ValueError("x"), dialect).status == 500
 
 
 @pytest.mark.parametrize(
@@ -183,10 +187,8 @@ def test_status_mapping_covers_every_error_the_proxy_raises() -> None:
         (ValueError("x"), 500, "server_error", None),
     ],
 )
-def test_routes_of_no_dialect_answer_in_the_default_dialects_openai_shape(
-    exc: Exception, status: int, type_: str, code: str | None
-) -> None:
-    response = render(exc)
+def test_chats_errors_are_in_openai_shape(exc: Exception, status: int, type_: str, code: str | None) -> None:
+    response = render(exc, DIALECTS["chat"])
     error = json.loads(response.body)["error"]
     assert response.status_code == status
     assert list(error) == ["message", "type", "param", "code"]
@@ -217,7 +219,9 @@ async def _last_resort_run(*, fail_after_start: bool, observed: bool) -> list[di
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    # The app's fallback dialect speaks for a request no route took (the composition root's choice).
+    host = SimpleNamespace(state=SimpleNamespace(fallback_dialect=DIALECTS["chat"]))
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "app": host}
     await app(scope, receive, send)
     return sent
 

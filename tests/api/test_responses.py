@@ -13,7 +13,7 @@ import respx
 
 from app.api.responses import UpstreamStreamResponse, context_headers, read_whole
 from app.core.budget import Budget
-from app.core.dialects import DEFAULT_DIALECT
+from app.core.dialects import CHAT as CHAT_API
 from app.core.plan import Plan
 from app.core.registry import ModelSpec
 from app.upstream.client import UpstreamResponse
@@ -55,7 +55,7 @@ async def test_a_read_answer_goes_out_in_one_message_with_its_length() -> None:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
-    response = UpstreamStreamResponse(upstream, extra_headers=[("X-Context-Retries", "0")])
+    response = UpstreamStreamResponse(upstream, dialect=CHAT_API, extra_headers=[("X-Context-Retries", "0")])
     await response({"type": "http"}, receive, send)
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[1] == {"type": "http.response.body", "body": payload, "more_body": False}
@@ -126,7 +126,7 @@ async def run_stream(*, hang_up_after_end: bool) -> dict[str, Any]:
 
     scope: dict[str, Any] = {"type": "http"}
     with anyio.fail_after(5):
-        await UpstreamStreamResponse(upstream)(scope, receive, send)
+        await UpstreamStreamResponse(upstream, dialect=CHAT_API)(scope, receive, send)
     return {"fields": access_fields(scope), "bodies": bodies}
 
 
@@ -155,7 +155,7 @@ def test_context_headers_say_a_lowered_output_cap_and_the_upstreams_count() -> N
         fits=True,
         messages=(),
         message_tokens=(),
-        dialect=DEFAULT_DIALECT,
+        dialect=CHAT_API,
     )
     plain = dict(context_headers(plan, retries=0))
     assert plain["X-Context-Window"] == "4096" and plain["X-Context-Budget"] == str(4096 - 614 - 41)

@@ -11,6 +11,7 @@ import httpx
 import orjson
 import respx
 
+from app.core.dialects import CHAT as CHAT_API
 from app.core.messages import pairing_problems
 from tests.api import UPSTREAM, WINDOW_TOKENS, chat_ok, forwarded_calls, openai_overflow, proxy, words
 
@@ -339,7 +340,7 @@ async def test_dry_run_returns_the_plan_without_calling_the_upstream() -> None:
     plan = response.json()
     assert plan["model"] == "unknown-model"
     assert plan["spec"]["window_tokens"] == 5000
-    assert plan["spec"]["source"] == "header"
+    assert plan["spec"]["source"] == "request"
     assert plan["spec"]["guessed"] is True
     assert plan["fits"] is True and plan["changed"] is False
     assert plan["body"] == body  # it fits: forwarded as it came
@@ -439,7 +440,7 @@ async def test_client_disconnect_stops_the_stream_and_closes_the_upstream() -> N
         return {"type": "http.disconnect"}
 
     scope: dict[str, Any] = {"type": "http"}
-    await UpstreamStreamResponse(upstream)(scope, receive, send)
+    await UpstreamStreamResponse(upstream, dialect=CHAT_API)(scope, receive, send)
     assert closed == [True]
     assert sent[0]["type"] == "http.response.start"
     assert all(m.get("more_body") for m in sent[1:])
@@ -500,7 +501,7 @@ async def test_a_send_that_fails_because_the_client_left_ends_quietly_and_closes
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
-    await UpstreamStreamResponse(upstream)({"type": "http"}, receive, send)
+    await UpstreamStreamResponse(upstream, dialect=CHAT_API)({"type": "http"}, receive, send)
     assert closed == [True]
     assert [m["type"] for m in sent] == ["http.response.start"]
 

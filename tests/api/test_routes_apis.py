@@ -418,3 +418,18 @@ async def test_proxy_keys_accept_x_api_key_and_refuse_in_the_routes_shape() -> N
     assert route.calls[0].request.headers["authorization"] == "Bearer sk-operator"
     assert "x-api-key" not in route.calls[0].request.headers
     assert probe.status_code == 200
+
+
+async def test_a_request_of_no_api_speaks_the_fallback_the_composition_root_injects() -> None:
+    # The composition root chooses who speaks for a request no route took: chat's (OpenAI's) shape
+    # when chat is registered, else the registry's first: no signature below defaults to one.
+    router = respx.Router(assert_all_called=False)
+    async with proxy(router) as (client, app):
+        default = await client.get("/no/such/path")
+        assert app.state.fallback_dialect is DIALECTS["chat"]
+    async with proxy(router, dialects={"messages": DIALECTS["messages"]}) as (client, app):
+        anthropic = await client.get("/no/such/path")
+        assert app.state.fallback_dialect is DIALECTS["messages"]
+    assert default.status_code == anthropic.status_code == 404
+    assert set(default.json()["error"]) == {"message", "type", "param", "code"}  # OpenAI's
+    assert anthropic.json()["type"] == "error" and anthropic.json()["error"]["type"] == "not_found_error"

@@ -33,7 +33,7 @@ POLICY = Policy()
 
 
 def test_formula_with_exact_counts() -> None:
-    budget = budget_for(GPT4O, {}, POLICY, tool_tokens=300, exact=True)
+    budget = budget_for(GPT4O, POLICY, tool_tokens=300, exact=True)
     # reserve: 15% of 128000 = 19200, clamped to 4096; margin: 1% of 128000 = 1280
     assert (budget.reserve_tokens, budget.margin_tokens, budget.tool_tokens) == (4_096, 1_280, 300)
     assert budget.window_tokens == 128_000
@@ -42,7 +42,7 @@ def test_formula_with_exact_counts() -> None:
 
 
 def test_formula_with_estimated_counts() -> None:
-    budget = budget_for(model(200_000, 64_000, "estimate"), {}, POLICY, tool_tokens=0, exact=False)
+    budget = budget_for(model(200_000, 64_000, "estimate"), POLICY, tool_tokens=0, exact=False)
     assert budget.margin_tokens == 10_000  # 5% of 200000
     assert budget.input_budget_tokens == 200_000 - 4_096 - 10_000
 
@@ -59,12 +59,15 @@ def test_budget_value_formula_directly() -> None:
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
     body = {"max_completion_tokens": 700, "max_tokens": 50}
-    assert requested_output_tokens(body) == 700
-    assert budget_for(GPT4O, body, POLICY, tool_tokens=0, exact=True).reserve_tokens == 700
+    requested = requested_output_tokens(body)
+    assert requested == 700
+    budget = budget_for(GPT4O, POLICY, requested_tokens=requested, tool_tokens=0, exact=True)
+    assert budget.reserve_tokens == 700
 
 
 def test_max_tokens_used_when_alone() -> None:
-    assert budget_for(GPT4O, {"max_tokens": 1_234}, POLICY, tool_tokens=0, exact=True).reserve_tokens == 1_234
+    budget = budget_for(GPT4O, POLICY, requested_tokens=1_234, tool_tokens=0, exact=True)
+    assert budget.reserve_tokens == 1_234
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, False, 1.5, "100", None, [100]])
@@ -75,8 +78,8 @@ def test_unusable_output_sizes_are_ignored(bad: Any) -> None:
 
 def test_request_reserve_beats_policy_reserve() -> None:
     policy = Policy(reserve_tokens=2_000)
-    assert budget_for(GPT4O, {"max_tokens": 500}, policy, tool_tokens=0, exact=True).reserve_tokens == 500
-    assert budget_for(GPT4O, {}, policy, tool_tokens=0, exact=True).reserve_tokens == 2_000
+    assert budget_for(GPT4O, policy, requested_tokens=500, tool_tokens=0, exact=True).reserve_tokens == 500
+    assert budget_for(GPT4O, policy, tool_tokens=0, exact=True).reserve_tokens == 2_000
 
 
 @pytest.mark.parametrize(
@@ -106,41 +109,41 @@ def test_default_reserve_follows_the_policy_knobs() -> None:
 def test_margin_is_larger_for_estimates() -> None:
     for window in (1_000, 8_192, 128_000, 1_048_576):
         spec = model(window, min(window, 4_096))
-        exact = budget_for(spec, {}, POLICY, tool_tokens=0, exact=True).margin_tokens
-        estimate = budget_for(spec, {}, POLICY, tool_tokens=0, exact=False).margin_tokens
+        exact = budget_for(spec, POLICY, tool_tokens=0, exact=True).margin_tokens
+        estimate = budget_for(spec, POLICY, tool_tokens=0, exact=False).margin_tokens
         assert estimate > exact
 
 
 def test_margin_has_a_floor() -> None:
-    assert budget_for(model(500, 500), {}, POLICY, tool_tokens=0, exact=True).margin_tokens == 16
+    assert budget_for(model(500, 500), POLICY, tool_tokens=0, exact=True).margin_tokens == 16
 
 
 # ---- the cap header -------------------------------------------------------------------------------
 
 
 def test_cap_lowers_the_budget() -> None:
-    budget = budget_for(GPT4O, {}, POLICY, tool_tokens=0, exact=True, cap_tokens=5_000)
+    budget = budget_for(GPT4O, POLICY, tool_tokens=0, exact=True, cap_tokens=5_000)
     assert budget.cap_tokens == 5_000
     assert budget.input_budget_tokens == 5_000
 
 
 def test_cap_above_the_room_changes_nothing() -> None:
-    capped = budget_for(GPT4O, {}, POLICY, tool_tokens=0, exact=True, cap_tokens=10_000_000)
-    plain = budget_for(GPT4O, {}, POLICY, tool_tokens=0, exact=True)
+    capped = budget_for(GPT4O, POLICY, tool_tokens=0, exact=True, cap_tokens=10_000_000)
+    plain = budget_for(GPT4O, POLICY, tool_tokens=0, exact=True)
     assert capped.input_budget_tokens == plain.input_budget_tokens
 
 
 def test_cap_covers_the_whole_input_tools_included() -> None:
     # Budget.cap_tokens is in the same unit as retry_cap_tokens: messages + priming + tools.
-    budget = budget_for(GPT4O, {}, POLICY, tool_tokens=2_000, exact=True, cap_tokens=5_000)
+    budget = budget_for(GPT4O, POLICY, tool_tokens=2_000, exact=True, cap_tokens=5_000)
     assert budget.input_budget_tokens == 5_000 - 2_000
-    tools_bigger_than_cap = budget_for(GPT4O, {}, POLICY, tool_tokens=6_000, exact=True, cap_tokens=5_000)
+    tools_bigger_than_cap = budget_for(GPT4O, POLICY, tool_tokens=6_000, exact=True, cap_tokens=5_000)
     assert tools_bigger_than_cap.input_budget_tokens == 0
 
 
 def test_cap_never_raises_the_budget_even_with_tools() -> None:
-    plain = budget_for(GPT4O, {}, POLICY, tool_tokens=2_000, exact=True)
-    capped = budget_for(GPT4O, {}, POLICY, tool_tokens=2_000, exact=True, cap_tokens=5_000)
+    plain = budget_for(GPT4O, POLICY, tool_tokens=2_000, exact=True)
+    capped = budget_for(GPT4O, POLICY, tool_tokens=2_000, exact=True, cap_tokens=5_000)
     assert capped.input_budget_tokens <= min(plain.input_budget_tokens, 5_000)
 
 
@@ -150,12 +153,12 @@ def test_cap_never_raises_the_budget_even_with_tools() -> None:
 def test_never_negative() -> None:
     assert (
         budget_for(
-            model(1_000, 1_000), {"max_tokens": 5_000}, POLICY, tool_tokens=0, exact=True
+            model(1_000, 1_000), POLICY, requested_tokens=5_000, tool_tokens=0, exact=True
         ).input_budget_tokens
         == 0
     )
-    assert budget_for(GPT4O, {}, POLICY, tool_tokens=500_000, exact=True).input_budget_tokens == 0
-    assert budget_for(GPT4O, {}, POLICY, tool_tokens=0, exact=True, cap_tokens=0).input_budget_tokens == 0
+    assert budget_for(GPT4O, POLICY, tool_tokens=500_000, exact=True).input_budget_tokens == 0
+    assert budget_for(GPT4O, POLICY, tool_tokens=0, exact=True, cap_tokens=0).input_budget_tokens == 0
 
 
 _sizes = st.integers(min_value=1, max_value=2_000_000)
@@ -179,8 +182,11 @@ def test_budget_properties(
     exact: bool,
 ) -> None:
     spec = model(window, max(1, int(window * max_output_share)))
-    body = {} if requested is None else {"max_tokens": requested}
-    budget = budget_for(spec, body, POLICY, tool_tokens=tool_tokens, exact=exact, cap_tokens=cap)
+    # A dialect reads only a positive output cap (``Conversation.requested_output_tokens``).
+    asked = requested if requested is not None and requested > 0 else None
+    budget = budget_for(
+        spec, POLICY, requested_tokens=asked, tool_tokens=tool_tokens, exact=exact, cap_tokens=cap
+    )
     room = window - budget.reserve_tokens - budget.margin_tokens - tool_tokens
     assert budget.input_budget_tokens >= 0
     assert budget.input_budget_tokens <= max(0, room)
@@ -215,14 +221,14 @@ def test_policy_refined_applies_only_the_given_overrides() -> None:
 
 def test_limits_override_the_window_the_reserve_and_the_margin() -> None:
     limits = Limits(window_tokens=4_096, output_cap_tokens=500, margin_tokens=-200)
-    budget = budget_for(GPT4O, {"max_tokens": 32_000}, POLICY, tool_tokens=100, exact=True, limits=limits)
+    budget = budget_for(GPT4O, POLICY, requested_tokens=32_000, tool_tokens=100, exact=True, limits=limits)
     assert (budget.window_tokens, budget.reserve_tokens, budget.margin_tokens) == (4_096, 500, -200)
     # A negative margin (we count more than the upstream) makes room above the window less reserve.
     assert budget.input_budget_tokens == 4_096 - 500 + 200 - 100
 
 
 def test_a_learned_window_gets_its_own_default_reserve_and_margin() -> None:
-    budget = budget_for(GPT4O, {}, POLICY, tool_tokens=0, exact=True, limits=Limits(window_tokens=4_096))
+    budget = budget_for(GPT4O, POLICY, tool_tokens=0, exact=True, limits=Limits(window_tokens=4_096))
     assert (
         budget.reserve_tokens == 614
         and budget.margin_tokens == margin_tokens_for(4_096, POLICY, exact=True) == 41
@@ -231,7 +237,7 @@ def test_a_learned_window_gets_its_own_default_reserve_and_margin() -> None:
 
 def test_an_output_cap_limit_never_raises_the_reserve() -> None:
     budget = budget_for(
-        GPT4O, {"max_tokens": 300}, POLICY, tool_tokens=0, exact=True, limits=Limits(output_cap_tokens=900)
+        GPT4O, POLICY, requested_tokens=300, tool_tokens=0, exact=True, limits=Limits(output_cap_tokens=900)
     )
     assert budget.reserve_tokens == 300
 

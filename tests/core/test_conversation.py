@@ -18,6 +18,7 @@ from app.core.conversation import (
     strip_reserved,
 )
 from app.core.cutting import truncate_message
+from app.core.dialects import CHAT
 from app.core.fit import plan_request
 from app.core.tokens import MessageCounter
 from tests.core.fakes import SPEC, FakeMessageCounter, WordCounter, body, policy, system, user, words
@@ -75,7 +76,9 @@ def test_the_pipeline_drops_an_opaque_unit_whole_and_never_prunes_or_cuts_it() -
         result_msg,
         *[m for k in range(4) for m in (user(80, f"q{k}"), neutral("assistant", words(80, f"a{k}")))],
     ]
-    plan = plan_request(body(messages), spec=SPEC, policy=policy(), counter=counter, cap_tokens=700)
+    plan = plan_request(
+        body(messages), spec=SPEC, policy=policy(), counter=counter, cap_tokens=700, dialect=CHAT
+    )
     assert plan.fits
     for message in plan.messages:
         if message.get(ORIGIN_KEY) in ([[3]], [[4]]):

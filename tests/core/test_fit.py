@@ -43,6 +43,7 @@ def plan(
         counter=counter,
         cap_tokens=cap,
         summaries=summaries,
+        dialect=CHAT,
     )
 
 
@@ -84,6 +85,7 @@ def test_tool_definitions_count_in_the_budget_and_the_totals(counter: FakeMessag
         policy=Policy(),
         counter=counter,
         cap_tokens=need + tool_tokens,
+        dialect=CHAT,
     )
     assert result.fits and not result.changed
     assert result.tokens_before == need + tool_tokens
@@ -93,6 +95,7 @@ def test_tool_definitions_count_in_the_budget_and_the_totals(counter: FakeMessag
         policy=Policy(),
         counter=counter,
         cap_tokens=need + tool_tokens - 1,
+        dialect=CHAT,
     )
     assert result.changed
 
@@ -113,10 +116,11 @@ def test_policy_reject_is_unchanged_and_rejected_when_over(counter: FakeMessageC
 
 def test_invalid_messages_raise_invalid_request(counter: FakeMessageCounter) -> None:
     with pytest.raises(InvalidRequest) as info:
-        plan_request({"messages": [{"role": "robot"}]}, spec=SPEC, policy=Policy(), counter=counter)
+        bad = {"messages": [{"role": "robot"}]}
+        plan_request(bad, spec=SPEC, policy=Policy(), counter=counter, dialect=CHAT)
     assert info.value.param == "messages[0].role"
     with pytest.raises(InvalidRequest):
-        plan_request({}, spec=SPEC, policy=Policy(), counter=counter)
+        plan_request({}, spec=SPEC, policy=Policy(), counter=counter, dialect=CHAT)
 
 
 def test_prune_comes_first_and_stops_when_it_fits(counter: FakeMessageCounter) -> None:
@@ -376,6 +380,7 @@ def test_the_next_cut_headroom_plans_what_the_next_overflow_forgets(counter: Fak
             counter=counter,
             cap_tokens=cap,
             headroom_tokens=next_cut_headroom(current, Policy(**policy)),
+            dialect=CHAT,
         )
         now = current.memory.indices if current.memory is not None else ()
         next_ = ahead.memory.indices if ahead.memory is not None else ()
@@ -586,6 +591,7 @@ def test_in_a_growing_agent_session_the_memory_only_moves_forward_and_ahead_work
             counter=counter,
             cap_tokens=cap,
             headroom_tokens=next_cut_headroom(current, policy),
+            dialect=CHAT,
         )
         # Never less than now (the same span when nothing more can be forgotten yet: no work).
         assert ahead.memory is not None
@@ -690,6 +696,7 @@ def test_a_parsed_conversation_is_not_parsed_again(counter: FakeMessageCounter) 
         policy=Policy(),
         counter=counter,
         conversation=conversation,
+        dialect=CHAT,
     )
     assert result.messages == tuple(messages)
 
@@ -697,17 +704,20 @@ def test_a_parsed_conversation_is_not_parsed_again(counter: FakeMessageCounter) 
 def test_the_output_cap_comes_from_the_conversation(counter: FakeMessageCounter) -> None:
     messages = chat(2)
     capped = replace(CHAT.parse(body(messages)), requested_output_tokens=321)
-    result = plan_request(body(messages), spec=SPEC, policy=Policy(), counter=counter, conversation=capped)
+    result = plan_request(
+        body(messages), spec=SPEC, policy=Policy(), counter=counter, conversation=capped, dialect=CHAT
+    )
     assert result.budget.reserve_tokens == 321
 
 
 def test_an_output_cap_limit_lowers_the_forwarded_cap_and_says_so(counter: FakeMessageCounter) -> None:
     messages = chat(5)
     request = {**body(messages), "max_tokens": 5_000}
-    plain = plan_request(request, spec=SPEC, policy=Policy(), counter=counter)
+    plain = plan_request(request, spec=SPEC, policy=Policy(), counter=counter, dialect=CHAT)
     assert plain.output_cap_tokens is None and not plain.changed
     lowered = plan_request(
-        request, spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=1_000)
+        request, spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=1_000),
+        dialect=CHAT,
     )
     assert lowered.fits and lowered.changed and lowered.output_cap_tokens == 1_000
     assert lowered.budget.reserve_tokens == 1_000
@@ -716,11 +726,13 @@ def test_an_output_cap_limit_lowers_the_forwarded_cap_and_says_so(counter: FakeM
     assert forwarded["max_tokens"] == 1_000 and forwarded["messages"] == messages
     # A cap at or above the client's own lowers nothing; a body without a cap is left without one.
     same = plan_request(
-        request, spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=5_000)
+        request, spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=5_000),
+        dialect=CHAT,
     )
     assert same.output_cap_tokens is None and not same.changed
     bare = plan_request(
-        body(messages), spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=10)
+        body(messages), spec=SPEC, policy=Policy(), counter=counter, limits=Limits(output_cap_tokens=10),
+        dialect=CHAT,
     )
     assert bare.output_cap_tokens is None and bare.budget.reserve_tokens == 10
 
@@ -734,6 +746,7 @@ def test_a_plan_that_does_not_fit_carries_no_lowered_cap(counter: FakeMessageCou
         counter=counter,
         cap_tokens=50,
         limits=Limits(output_cap_tokens=100),
+        dialect=CHAT,
     )
     assert not over.fits and over.output_cap_tokens is None
     assert "output_lowered" not in [a.kind for a in over.actions]

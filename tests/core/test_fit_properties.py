@@ -19,6 +19,7 @@ from app.core.context import (
     protect_tokens_for,
     protected_start,
 )
+from app.core.dialects import CHAT
 from app.core.fit import plan_request
 from app.core.messages import group_turns, group_units, pairing_problems
 from app.core.plan import Plan
@@ -96,7 +97,9 @@ policies = st.builds(
 
 
 def run(messages: list[dict[str, Any]], cap: int, policy: Policy, counter: FakeMessageCounter) -> Plan:
-    return plan_request(body(messages), spec=SPEC, policy=policy, counter=counter, cap_tokens=cap)
+    return plan_request(
+        body(messages), spec=SPEC, policy=policy, counter=counter, cap_tokens=cap, dialect=CHAT
+    )
 
 
 def dropped_indices(plan: Plan) -> set[int]:

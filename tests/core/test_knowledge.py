@@ -93,7 +93,7 @@ def test_the_header_beats_everything() -> None:
         M, ContextOverflow("vllm", limit_tokens=2048), fixed_tokens=0, text_tokens=0, exact=False
     )
     s = k.effective(spec("operator"), header_window_tokens=1000)
-    assert (s.window_tokens, s.source) == (1000, "header")
+    assert (s.window_tokens, s.source) == (1000, "request")
     assert s.max_output_tokens == 1000  # never above the window
 
 

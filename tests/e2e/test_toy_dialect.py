@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
-from app.core.conversation import ORIGIN_KEY, Conversation, neutral, origin_of
+from app.core.conversation import ORIGIN_KEY, Conversation, neutral, origin_of, priced_view
 from app.core.dialect import ErrorInfo, Headers
 from app.core.dialects import DIALECTS
 from app.core.errors import InvalidRequest
@@ -70,7 +70,6 @@ class ToyDialect:
     )
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-toy-key"), KeySlot("toykey", in_query=True))
     items_key: str = "turns"
-    chat_shaped: bool = False
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"spent"',)
@@ -116,6 +115,11 @@ class ToyDialect:
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         return 0
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
 
     def render(
         self,

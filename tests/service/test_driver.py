@@ -13,11 +13,13 @@ import respx
 
 from app.core.body_memo import BodyMemo, layout
 from app.core.budget import Budget
+from app.core.dialects import CHAT as CHAT_API
 from app.core.dialects import MESSAGES
 from app.core.dialects.chat import ChatDialect
 from app.core.errors import CannotFit, InvalidRequest
+from app.core.plan import Plan
 from app.core.registry import ModelRegistry
-from app.core.routes import KeySlot, Route, RouteTable, key_slots
+from app.core.routes import KeySlot, Route, RouteMatch, RouteTable, key_slots
 from app.service.driver import Service
 from app.service.report import plan_report, request_budget_tokens
 from app.service.request import RequestOptions, dump_body, parse_body
@@ -34,6 +36,7 @@ from tests.api import (
 )
 
 CHAT = f"{UPSTREAM}/chat/completions"
+CHAT_ROUTE = RouteMatch.first(CHAT_API)
 
 
 def service(router: respx.Router, **settings: Any) -> Service:
@@ -44,6 +47,11 @@ def service(router: respx.Router, **settings: Any) -> Service:
         vocabularies=WordVocabularies(),
         upstream=UpstreamClient(http, base_url=UPSTREAM),
     )
+
+
+def dry_run(svc: Service, body: dict[str, Any], options: RequestOptions) -> Plan:
+    """The decision for a chat ``body`` without I/O (the dry run's)."""
+    return svc.dry_run(svc.request(body, options, route=CHAT_ROUTE)).plan
 
 
 def conversation(turns: int, size: int) -> list[dict[str, Any]]:
@@ -103,9 +111,9 @@ def test_options_refine_the_operator_policy() -> None:
 def test_window_header_overrides_the_spec_and_counters_are_kept_per_encoding() -> None:
     svc = service(respx.Router())
     body = {"model": "unknown-x", "messages": [{"role": "user", "content": "hi"}]}
-    plan = svc.plan(body, RequestOptions(window_tokens=64_000))
-    assert plan.spec.window_tokens == 64_000 and plan.spec.source == "header"
-    assert svc.plan(body, RequestOptions()).spec.window_tokens == WINDOW_TOKENS
+    plan = dry_run(svc, body, RequestOptions(window_tokens=64_000))
+    assert plan.spec.window_tokens == 64_000 and plan.spec.source == "request"
+    assert dry_run(svc, body, RequestOptions()).spec.window_tokens == WINDOW_TOKENS
     assert svc.counter("o200k_base") is svc.counter("o200k_base")
     assert svc.vocabularies.encodings_asked == ["o200k_base"]  # type: ignore[attr-defined]
 
@@ -113,7 +121,7 @@ def test_window_header_overrides_the_spec_and_counters_are_kept_per_encoding() -
 def test_budget_header_caps_the_plan() -> None:
     svc = service(respx.Router())
     body = {"model": "m", "messages": conversation(turns=3, size=40)}
-    plan = svc.plan(body, RequestOptions(budget_tokens=100, keep_turns=0))
+    plan = dry_run(svc, body, RequestOptions(budget_tokens=100, keep_turns=0))
     assert plan.budget.cap_tokens == 100
     assert plan.fits and plan.tokens_after <= 100 < plan.tokens_before
 
@@ -121,7 +129,7 @@ def test_budget_header_caps_the_plan() -> None:
 def test_plan_report_is_json_ready() -> None:
     svc = service(respx.Router())
     body = {"model": "m", "messages": conversation(turns=6, size=60), "temperature": 0}
-    plan = svc.plan(body, RequestOptions())
+    plan = dry_run(svc, body, RequestOptions())
     report = json.loads(json.dumps(plan_report(plan, body)))
     assert report["budget"]["window_tokens"] == WINDOW_TOKENS
     assert report["tokens_after"] == plan.tokens_after
@@ -136,7 +144,7 @@ async def test_reject_raises_cannot_fit_with_the_numbers() -> None:
     route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
     raw = json.dumps({"model": "m", "messages": conversation(turns=6, size=60)}).encode()
     with pytest.raises(CannotFit) as info:
-        await service(router).handle(raw, [], options=RequestOptions(mode="reject"))
+        await service(router).handle(raw, [], options=RequestOptions(mode="reject"), route=CHAT_ROUTE)
     assert info.value.window_tokens == WINDOW_TOKENS
     assert info.value.tokens > info.value.budget_tokens
     assert route.call_count == 0
@@ -147,13 +155,13 @@ async def test_unchanged_plan_sends_the_original_bytes_and_changed_plan_sends_th
     route = router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
     svc = service(router)
     small = b'{"model":"m",   "messages":[{"role":"user","content":"hi"}]}'
-    outcome = await svc.handle(small, [], options=RequestOptions())
+    outcome = await svc.handle(small, [], options=RequestOptions(), route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert route.calls[0].request.content == small
     assert not outcome.plan.changed and outcome.retries == 0 and outcome.stream is False
 
     big = json.dumps({"model": "m", "stream": True, "messages": conversation(turns=6, size=60)}).encode()
-    outcome = await svc.handle(big, [], options=RequestOptions())
+    outcome = await svc.handle(big, [], options=RequestOptions(), route=CHAT_ROUTE)
     await outcome.response.aclose()
     sent = json.loads(route.calls[1].request.content)
     assert outcome.plan.changed and outcome.stream is True
@@ -169,11 +177,12 @@ async def test_a_resent_conversation_forwards_its_own_bytes_and_plans_as_a_fresh
     for n in (61, 71, 81):
         raw = json.dumps({"model": "m", "messages": history[:n]}, indent=1).encode()
         options = RequestOptions(window_tokens=100_000)
-        outcome = await svc.handle(raw, [], options=options)
+        outcome = await svc.handle(raw, [], options=options, route=CHAT_ROUTE)
         await outcome.response.aclose()
         assert route.calls[-1].request.content == raw
         assert not outcome.plan.changed
-        assert outcome.plan == fresh.plan_raw(raw, options)
+        again = fresh.request(json.loads(raw), options, raw=raw, route=CHAT_ROUTE)
+        assert outcome.plan == fresh.dry_run(again).plan
     assert len(svc.bodies) == 1 and svc.bodies.parse(raw, key="messages", loads=json.loads) == json.loads(raw)
 
 
@@ -184,7 +193,7 @@ async def test_overflow_that_a_retry_cannot_help_is_returned_after_one_call() ->
         return_value=httpx.Response(400, json=openai_overflow(limit=100, prompt=900))
     )
     raw = json.dumps({"model": "m", "messages": conversation(turns=2, size=60)}).encode()
-    outcome = await service(router).handle(raw, [], options=RequestOptions())
+    outcome = await service(router).handle(raw, [], options=RequestOptions(), route=CHAT_ROUTE)
     assert route.call_count == 1
     assert outcome.retries == 0 and outcome.response.status_code == 400
     assert json.loads(b"".join([c async for c in outcome.response.aiter_raw()])) == openai_overflow(100, 900)
@@ -197,7 +206,7 @@ async def test_overflow_under_the_off_policy_is_not_retried() -> None:
         return_value=httpx.Response(400, json=openai_overflow(limit=600, prompt=900))
     )
     raw = json.dumps({"model": "m", "messages": conversation(turns=2, size=150)}).encode()
-    outcome = await service(router).handle(raw, [], options=RequestOptions(mode="off"))
+    outcome = await service(router).handle(raw, [], options=RequestOptions(mode="off"), route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert route.call_count == 1 and outcome.retries == 0
 
@@ -228,7 +237,8 @@ async def test_a_retried_request_resolves_its_model_once_and_sends_the_rendered_
         upstream=UpstreamClient(http, base_url=UPSTREAM),
     )
     raw = json.dumps({"model": "m", "messages": conversation(turns=3, size=100)}).encode()
-    outcome = await svc.handle(raw, [("Authorization", "Bearer k")], options=RequestOptions())
+    key = [("Authorization", "Bearer k")]
+    outcome = await svc.handle(raw, key, options=RequestOptions(), route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert route.call_count == 2 and outcome.retries == 1 and outcome.plan.changed
     assert registry.resolved == 1
@@ -252,7 +262,7 @@ async def test_the_fast_path_renders_while_the_upstream_works_an_answered_retry_
         return ("rendered", plan.tokens_after)
 
     raw = json.dumps({"model": "m", "messages": conversation(turns=4, size=20)}).encode()  # ~210 tokens
-    outcome = await svc.handle(raw, [], options=RequestOptions(), render=render)
+    outcome = await svc.handle(raw, [], options=RequestOptions(), render=render, route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert route.calls[0].request.content == raw and not outcome.plan.changed
     assert made == [(outcome.plan, outcome.prefix_reuse)]
@@ -263,7 +273,7 @@ async def test_the_fast_path_renders_while_the_upstream_works_an_answered_retry_
             httpx.Response(200, json=answer),
         ]
     )
-    outcome = await svc.handle(raw, [], options=RequestOptions(), render=render)
+    outcome = await svc.handle(raw, [], options=RequestOptions(), render=render, route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert route.call_count == 3 and outcome.retries == 1 and outcome.plan.changed
     assert len(made) == 2 and made[1][0] is not outcome.plan  # rendered for the first send only
@@ -273,13 +283,14 @@ async def test_the_fast_path_renders_while_the_upstream_works_an_answered_retry_
 def test_the_request_value_is_made_once_with_everything_planning_needs() -> None:
     svc = service(respx.Router())
     body = {"model": "m", "messages": conversation(turns=1, size=5), "stream": True}
-    request = svc.request(body, RequestOptions(keep_turns=1, window_tokens=5_000), raw=b"{}")
+    options = RequestOptions(keep_turns=1, window_tokens=5_000)
+    request = svc.request(body, options, raw=b"{}", route=CHAT_ROUTE)
     assert request.stream and request.model == "m" and request.policy.keep_turns == 1
     assert request.spec.window_tokens == 5_000 and request.base_url == UPSTREAM
     assert request.conversation.messages[0] is body["messages"][0]
     assert request.plan().budget.window_tokens == 5_000
     with pytest.raises(InvalidRequest) as caught:
-        svc.request({"model": "", "messages": "x"}, RequestOptions())
+        svc.request({"model": "", "messages": "x"}, RequestOptions(), route=CHAT_ROUTE)
     assert caught.value.param == "model"  # the model is checked before the conversation
 
 
@@ -299,10 +310,13 @@ def test_the_anthropic_long_context_beta_opens_the_1m_window_on_the_messages_rou
         "messages": [{"role": "user", "content": "hi"}],
     }
     beta = [("Anthropic-Beta", "claude-code-20250219,context-1m-2025-08-07")]
-    assert svc.request(body, RequestOptions(), headers=beta, dialect=MESSAGES).spec.window_tokens == 1_000_000
-    assert svc.request(body, RequestOptions(), dialect=MESSAGES).spec.window_tokens == 200_000
+    on_messages = RouteMatch.first(MESSAGES)
+    wide = svc.request(body, RequestOptions(), headers=beta, route=on_messages)
+    assert wide.spec.window_tokens == 1_000_000
+    assert svc.request(body, RequestOptions(), route=on_messages).spec.window_tokens == 200_000
     chat_body = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}
-    assert svc.request(chat_body, RequestOptions(), headers=beta).spec.window_tokens == 200_000
+    on_chat = svc.request(chat_body, RequestOptions(), headers=beta, route=CHAT_ROUTE)
+    assert on_chat.spec.window_tokens == 200_000
 
 
 async def test_prefix_reuse_of_a_growing_conversation_and_the_same_bytes_from_two_instances() -> None:
@@ -314,13 +328,13 @@ async def test_prefix_reuse_of_a_growing_conversation_and_the_same_bytes_from_tw
     one, two = service(router), service(router)
     for turns in range(4, 9):  # instance one sees the conversation grow turn by turn
         raw = json.dumps({"model": "m", "messages": conversation(turns=turns, size=60)}).encode()
-        outcome = await one.handle(raw, [], options=RequestOptions())
+        outcome = await one.handle(raw, [], options=RequestOptions(), route=CHAT_ROUTE)
         await outcome.response.aclose()
         assert outcome.prefix_reuse is not None
         if turns > 4:
             assert outcome.prefix_reuse.reused_tokens > 0
     seen_by_one = route.calls[-1].request.content
-    outcome = await two.handle(raw, [], options=RequestOptions())  # cold, only the last one
+    outcome = await two.handle(raw, [], options=RequestOptions(), route=CHAT_ROUTE)  # cold, only the last one
     await outcome.response.aclose()
     assert outcome.plan.changed and route.calls[-1].request.content == seen_by_one
     assert outcome.prefix_reuse is not None and outcome.prefix_reuse.reused_tokens == 0
@@ -333,7 +347,7 @@ async def test_prefix_reuse_is_per_model_a_new_models_first_request_reuses_nothi
     shares = []
     for model, turns in (("m", 4), ("m", 5), ("m2", 5), ("m2", 6)):
         raw = json.dumps({"model": model, "messages": conversation(turns=turns, size=20)}).encode()
-        outcome = await svc.handle(raw, [], options=RequestOptions())
+        outcome = await svc.handle(raw, [], options=RequestOptions(), route=CHAT_ROUTE)
         await outcome.response.aclose()
         assert outcome.prefix_reuse is not None
         shares.append(outcome.prefix_reuse.share)

@@ -18,7 +18,9 @@ import httpx
 import pytest
 import respx
 
+from app.core.dialects import CHAT as CHAT_API
 from app.core.registry import ModelSpec
+from app.core.routes import RouteMatch
 from app.service.driver import Service
 from app.service.fastpath import (
     OFFLOAD_MIN_BYTES,
@@ -37,6 +39,8 @@ from tests.api import UPSTREAM, chat_ok, make_settings, words
 CHAT = f"{UPSTREAM}/chat/completions"
 MARK = "HUGE"
 WAIT_S = 5.0  # only bounds a failing test; nothing is asserted about time
+
+CHAT_ROUTE = RouteMatch.first(CHAT_API)
 
 
 class GatedCounter:
@@ -122,7 +126,7 @@ async def test_a_body_that_surely_fits_is_forwarded_before_its_count_finishes() 
     router = respx.Router()
     router.post(CHAT).mock(side_effect=upstream)
     raw = huge_body("big")
-    outcome = await make_service(router, counter).handle(raw, [], options=RequestOptions())
+    outcome = await make_service(router, counter).handle(raw, [], options=RequestOptions(), route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert counter.events == ["upstream got the request", "huge counted"]
     assert received == [raw]  # the original bytes
@@ -137,9 +141,9 @@ async def test_a_small_request_completes_while_a_huge_one_is_counted(model: str)
     router = respx.Router()
     router.post(CHAT).mock(return_value=httpx.Response(200, json=chat_ok()))
     svc = make_service(router, counter)
-    huge = asyncio.ensure_future(svc.handle(huge_body(model), [], options=RequestOptions()))
+    huge = asyncio.ensure_future(svc.handle(huge_body(model), [], options=RequestOptions(), route=CHAT_ROUTE))
     assert await asyncio.to_thread(counter.started.wait, WAIT_S)
-    small = await svc.handle(small_body(), [], options=RequestOptions())
+    small = await svc.handle(small_body(), [], options=RequestOptions(), route=CHAT_ROUTE)
     await small.response.aclose()
     counter.events.append("small request completed")
     counter.gate.set()
@@ -164,7 +168,8 @@ async def test_counts_that_are_not_exact_finish_before_the_send() -> None:
 
     router = respx.Router()
     router.post(CHAT).mock(side_effect=upstream)
-    outcome = await make_service(router, counter).handle(huge_body("big"), [], options=RequestOptions())
+    svc = make_service(router, counter)
+    outcome = await svc.handle(huge_body("big"), [], options=RequestOptions(), route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert counter.events == ["huge counted", "upstream got the request"]
     assert outcome.plan.count_kind == "estimate"
@@ -176,7 +181,8 @@ async def test_a_failed_send_abandons_the_pending_count_quietly() -> None:
     router = respx.Router()
     router.post(CHAT).mock(side_effect=httpx.ConnectError("refused"))
     with pytest.raises(UpstreamUnreachable):
-        await make_service(router, counter).handle(huge_body("big"), [], options=RequestOptions())
+        svc = make_service(router, counter)
+        await svc.handle(huge_body("big"), [], options=RequestOptions(), route=CHAT_ROUTE)
 
 
 async def test_run_plan_is_inline_below_the_threshold_and_threaded_above() -> None:
@@ -214,7 +220,7 @@ async def test_a_resent_large_conversation_is_planned_inline_from_what_the_count
     resent = json.dumps({"model": "big", "messages": grown}).encode()
     assert len(first) >= OFFLOAD_MIN_BYTES
     for raw in (first, resent):
-        outcome = await svc.handle(raw, [], options=RequestOptions())
+        outcome = await svc.handle(raw, [], options=RequestOptions(), route=CHAT_ROUTE)
         await outcome.response.aclose()
     main = threading.current_thread().name
     marked, small = counter.threads[:5], counter.threads[5:]
@@ -242,7 +248,8 @@ async def test_a_small_body_that_surely_fits_is_counted_inline_after_it_was_sent
 
     router = respx.Router()
     router.post(CHAT).mock(side_effect=upstream)
-    outcome = await make_service(router, counter).handle(small_body(), [], options=RequestOptions())
+    svc = make_service(router, counter)
+    outcome = await svc.handle(small_body(), [], options=RequestOptions(), route=CHAT_ROUTE)
     await outcome.response.aclose()
     assert events == ["upstream got the request", "small counted"]
     assert counter.threads == [threading.current_thread().name]  # on the loop, not in a thread

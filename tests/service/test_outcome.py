@@ -12,7 +12,12 @@ from tests.core.fakes import SPEC, FakeMessageCounter, body, chat
 
 def test_cannot_fit_carries_the_plan_and_its_numbers() -> None:
     plan = plan_request(
-        body(chat(6)), spec=SPEC, policy=Policy(mode="reject"), counter=FakeMessageCounter(), cap_tokens=20
+        body(chat(6)),
+        spec=SPEC,
+        policy=Policy(mode="reject"),
+        counter=FakeMessageCounter(),
+        cap_tokens=20,
+        dialect=CHAT,
     )
     error = PlanCannotFit(plan, reason="policy reject")
     assert error.plan is plan and not plan.fits

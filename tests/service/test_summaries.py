@@ -20,8 +20,9 @@ from app.api.headers import parse_context_headers
 from app.core.dialects import DIALECTS
 from app.core.errors import InvalidRequest
 from app.core.registry import ModelSpec
+from app.core.routes import RouteMatch
 from app.main import create_app
-from app.settings import Settings
+from app.settings import InvalidSettings, Settings
 from tests.api import OneModelRegistry
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
 from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
@@ -90,12 +91,18 @@ def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> N
         {"summary_base_url": "cheap:8000"},
         {"summary_ahead_ratio": 1.5},
         {"summary_concurrency": 0},
-        {"summary_api": "gemini-ish"},
         {"summary_retry_after_s": 0},
     ]
     for values in bad:
         with pytest.raises(ValueError):
             Settings(**values)
+    # The settings know no API: the composition root checks the name against its registry.
+    named = Settings(summary_api="Gemini-ish")
+    with pytest.raises(InvalidSettings, match="CTXPROXY_SUMMARY_API: unknown API 'gemini-ish'"):
+        named.require_apis(tuple(DIALECTS))
+    Settings(summary_api="Gemini").require_apis(tuple(DIALECTS))
+    with pytest.raises(InvalidSettings):
+        create_app(named)
 
 
 def test_summarize_header_is_validated() -> None:
@@ -679,9 +686,13 @@ async def test_a_gemini_summary_may_fill_the_input_limit_as_its_reply_is_not_cou
         gemini = service.request(
             {"model": "m", "contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
             options,
-            dialect=DIALECTS["gemini"],
+            route=RouteMatch.first(DIALECTS["gemini"]),
         )
-        chat = service.request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, options)
+        chat = service.request(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            options,
+            route=RouteMatch.first(DIALECTS["chat"]),
+        )
         sizes = [
             service.summaries.ahead_for(request, reply_tokens=500, room_tokens=7000).summarizer
             for request in (gemini, chat)

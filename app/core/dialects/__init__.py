@@ -5,9 +5,10 @@ the CLI's choices and the metrics are derived from it, so adding a wire API is o
 ``dialects/`` and one line below (``tests/core/dialects/test_conformance.py`` is the contract it
 must pass).
 
-``DEFAULT_DIALECT`` (chat, OpenAI's shape, what most clients of a ``/v1`` base URL read) speaks for
-requests that name no API: errors on routes of no dialect, a body the dry run cannot place,
-``plan_request`` called without a dialect.
+No dialect is a default: every caller names the dialect of its request. Where a request has no
+API (an error on a route of no dialect), the composition root (``app.main``) chooses which dialect
+speaks for it and injects it; a body the dry run cannot place goes to the registry's first
+(``routes.detect``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,5 @@ DIALECTS: Mapping[str, Dialect] = {
     "messages": MESSAGES,
     "gemini": GEMINI,
 }
-DEFAULT_DIALECT: Dialect = CHAT
 
-__all__ = ["CHAT", "DEFAULT_DIALECT", "DIALECTS", "GEMINI", "MESSAGES", "RESPONSES"]
+__all__ = ["CHAT", "DIALECTS", "GEMINI", "MESSAGES", "RESPONSES"]

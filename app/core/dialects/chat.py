@@ -2,8 +2,9 @@
 
 ``CHAT`` serves ``POST /v1/chat/completions`` (sent to ``chat/completions`` under the upstream base
 URL; the body's ``stream`` chooses streaming), takes the client's key as ``Authorization: Bearer``
-and has no counting endpoint of its own. It is also the registry's default (``DEFAULT_DIALECT``):
-bodies that name no API and routes of no dialect speak it.
+and has no counting endpoint of its own. It is no default: the composition root (``app.main``)
+chooses it to speak for routes of no dialect, and the dry run's detection falls back to it as the
+registry's first. Its body is the chat accounting's own shape (``accounting_view``: the body).
 
 ``CHAT`` parses ``body["messages"]`` by ``messages.validate_messages`` (the same list, no copy of a
 message), counts ``tools``/``functions`` by the chat accounting, renders by replacing ``messages``
@@ -85,7 +86,6 @@ class ChatDialect:
     routes: tuple[Route, ...] = (Route("/v1/chat/completions", upstream="chat/completions"),)
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "messages"
-    chat_shaped: bool = True
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     # OpenAI's usage chunk (``stream_options.include_usage``); every other chunk says ``"usage":
@@ -117,6 +117,13 @@ class ChatDialect:
 
     def tool_tokens(self, body: Mapping[str, Any], counter: MessageCounter, /) -> int:
         return counter.count_tools(body)
+
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        """The body itself: it is the chat accounting's own shape (its tools counted as text)."""
+        return body
 
     def render(
         self,

@@ -21,7 +21,8 @@ INTERFACE CONTRACT (pure, standard library only; the wire facts are in ``docs/ge
   - ``preamble_events`` is empty: Gemini refuses an input over its window with a 400 before the
     stream opens (gemini-cli #5807: ``generateContentStream`` throws on the status), never inside
     a 200 stream; ``usage_needles``: ``"usageMetadata"`` (on every stream chunk);
-    ``upstream_count``: ``totalTokens`` of a ``:countTokens`` answer; ``chat_shaped`` False;
+    ``upstream_count``: ``totalTokens`` of a ``:countTokens`` answer; ``accounting_view``: the
+    neutral messages with the tools priced (``conversation.priced_view``);
   - ``output_in_window = False``: Gemini's ``inputTokenLimit`` limits the input alone and
     ``maxOutputTokens`` is not counted against it ("The input token count (N) exceeds the maximum
     number of tokens allowed (M)" compares the input with ``inputTokenLimit``), so the budget
@@ -63,7 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from ..conversation import Conversation
+from ..conversation import Conversation, priced_view
 from ..dialect import ErrorInfo, Headers, SummaryCall
 from ..endpoints import KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
@@ -167,7 +168,6 @@ class GeminiDialect:
     routes: tuple[Route, ...] = _routes()
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-goog-api-key"), KeySlot("key", in_query=True))
     items_key: str = "contents"
-    chat_shaped: bool = False
     output_in_window: bool = False
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"usageMetadata"',)
@@ -238,6 +238,12 @@ class GeminiDialect:
         if isinstance(schema, Mapping):
             shaped.append({"type": "json_schema", "json_schema": {"schema": schema}})
         return counter.count_tools({"tools": shaped}) if shaped else 0
+
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
 
     def render(
         self,

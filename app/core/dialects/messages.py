@@ -75,7 +75,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..conversation import PRICE_KEY, Conversation, neutral
+from ..conversation import PRICE_KEY, Conversation, neutral, priced_view
 from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
 from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
@@ -452,7 +452,6 @@ class MessagesDialect:
     )
     key_slots: tuple[KeySlot, ...] = (KeySlot("x-api-key"), AUTHORIZATION)
     items_key: str = "messages"
-    chat_shaped: bool = False
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset()
     usage_needles: tuple[bytes, ...] = (b'"usage"',)
@@ -552,6 +551,12 @@ class MessagesDialect:
             if isinstance(t, Mapping)
         ]
         return counter.count_tools({"tools": shaped}) + TOOL_USE_SYSTEM_PROMPT_TOKENS
+
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
 
     def render(
         self,

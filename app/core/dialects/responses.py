@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..conversation import Conversation
+from ..conversation import Conversation, priced_view
 from ..dialect import ErrorInfo, Headers, SummaryCall, model_from_body
 from ..endpoints import AUTHORIZATION, KeySlot, Route, UpstreamTarget
 from ..errors import InvalidRequest
@@ -102,7 +102,6 @@ class ResponsesDialect:
     )
     key_slots: tuple[KeySlot, ...] = (AUTHORIZATION,)
     items_key: str = "input"
-    chat_shaped: bool = False
     output_in_window: bool = True
     preamble_events: frozenset[str] = frozenset(
         {"response.created", "response.in_progress", "response.queued"}
@@ -171,6 +170,12 @@ class ResponsesDialect:
             chat_tools.append({"type": "json_schema", "json_schema": dict(fmt)})
         return counter.count_tools({"tools": chat_tools}) if chat_tools else 0
 
+
+    def accounting_view(
+        self, body: Mapping[str, Any], messages: Sequence[Message], tool_tokens: int, /
+    ) -> Mapping[str, Any]:
+        return priced_view(messages, tool_tokens)
+
     def render(
         self,
         body: Mapping[str, Any],
@@ -185,14 +190,11 @@ class ResponsesDialect:
         return input_problems(body)
 
     def error_body(self, error: ErrorInfo, /) -> dict[str, Any]:
-        param = error.param
-        if error.code == "context_length_exceeded" and param in (None, "messages"):
-            param = "input"
         return {
             "error": {
                 "message": error.message,
                 "type": _error_type(error),
-                "param": param,
+                "param": error.param,
                 "code": _code(error),
             }
         }

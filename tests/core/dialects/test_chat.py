@@ -61,12 +61,13 @@ def test_problems_are_position_free() -> None:
 def test_our_errors_in_openai_shape() -> None:
     fit = CHAT.error_body(
         error_info(
-            CannotFit(tokens=900, budget_tokens=500, window_tokens=800, reserve_tokens=100, reason="r")
+            CannotFit(tokens=900, budget_tokens=500, window_tokens=800, reserve_tokens=100, reason="r"),
+            CHAT,
         )
     )
     assert fit["error"]["type"] == "invalid_request_error"
     assert fit["error"]["code"] == "context_length_exceeded" and fit["error"]["param"] == "messages"
-    bad = CHAT.error_body(error_info(InvalidRequest("nope", param="model")))
+    bad = CHAT.error_body(error_info(InvalidRequest("nope", param="model"), CHAT))
     assert bad == {
         "error": {"message": "nope", "type": "invalid_request_error", "param": "model", "code": None}
     }

@@ -18,7 +18,7 @@ import pytest
 
 from app.core.budget import Policy
 from app.core.dialect import Dialect, ErrorInfo, error_info
-from app.core.dialects import DEFAULT_DIALECT, DIALECTS
+from app.core.dialects import DIALECTS
 from app.core.errors import CannotFit, InvalidRequest
 from app.core.fit import plan_request
 from app.core.registry import ModelSpec
@@ -359,7 +359,21 @@ def api(request: pytest.FixtureRequest) -> tuple[Dialect, Kit]:
 
 def test_every_registered_dialect_has_a_kit() -> None:
     assert set(KITS) == set(DIALECTS)
-    assert DEFAULT_DIALECT in DIALECTS.values()
+
+
+def test_the_accounting_view_counts_what_the_plan_counts(api: tuple[Dialect, Kit]) -> None:
+    # What learning compares the upstream's usage with: the chat accounting of the view is the
+    # plan's own count of the request; a view of the neutral messages carries the tools' price
+    # (here 50 more tokens of tools than the samples have) in one priced message (4 tokens more).
+    dialect, kit = api
+    counter = FakeMessageCounter()
+    for body in kit.samples():
+        plan = plan_request(body, spec=SPEC, policy=Policy(mode="off"), counter=counter, dialect=dialect)
+        view = dialect.accounting_view(body, plan.messages, plan.budget.tool_tokens + 50)
+        if view is body:  # the accounting's own shape: its tools are in it
+            assert counter.count_request(view) == plan.tokens_before
+        else:
+            assert counter.count_request(view) == plan.tokens_before + 50 + 4
 
 
 def test_the_registry_builds_one_route_table_without_clashes() -> None:
@@ -459,7 +473,7 @@ def test_every_error_status_renders_in_the_apis_shape(api: tuple[Dialect, Kit], 
 def test_cannot_fit_carries_the_numbers_in_the_apis_shape(api: tuple[Dialect, Kit]) -> None:
     dialect, kit = api
     error = CannotFit(tokens=9000, budget_tokens=7000, window_tokens=8000, reserve_tokens=500, reason="r")
-    shaped = dialect.error_body(error_info(error))
+    shaped = dialect.error_body(error_info(error, dialect))
     assert set(shaped) == kit.error_keys and "9000" in json.dumps(shaped)
     # Our own refusal is recognised as an overflow by the same dialect (a client's retry logic).
     assert dialect.overflow(400, json.dumps(shaped).encode()) is not None

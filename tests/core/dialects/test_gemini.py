@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from app.core.budget import Policy
-from app.core.conversation import PRICE_KEY, is_opaque, origin_of
+from app.core.conversation import PRICE_KEY, is_opaque, origin_of, priced_view
 from app.core.dialect import ErrorInfo, error_info
-from app.core.dialects import DIALECTS
+from app.core.dialects import CHAT, DIALECTS
 from app.core.dialects.gemini import (
     GEMINI,
     UNFITTABLE_CACHED,
@@ -372,7 +372,7 @@ def test_cannot_fit_speaks_geminis_wording_with_our_numbers_in_googles_shape() -
     over_budget = CannotFit(
         reason="test", tokens=50_000, budget_tokens=45_000, window_tokens=48_000, reserve_tokens=0
     )
-    assert GEMINI.error_body(error_info(over_budget)) == {
+    assert GEMINI.error_body(error_info(over_budget, GEMINI)) == {
         "error": {
             "code": 400,
             "message": "The input token count (50000) exceeds the maximum number of tokens allowed (48000).",
@@ -382,9 +382,9 @@ def test_cannot_fit_speaks_geminis_wording_with_our_numbers_in_googles_shape() -
     inside = CannotFit(
         reason="test", tokens=46_000, budget_tokens=45_000, window_tokens=48_000, reserve_tokens=0
     )
-    message = GEMINI.error_body(error_info(inside))["error"]["message"]
+    message = GEMINI.error_body(error_info(inside, GEMINI))["error"]["message"]
     assert message.endswith("allowed (45000).")
-    found = classify_overflow(400, GEMINI.error_body(error_info(inside)))
+    found = classify_overflow(400, GEMINI.error_body(error_info(inside, GEMINI)))
     assert found is not None and (found.prompt_tokens, found.limit_tokens) == (46_000, 45_000)
     timeout = ErrorInfo(status=504, code="upstream_timeout", message="The upstream timed out.")
     assert GEMINI.error_body(timeout)["error"] == {
@@ -405,7 +405,8 @@ def test_cannot_fit_speaks_geminis_wording_with_our_numbers_in_googles_shape() -
 
 def test_stream_errors_are_crlf_sse_frames_or_the_closing_element_of_an_array() -> None:
     error = error_info(
-        CannotFit(reason="test", tokens=10, budget_tokens=5, window_tokens=8, reserve_tokens=0)
+        CannotFit(reason="test", tokens=10, budget_tokens=5, window_tokens=8, reserve_tokens=0),
+        GEMINI,
     )
     frame = GEMINI.stream_error(error)
     assert frame.startswith(b"data: {") and frame.endswith(b"}\r\n\r\n")
@@ -484,7 +485,10 @@ def test_usage_counting_answers_and_tools() -> None:
 
 def test_the_dialect_is_registered_with_its_routes_keys_and_budget_facts() -> None:
     assert DIALECTS["gemini"] is GEMINI and GEMINI.items_key == "contents"
-    assert GEMINI.output_in_window is False and not GEMINI.chat_shaped
+    assert GEMINI.output_in_window is False
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    messages = GEMINI.parse(body).messages
+    assert GEMINI.accounting_view(body, messages, 7) == priced_view(messages, 7)  # not its own shape
     assert GEMINI.preamble_events == frozenset()  # overflows come as a 400 before the stream opens
     table = RouteTable.of(DIALECTS)
     for version in ("/v1beta", "/v1"):
@@ -534,6 +538,7 @@ def test_the_budget_keeps_no_output_reserve_against_the_input_limit() -> None:
         spec=spec(10_000),
         policy=Policy(),
         counter=FakeMessageCounter(),
+        dialect=CHAT,
     )
     assert chat.budget.reserve_tokens == 4000  # an API that counts the output keeps its reserve
 

@@ -392,7 +392,8 @@ def cannot_fit(tokens: int, budget: int, window: int, reserve: int) -> ErrorInfo
     return error_info(
         CannotFit(
             tokens=tokens, budget_tokens=budget, window_tokens=window, reserve_tokens=reserve, reason="x"
-        )
+        ),
+        MESSAGES,
     )
 
 

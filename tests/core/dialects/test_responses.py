@@ -294,7 +294,7 @@ def test_problems_find_calls_without_outputs_outputs_without_calls_and_trailing_
 
 def test_cannot_fit_is_a_context_length_exceeded_error_with_the_numbers() -> None:
     error = CannotFit(tokens=900, budget_tokens=500, window_tokens=600, reserve_tokens=100, reason="too big")
-    shaped = RESPONSES.error_body(error_info(error))
+    shaped = RESPONSES.error_body(error_info(error, RESPONSES))
     assert shaped["error"]["code"] == "context_length_exceeded"
     assert shaped["error"]["type"] == "invalid_request_error"
     assert shaped["error"]["param"] == "input"
@@ -302,7 +302,7 @@ def test_cannot_fit_is_a_context_length_exceeded_error_with_the_numbers() -> Non
 
 
 def test_error_shapes_of_invalid_requests_and_upstream_failures() -> None:
-    bad = RESPONSES.error_body(error_info(InvalidRequest("nope", param="input[2]")))
+    bad = RESPONSES.error_body(error_info(InvalidRequest("nope", param="input[2]"), RESPONSES))
     assert bad == {
         "error": {"message": "nope", "type": "invalid_request_error", "param": "input[2]", "code": None}
     }
