@@ -263,7 +263,9 @@ def start_proxy(pool: ServerPool, tree: Path, upstream: str, env: dict[str, str]
 async def serve_recorder(recorder: Recorder) -> tuple[web.AppRunner, str]:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", recorder.handle)
-    runner = web.AppRunner(app, access_log=None)
+    # A request the proxy gives up (a summary cancelled by a client request, a timeout) is given
+    # up at the server too, as it would be without the recorder in between.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -430,12 +432,13 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
         return statistics.median(known) if known else None
 
     share = med("share")
+    proxy = args.tree_name or git_state(args.tree, subject=True)
     lines = [
         "# Memory with a real small local model (issue 28)",
         "",
         f"`python -m bench.llama`: {os.path.basename(args.model)} on llama.cpp's `llama-server` (CPU, "
         f"{args.threads} threads, one slot), {args.turns} turns, `max_tokens` {args.max_tokens}, "
-        f"{len(runs)} run(s) (median where several). Proxy: `{git_state(args.tree, subject=True)}` (its "
+        f"{len(runs)} run(s) (median where several). Proxy: `{proxy}` (its "
         f"defaults{'; ' + ', '.join(args.proxy_env) if args.proxy_env else ''}); proxied to a "
         f"{args.ctx}-token server, direct to a {args.direct_ctx}-token one. The machine was shared "
         "(2 cores, several engineers): timings are ratios within a run.",
@@ -578,6 +581,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--no-direct", action="store_true", help="the proxied session alone (no timing)")
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout whose proxy runs")
+    parser.add_argument(
+        "--tree-name", default="", help="what to call it in the report (default: its git head)"
+    )
     parser.add_argument("--proxy-env", action="append", default=[], metavar="CTXPROXY_X=V")
     parser.add_argument("--fixtures", type=Path, default=None, help="save the summary answers (JSON)")
     parser.add_argument("--capture", type=int, default=0, help="N summary requests straight to the server")
