@@ -85,7 +85,6 @@ const SUMMARY_ROWS = [
   ["calls", "summary calls", (c) => num((c.summaries || {}).calls || 0)],
   ["failures", "failed", (c) => num((c.summaries || {}).failures || 0)],
   ["rejected", "refused by the checks", (c) => num((c.summaries || {}).rejected || 0)],
-  ["preempted", "given way to clients", (c) => num((c.summaries || {}).preempted || 0)],
   ["tokens_in", "tokens sent", (c) => num((c.summaries || {}).tokens_in || 0)],
   ["tokens_out", "summary tokens", (c) => num((c.summaries || {}).tokens_out || 0)],
   ["cache_hit", "cache hits", (c) => num((c.summaries || {}).cache_hit || 0)],

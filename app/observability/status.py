@@ -13,10 +13,10 @@ Counters (``counters`` in the snapshot; the same keys in total and in ``counters
 ``tokens_after`` and ``tokens_saved`` (rejected requests forwarded nothing: no "after", nothing
 saved), ``prefix_reused_tokens``, ``emergency_retries``, ``by_outcome``, ``actions``, ``memory``
 (``summary``/``index``/``note``: what stands in for dropped turns) and ``summaries`` (``calls``,
-``failures`` (``rejected`` among them: answers the summary checks refused), ``preempted``
-(cancelled by a client request, not a failure), ``tokens_in``, ``tokens_out``, ``cache_hit``,
-``cache_miss``, ``cache_error``, from the summary hooks). The totals also have ``by_route``. They
-follow the same rules as the Prometheus metrics (``app.observability.metrics``), so the two agree.
+``failures`` (``rejected`` among them: answers the summary checks refused), ``tokens_in``,
+``tokens_out``, ``cache_hit``, ``cache_miss``, ``cache_error``, from the summary hooks). The totals
+also have ``by_route``. They follow the same rules as the Prometheus metrics
+(``app.observability.metrics``), so the two agree.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ SUMMARY_KEYS = (
     "calls",
     "failures",
     "rejected",
-    "preempted",
     "tokens_in",
     "tokens_out",
     "cache_hit",
@@ -223,10 +222,8 @@ class StatusBoard:
         with self._lock:
             summaries = self._counters_of(api)["summaries"]
             summaries["calls"] += 1
-            # A summary the checks refused failed too; one a client request cancelled did not.
-            summaries["failures"] += outcome not in ("ok", "preempted")
-            summaries["rejected"] += outcome == "rejected"
-            summaries["preempted"] += outcome == "preempted"
+            summaries["failures"] += outcome != "ok"
+            summaries["rejected"] += outcome == "rejected"  # refused by the summary checks
             summaries["tokens_in"] += max(0, tokens_in)
             summaries["tokens_out"] += max(0, tokens_out)
         self._changed()

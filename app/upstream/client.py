@@ -333,8 +333,9 @@ class UpstreamClient:
         ``limited`` and the concurrency cap stays full). ``key_slot``: where the operator's key goes
         (``upstream.headers``; None: where the client put its own). Neither the query nor a key is
         reported to the instrumentation (only the endpoint). ``background`` (a summary call, read
-        whole: ``stream=False``): on an upstream that yields to client requests it waits for them
-        and is cancelled by the next one (``traffic``); any other send is a client request there.
+        whole: ``stream=False``, its ``content`` bytes): on an upstream that yields to client
+        requests it waits for them, and a client request cancels it and it is sent again after
+        (``traffic``); any other send is a client request there.
         """
         base = base_url or self.base_url
         instrumentation = self.instrumentation
@@ -357,10 +358,10 @@ class UpstreamClient:
         if traffic is None:
             return await self._open(method, endpoint, url, forwarded, content, base, stream, timeout, limited)
         if background:
-            async with traffic.background(base):
-                return await self._open(
-                    method, endpoint, url, forwarded, content, base, stream, timeout, limited
-                )
+            return await traffic.background(
+                base,
+                lambda: self._open(method, endpoint, url, forwarded, content, base, stream, timeout, limited),
+            )
         ticket = traffic.client(base)
         return await self._open(
             method, endpoint, url, forwarded, content, base, stream, timeout, limited, ticket=ticket

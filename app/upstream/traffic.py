@@ -6,31 +6,33 @@ are one upstream: ``origin_of``). ``yields(origin) -> bool`` says whether the up
 (``local_origin``: a server on this machine or the local network, where a model like llama.cpp's
 serves one or a few requests at a time; the settings may say always or never). On such an upstream:
 
-* a background call waits, before it is sent, while a client request to the same upstream is in
-  flight (``background(base_url)``; the caller bounds the wait with its own time limit), and only
-  one background call at a time goes to it;
-* a client request that starts there while background calls are in flight cancels them
-  (``client(base_url)``): the task that made each one is cancelled with the message ``PREEMPTED``
-  (its caller asks again later; nothing failed). So a client request waits on a background call
-  for no longer than that call takes to notice it was cancelled.
+* a background call (``await background(base_url, attempt)``) waits, before it is sent, while a
+  client request to the same upstream is in flight, and only one at a time goes to it;
+* a client request that starts there (``client(base_url)``) cancels the background calls in
+  flight (their attempt, with the message ``PREEMPTED``; counted in ``preempted``): each is sent
+  again once the client requests are done, so it lands in a pause of the conversation. The
+  caller's own time limit bounds all of it. So a client request waits on a background call for no
+  longer than that call takes to notice it was cancelled.
 
 Every other upstream serves both at once: nothing waits and nothing is cancelled. A client
 request holds its place from before it is sent until its response is closed (a stream's end
 included): ``client(base_url)`` returns a ``Ticket`` to ``release()`` then (idempotent).
-``preempted(exc)`` tells such a cancellation from any other; ``busy(base_url)``.
+``busy(base_url)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+T = TypeVar("T")
+
 PREEMPTED = "preempted by a client request"
-"""The message a background call's task is cancelled with."""
+"""The message a background call's attempt is cancelled with."""
 
 
 def origin_of(url: str) -> str:
@@ -62,7 +64,7 @@ class _Upstream:
     clients: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     lane: asyncio.Lock = field(default_factory=asyncio.Lock)
-    background: set[asyncio.Task[object]] = field(default_factory=set)
+    background: set[asyncio.Future[Any]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -132,26 +134,27 @@ class Traffic:
         upstream = self._upstream(base_url)
         return upstream is not None and upstream.clients > 0
 
-    @asynccontextmanager
-    async def background(self, base_url: str) -> AsyncIterator[None]:
-        """Hold a background call to the upstream at ``base_url``: on one that yields, wait until
-        no client request is in flight and no other background call is, then run cancellable by
-        the next client request (the caller's time limit bounds the wait)."""
+    async def background(self, base_url: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` as a background call to the upstream at ``base_url``: on one that yields,
+        sent when no client request is in flight and no other background call is, and, when a
+        client request cancels it, sent again once that request is done (as often as it takes:
+        the caller's time limit bounds it all); elsewhere, at once."""
         upstream = self._upstream(base_url)
-        task = asyncio.current_task()
-        if upstream is None or task is None:
-            yield
-            return
-        async with upstream.lane:
-            while upstream.clients:
-                await upstream.idle.wait()
-            upstream.background.add(task)
-            try:
-                yield
-            finally:
-                upstream.background.discard(task)
-
-
-def preempted(exc: BaseException) -> bool:
-    """True for the cancellation of a background call by a client request."""
-    return isinstance(exc, asyncio.CancelledError) and PREEMPTED in exc.args
+        if upstream is None:
+            return await attempt()
+        while True:
+            async with upstream.lane:
+                while upstream.clients:
+                    await upstream.idle.wait()
+                task = asyncio.ensure_future(attempt())
+                upstream.background.add(task)
+                try:
+                    return await task
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if not task.cancelled() or (current is not None and current.cancelling()):
+                        raise  # the caller itself was cancelled (its time limit, a shutdown)
+                finally:
+                    upstream.background.discard(task)
+                    if not task.done():
+                        task.cancel()
