@@ -16,7 +16,7 @@ cached and not used, and counted by its ``cause``):
 The causes, in the order they are checked (what small local models were seen to answer, kept as
 fixtures in ``tests/fixtures/summaries/``):
 
-* ``empty``: fewer than ``MIN_WORDS`` words;
+* ``empty``: fewer than ``MIN_WORDS`` words (an "ok" is no summary);
 * ``template``: a chat template's or tokenizer's control token (``<|im_start|>``,
   ``<start_of_turn>``, ``<end_of_turn>``, ``<|eot_id|>``, ``[INST]``, ``</s>``...): the model
   wrote a conversation instead of a summary;
@@ -47,7 +47,7 @@ from ..core.span_index import identifiers
 from .prompts import render_content
 
 CAUSES: tuple[str, ...] = ("empty", "template", "echo", "repetition", "invented", "unrelated", "overrun")
-MIN_WORDS = 3
+MIN_WORDS = 2
 ECHO_SHARE = 0.25
 REPEATED_LINES = 3
 REPEATED_WORDS = 6
