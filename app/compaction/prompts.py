@@ -157,9 +157,9 @@ def section_of(line: str) -> int | None:
 
 def truncate_sections(summary: str, *, cap_tokens: int, count_text: Callable[[str], int]) -> str:
     """``summary`` within ``cap_tokens``: unchanged when it fits; else its lowest-priority sections
-    (the last of ``SECTIONS``) dropped first, then, in the lowest section left, its last lines, and
-    "" when not even the first section's heading and first line fit. Text before the first heading
-    counts as the first section's."""
+    (the last of ``SECTIONS``) dropped first, then, in the lowest section left, its last lines; when
+    not even the first of them fits, that line cut at a word. Text before the first heading counts
+    as the first section's."""
     if count_text(summary) <= cap_tokens:
         return summary
     blocks: list[tuple[int, list[str]]] = []
@@ -188,9 +188,23 @@ def truncate_sections(summary: str, *, cap_tokens: int, count_text: Callable[[st
                 candidate = text([*kept, b], last_lines=n)
                 if count_text(candidate) <= cap_tokens:
                     return candidate
+            if not kept:  # not even the first line: the most of it that fits, at a word
+                return _cut_at_word(text([b], last_lines=least), cap_tokens, count_text)
             break
         kept.append(b)
     return text(kept)
+
+
+def _cut_at_word(text: str, cap_tokens: int, count_text: Callable[[str], int]) -> str:
+    words = text.split(" ")
+    low, high = 0, len(words)
+    while low < high:  # the most words that fit
+        mid = (low + high + 1) // 2
+        if count_text(" ".join(words[:mid])) <= cap_tokens:
+            low = mid
+        else:
+            high = mid - 1
+    return " ".join(words[:low]).strip()
 
 
 _PART_MARKERS = {

@@ -78,10 +78,12 @@ def test_an_overrun_loses_its_lowest_sections_first() -> None:
     smaller = truncate_sections(SUMMARY, cap_tokens=15, count_text=words)
     # Within the last section that fits in part, its last lines go.
     assert smaller == "## User requests\n- fix the parser\n## Files\n- src/parse.py: the tokenizer loop"
-    assert truncate_sections(SUMMARY, cap_tokens=3, count_text=words) == ""
+    assert truncate_sections(SUMMARY, cap_tokens=5, count_text=words) == "## User requests\n- fix"
 
 
-def test_a_summary_without_headings_is_cut_by_its_last_lines() -> None:
+def test_a_summary_without_headings_is_cut_by_its_last_lines_then_at_a_word() -> None:
     text = "\n".join(f"point {k} made here" for k in range(10))
     cut = truncate_sections(text, cap_tokens=9, count_text=words)
     assert cut == "point 0 made here\npoint 1 made here"
+    line = " ".join(f"w{k}" for k in range(50))
+    assert truncate_sections(line, cap_tokens=7, count_text=words) == "w0 w1 w2 w3 w4 w5 w6"
