@@ -14,7 +14,7 @@ of what a test plants or looks for:
 3. inside one message of the transcript, sentences that repeat one *template* (the sentence with
    every run of digits read as ``#``, its message label aside) three times or more are
    boilerplate (a file's repetitive lines, a log's): dropped, as a model does not copy them into a
-   summary; so is a label with nothing after it. A summary it is given (previous or partial) has
+   summary; so is a label with nothing after it, and one word said over and over (filler). A summary it is given (previous or partial) has
    no boilerplate: each of its lines is a point already made;
 4. what was said or read (user, assistant and tool-result text, earlier summaries) comes before
    the record of the actions that produced it (the transcript's tool-call lines): a model
@@ -85,6 +85,12 @@ def _template(sentence: str) -> str:
     return _DIGITS.sub("#", _LABEL.sub("", sentence))
 
 
+def _filler(sentence: str) -> bool:
+    """One word said over and over (``w w w w``): filler, no model copies it."""
+    words = _LABEL.sub("", sentence).split()
+    return len(words) >= BOILERPLATE_REPEATS and len(set(words)) == 1
+
+
 def _is_action(sentence: str) -> bool:
     return sentence.startswith(("-> tool call ", "-> function call "))
 
@@ -137,7 +143,9 @@ def salient_summary(
         for message in _MESSAGE_START.split(body):
             sentences = [s for s in _sentences(message) if _template(s).strip()]
             repeats = Counter(_template(s) for s in sentences)
-            candidates += [s for s in sentences if repeats[_template(s)] < BOILERPLATE_REPEATS]
+            candidates += [
+                s for s in sentences if repeats[_template(s)] < BOILERPLATE_REPEATS and not _filler(s)
+            ]
     unique = list(dict.fromkeys(candidates))
     counts = Counter(w.lower() for s in unique for w in _WORD.findall(s))
 
