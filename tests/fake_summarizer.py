@@ -12,10 +12,10 @@ of what a test plants or looks for:
    them are not material);
 2. the material is cut into sentences (line ends, and ``.``, ``!``, ``?``, ``;`` before a space);
 3. inside one message of the transcript, sentences that repeat one *template* (the sentence with
-   every run of digits read as ``#``, its message label aside) three times or more are
-   boilerplate (a file's repetitive lines, a log's): dropped, as a model does not copy them into a
-   summary; so is a label with nothing after it, and one word said over and over (filler). A summary it is given (previous or partial) has
-   no boilerplate: each of its lines is a point already made;
+   every run of digits read as ``#``, its message label aside) three times or more are boilerplate
+   (a file's repetitive lines, a log's): dropped, as a model does not copy them into a summary; so
+   is a label with nothing after it, and one word said over and over (filler). A summary it is
+   given (previous or partial) has no boilerplate: each of its lines is a point already made;
 4. what was said or read (user, assistant and tool-result text, earlier summaries) comes before
    the record of the actions that produced it (the transcript's tool-call lines): a model
    summarizes what it learned before what it did. Within each, sentences are ranked by what they
