@@ -39,6 +39,9 @@ LARGE_MODEL = "large-summarizer"
 LARGE_WINDOW_TOKENS = 8000
 FACT = re.compile(r"FACT-\w+")
 SUMMARY_HEAD = re.compile(r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?\]\n")
+# The memory when no summary stands in: the index of the exact strings the cut forgot.
+INDEX = re.compile(r"^\[ctxproxy: index of [0-9,]+ earlier messages?, removed to fit the context window\]\n")
+INDEX_HEAD = "\n[ctxproxy: exact strings from them]\n"
 NOTE = re.compile(r"^\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(was|were) removed here")
 
 

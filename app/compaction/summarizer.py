@@ -8,7 +8,12 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
   summarizer fails open. A ``SummaryError`` with an HTTP ``status`` tells it what kind of failure
   it was (``SummaryError.permanent``: the endpoint or the credentials cannot work).
 * ``Summarizer(complete, *, model, window_tokens, count_text, prompt_version=PROMPT_VERSION,
-  timeout_s, reply_tokens=None, identity="", retry_after_s=60.0, retry_max_s=3600.0)``:
+  timeout_s, reply_tokens=None, identity="", retry_after_s=60.0, retry_max_s=3600.0, pace=None)``:
+  ``pace`` (``app.compaction.pace.Pace``, shared by the summarizers of one model at one upstream):
+  the time limit of a summary follows the model's observed latency instead of ``timeout_s``.
+  Every answer is held to ``reply_tokens`` by its sections (``prompts.truncate_sections``) and
+  checked (``checks.check_summary``): a refused one fails the summary (outcome ``rejected``, its
+  cause logged once, not cached, backing off like any failure).
 
   - ``await memory_for(span, cache) -> str | None``: the summary of exactly ``span`` (the
     messages a memory stands for, ``app.core.memory.span_messages``). Incremental: a session's
@@ -46,18 +51,22 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core.errors import CtxproxyError
 from ..core.messages import Message
 from .cache import SummaryCache, prefix_keys, summary_key
+from .checks import check_summary
+from .pace import Pace
 from .prompts import (
     PROMPT_VERSION,
     chunk_messages,
     merge_messages,
     render_messages,
     summarize_messages,
+    truncate_sections,
 )
 
 logger = logging.getLogger("ctxproxy.compaction")
@@ -93,7 +102,7 @@ class SummaryError(CtxproxyError):
 
 CallHook = Callable[[str, int, int], None]
 """``(outcome, tokens_in, tokens_out)`` of one summary call: ``ok``, ``timeout``, ``http_<status>``,
-``empty`` or ``failed``."""
+``empty``, ``rejected`` (refused by the summary checks) or ``failed``."""
 
 
 def call_outcome(exc: BaseException) -> str:
@@ -127,8 +136,10 @@ class Summarizer:
         retry_after_s: float = 60.0,
         retry_max_s: float = 3600.0,
         on_call: CallHook | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.complete = complete
+        self.pace = pace
         self.on_call = on_call
         self.model = model
         self.window_tokens = window_tokens
@@ -147,7 +158,7 @@ class Summarizer:
         self.last_error = ""
         # Spans whose failure was logged (a span backing off is logged once, not per request).
         self._logged: set[str] = set()
-        smallest = self.prompt_tokens(merge_messages(["x", "x"]))
+        smallest = self.prompt_tokens(merge_messages(["x", "x"], reply_tokens=self.reply_tokens))
         if self.input_budget_tokens < 2 * smallest:
             raise ValueError(
                 f"summarizer window of {window_tokens} tokens ({self.reply_tokens} reserved for the "
@@ -282,11 +293,21 @@ class Summarizer:
         self, messages: Sequence[Message], previous: str | None
     ) -> str | BaseException:
         """The summary, or the exception that stopped it (cancellation is never swallowed)."""
+        pace = self.pace
+        limit_s = pace.limit_s if pace is not None else self.timeout_s
+        started = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await self._summarize(render_messages(messages), previous)
+            async with asyncio.timeout(limit_s):
+                summary = await self._summarize(render_messages(messages), previous)
+        except TimeoutError as exc:
+            if pace is not None:
+                pace.timed_out()
+            return exc
         except Exception as exc:
             return exc
+        if pace is not None:
+            pace.observed(time.monotonic() - started)
+        return summary
 
     async def summarize_span(
         self, messages: Sequence[Message], *, previous_summary: str | None = None
@@ -315,10 +336,18 @@ class Summarizer:
         if not isinstance(answer, str) or not answer.strip():
             self._report("empty", tokens, 0)
             raise SummaryError("the summarizer returned an empty answer")
+        # Held to its size by its sections (the lowest first), then checked before it is trusted.
+        answer = truncate_sections(answer.strip(), cap_tokens=self.reply_tokens, count_text=self.count_text)
         out = self.count_text(answer)
         self.tokens_out += out
+        rejection = check_summary(
+            answer, request=messages, cap_tokens=self.reply_tokens, count_text=self.count_text
+        )
+        if rejection is not None:
+            self._report("rejected", tokens, out)
+            raise SummaryError(f"the answer is no summary ({rejection.cause}: {rejection.detail})")
         self._report("ok", tokens, out)
-        return answer.strip()
+        return answer
 
     def _report(self, outcome: str, tokens_in: int, tokens_out: int) -> None:
         if self.on_call is None:
@@ -332,27 +361,38 @@ class Summarizer:
         return self.prompt_tokens(messages) <= self.input_budget_tokens
 
     async def _summarize(self, pieces: list[str], previous: str | None) -> str:
-        whole = summarize_messages("\n\n".join(pieces), previous_summary=previous)
+        reply = self.reply_tokens
+        whole = summarize_messages("\n\n".join(pieces), previous_summary=previous, reply_tokens=reply)
         if self._fits(whole):
             return await self._call(whole)
-        chunks = self._pack(pieces, _render_chunk)
+        chunks = self._pack(pieces, self._render_chunk)
         partials: list[str] = []
         for number, chunk in enumerate(chunks, start=1):
             text = "\n\n".join(chunk)
-            partials.append(await self._call(chunk_messages(text, part=number, parts=len(chunks))))
+            request = chunk_messages(text, part=number, parts=len(chunks), reply_tokens=reply)
+            partials.append(await self._call(request))
         return await self._merge(([previous] if previous else []) + partials)
 
     async def _merge(self, items: list[str], depth: int = 0) -> str:
-        request = merge_messages(items)
+        request = self._render_merge(items)
         if self._fits(request):
             return await self._call(request)
         if depth >= MAX_MERGE_DEPTH:
             raise SummaryError("partial summaries do not shrink enough to merge")
-        groups = self._pack(items, merge_messages)
-        merged = [await self._call(merge_messages(group)) for group in groups]
+        groups = self._pack(items, self._render_merge)
+        merged = [await self._call(self._render_merge(group)) for group in groups]
         if sum(map(self.count_text, merged)) >= sum(map(self.count_text, items)):
             raise SummaryError("merging partial summaries does not make them shorter")
         return await self._merge(merged, depth + 1)
+
+    def _render_chunk(self, group: list[str]) -> list[dict[str, Any]]:
+        text = "\n\n".join(group)
+        return chunk_messages(
+            text, part=_PART_PLACEHOLDER, parts=_PART_PLACEHOLDER, reply_tokens=self.reply_tokens
+        )
+
+    def _render_merge(self, group: Sequence[str]) -> list[dict[str, Any]]:
+        return merge_messages(group, reply_tokens=self.reply_tokens)
 
     def _pack(self, texts: Sequence[str], render: Render) -> list[list[str]]:
         """Consecutive groups of ``texts`` whose ``render(group)`` each fits; big texts are split."""
@@ -410,10 +450,6 @@ class Summarizer:
             parts.append(rest[:cut])
             rest = rest[cut:]
         return parts
-
-
-def _render_chunk(group: list[str]) -> list[dict[str, Any]]:
-    return chunk_messages("\n\n".join(group), part=_PART_PLACEHOLDER, parts=_PART_PLACEHOLDER)
 
 
 class PrefetchedSummaries:

@@ -59,11 +59,12 @@ import orjson
 
 from ..compaction.ahead import AheadOfTime
 from ..compaction.cache import SummaryCache, cache_from_url
+from ..compaction.pace import Pace
 from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError
 from ..core.budget import Policy
 from ..core.dialect import Dialect
 from ..core.fit import next_cut_headroom
-from ..core.memory import memory_tokens_for, span_messages
+from ..core.memory import MemorySpan, memory_tokens_for, span_messages
 from ..core.plan import Plan
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, join_url, origin_url
@@ -76,8 +77,6 @@ from .request import ProxyRequest, summaries_wanted
 
 logger = logging.getLogger("ctxproxy.compaction")
 
-BACKGROUND_TIMEOUT_S = 60.0
-"""Bound on each summary made in the background (the in-line wait is the settings')."""
 MIN_REPLY_TOKENS = 64
 # A summary is asked for in a little less than the memory's room: the summary model may count
 # its tokens differently from the request's counter.
@@ -139,6 +138,7 @@ class UpstreamComplete:
             query=carried_query(_carried_query.get(), call.carry_query),
             key_slot=self.dialect.key_slots[0] if self.dialect.key_slots else None,
             at_origin=call.at_origin,
+            background=True,  # client requests first on an upstream with few slots
         )
         raw = response.decoded_body()
         where = f"POST {(origin_url if call.at_origin else join_url)(self.base_url, call.path)}"
@@ -154,6 +154,14 @@ class UpstreamComplete:
         if text is None:
             raise SummaryUpstreamError(f"{where} answered no {self.dialect.name} text: {raw[:200]!r}")
         return text
+
+
+def reply_tokens_for(memory: MemorySpan, room_tokens: int) -> int:
+    """The reply a summary of ``memory`` is asked for: a little under the size its room was
+    sized for (``MemorySpan.summary_tokens``; ``room_tokens``, the most room, when none was), in
+    steps of ``MIN_REPLY_TOKENS`` (a few summarizers per conversation, not one per size)."""
+    share = int((memory.summary_tokens or room_tokens) * REPLY_SHARE)
+    return max(MIN_REPLY_TOKENS, share // MIN_REPLY_TOKENS * MIN_REPLY_TOKENS)
 
 
 def _summary_failed(plan: Plan, detail: str) -> bool:
@@ -186,6 +194,8 @@ class Summaries:
         )
         self._semaphore = asyncio.Semaphore(settings.summary_concurrency)
         self._ahead: dict[tuple[str, str, str, int, int], tuple[str, AheadOfTime] | None] = {}
+        # One pace per model at an upstream: its summarizers of every reply size answer alike.
+        self._paces: dict[tuple[str, str], Pace] = {}
         self._events: dict[str, dict[str, int]] = {}
 
     def wanted(self, policy: Policy, summarize: bool | None) -> bool:
@@ -276,17 +286,18 @@ class Summaries:
                 model=model,
                 window_tokens=window,
                 count_text=count_text,
-                timeout_s=BACKGROUND_TIMEOUT_S,
+                timeout_s=self.settings.summary_background_max_s,
                 reply_tokens=reply,
                 identity=f"{dialect.name} summaries by {model} at {base_url}",
                 retry_after_s=self.settings.summary_retry_after_s,
                 on_call=self._call_hook(dialect.name),
+                pace=self.pace_for(model, base_url),
             )
             ahead = AheadOfTime(
                 summarizer,
                 self.cache,
                 max_concurrency=self.settings.summary_concurrency,
-                lock_ttl_s=2 * BACKGROUND_TIMEOUT_S,
+                lock_ttl_s=2 * self.settings.summary_background_max_s,
                 semaphore=self._semaphore,
             )
         except Exception as exc:
@@ -295,6 +306,17 @@ class Summaries:
             )
         self._ahead[key] = (dialect.name, ahead) if ahead is not None else None
         return ahead
+
+    def pace_for(self, model: str, base_url: str) -> Pace:
+        """The observed latency of ``model``'s summaries at ``base_url``: their time limit, from
+        ``CTXPROXY_SUMMARY_BACKGROUND_TIMEOUT_S`` up to ``_MAX_S``."""
+        pace = self._paces.get((model, base_url))
+        if pace is None:
+            settings = self.settings
+            pace = self._paces[(model, base_url)] = Pace(
+                floor_s=settings.summary_background_timeout_s, ceiling_s=settings.summary_background_max_s
+            )
+        return pace
 
     def idle_for(self, request: ProxyRequest, plan: Plan) -> bool:
         """True when :meth:`refine` returns ``plan`` as it is without a look (summaries not
@@ -319,22 +341,23 @@ class Summaries:
         api = self.dialect_for(request).name
         try:
             budget = plan.budget
-            ahead = self.ahead_for(
+            sized = partial(
+                self.ahead_for,
                 request,
-                reply_tokens=max(MIN_REPLY_TOKENS, int(room * REPLY_SHARE)),
                 cap_tokens=cap_tokens,
                 room_tokens=budget.window_tokens - budget.reserve_tokens - budget.margin_tokens,
             )
-            if ahead is None:
-                return plan
             ready = True
             first = plan
             if plan.memory is not None:
+                ahead = sized(reply_tokens=reply_tokens_for(plan.memory, room))
+                if ahead is None:
+                    return plan
                 plan, ready = await self._remembered(
                     request, plan, ahead, api=api, cap_tokens=cap_tokens, writes=writes
                 )
             if writes and ready and plan.fits and plan.tokens_after > self._ahead_threshold(plan):
-                await self._prepare_next(request, first, ahead, api=api, cap_tokens=cap_tokens)
+                await self._prepare_next(request, first, sized, room, api=api, cap_tokens=cap_tokens)
             return plan
         except Exception as exc:  # never fail a request because of compaction
             logger.warning("summaries skipped for this request: %s: %.200s", type(exc).__name__, exc)
@@ -370,7 +393,11 @@ class Summaries:
         else:
             self._count(api, "waited")
             ahead.schedule(span)
-            summary = await ahead.wait_for(span, self.settings.summary_timeout_s)
+            wait_s = self.settings.summary_timeout_s
+            expected_s = summarizer.pace.expected_s if summarizer.pace is not None else None
+            if expected_s is not None and expected_s > wait_s:
+                wait_s = 0.0  # this summarizer's answers take longer than the wait: none comes in it
+            summary = await ahead.wait_for(span, wait_s)
             if not summary:
                 self._count(api, "failed")
                 if ahead.running(span):  # a failure was logged by the summarizer, with its cause
@@ -400,10 +427,17 @@ class Summaries:
         return replanned, bool(summary)
 
     async def _prepare_next(
-        self, request: ProxyRequest, plan: Plan, ahead: AheadOfTime, *, api: str, cap_tokens: int | None
+        self,
+        request: ProxyRequest,
+        plan: Plan,
+        sized: Callable[..., AheadOfTime | None],
+        room: int,
+        *,
+        api: str,
+        cap_tokens: int | None,
     ) -> None:
         """Summarize in the background what the next cut will forget (``plan``: this request's
-        plan without a provider)."""
+        plan without a provider; ``sized(reply_tokens=)``: the worker for a summary of that size)."""
         headroom = next_cut_headroom(plan, request.policy)
         upcoming = await run_plan(
             partial(request.plan, cap_tokens=cap_tokens, headroom_tokens=headroom),
@@ -412,6 +446,9 @@ class Summaries:
         if upcoming.memory is None or upcoming.source is None:
             return
         if plan.memory is not None and upcoming.memory.indices == plan.memory.indices:
+            return
+        ahead = sized(reply_tokens=reply_tokens_for(upcoming.memory, room))
+        if ahead is None:
             return
         span = span_messages(upcoming.source, upcoming.memory)
         key = ahead.summarizer.span_key(span)

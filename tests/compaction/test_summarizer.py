@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from app.compaction.cache import MemoryCache, summary_key
+from app.compaction.pace import PACE_FACTOR, Pace
 from app.compaction.prompts import PROMPT_VERSION, render_messages
 from app.compaction.summarizer import PrefetchedSummaries, Summarizer, SummaryError
 from app.core.fit import SummaryProvider
@@ -106,7 +107,7 @@ async def test_one_call_renders_roles_tool_calls_results_and_images() -> None:
     assert 'tool call read_file({"path": "src/app.py"}) [call_7]' in prompt
     assert "[tool result for read_file [call_7]]: def main(): FACT-tool" in prompt
     assert "base64" not in prompt and "AAAABBBB" not in prompt
-    assert llm.calls[0][0]["role"] == "system" and "verbatim" in llm.calls[0][0]["content"]
+    assert llm.calls[0][0]["role"] == "system" and "in their words" in llm.calls[0][0]["content"]
 
 
 def test_render_keeps_names_refusals_and_legacy_function_calls() -> None:
@@ -303,10 +304,14 @@ async def test_partial_summaries_too_big_to_merge_at_once_are_merged_in_levels()
     class Verbose(FakeLLM):
         async def __call__(self, messages: list[dict[str, Any]], model: str) -> str:
             answer = await super().__call__(messages, model)
-            return answer + " pad" * 120 if messages[-1]["content"].startswith("Below is part") else answer
+            if not messages[-1]["content"].startswith("Below is part"):
+                return answer
+            # Long, and no repetition the checks would refuse: words of what it read.
+            return answer + " " + " ".join(re.findall(r"w[0-9]+x[0-9]+", messages[-1]["content"])[:120])
 
     llm = Verbose()
-    summarizer = make(llm, window_tokens=900, reply_tokens=100)
+    # Each partial within its reply size (an answer over it is cut to it): 8 of them overflow a merge.
+    summarizer = make(llm, window_tokens=900, reply_tokens=130)
     span = [m for i in range(30) for m in turn(i, size=60)]
     summary = await summarizer.summarize_span(span)
     assert summary is not None
@@ -401,3 +406,25 @@ def test_prefetched_summaries_answer_by_span_key() -> None:
     assert other_model.summary_for(span) is None
     blank = PrefetchedSummaries({summarizer.span_key(span): "  "}, summarizer_model="summ-1")
     assert blank.summary_for(span) is None
+
+
+async def test_the_time_limit_follows_the_summarizers_pace() -> None:
+    # A model slower than the floor times out, each timeout doubles its limit until it answers;
+    # then the limit is four times its slowest answer (a slow local model is not cut off at a
+    # fixed limit, and a fast one is not waited for long).
+    pace = Pace(floor_s=0.02, ceiling_s=30.0)
+    summarizer = make(FakeLLM(delay_s=0.15), timeout_s=None, pace=pace)
+    timeouts = 0
+    while await summarizer.summarize_span(turn(1)) is None and timeouts < 8:
+        timeouts += 1
+    assert 2 <= timeouts < 8  # 0.02 s and 0.04 s at least were too short for a 0.15 s model
+    assert pace.expected_s is not None and pace.expected_s >= 0.15
+    assert pace.limit_s == pytest.approx(PACE_FACTOR * pace.expected_s)  # one answer: its median
+
+
+async def test_a_reply_over_its_size_loses_its_lowest_sections_first() -> None:
+    facts = " ".join(f"w1x{k}" for k in range(200))
+    answer = f"## User requests\n- keep FACT-u1\n## Files\n- src/app.py showed FACT-a1\n## Facts\n{facts}"
+    summarizer = make(FakeLLM(answer=answer), reply_tokens=40)
+    summary = await summarizer.summarize_span(turn(1, size=300))
+    assert summary == "## User requests\n- keep FACT-u1\n## Files\n- src/app.py showed FACT-a1"
