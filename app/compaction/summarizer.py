@@ -34,7 +34,7 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
   - ``await longest_summarized(span, cache) -> (n, summary)``: the longest proper prefix of
     ``span`` its chain has a summary of (``(0, None)`` when none).
   - ``span_key(span)``; ``prompt_tokens(messages)``; counters ``calls``, ``failures``,
-    ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got), ``last_error``;
+    ``rejected``, ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got), ``last_error``;
     ``on_call`` (keyword, optional): told ``(outcome, tokens_in, tokens_out)`` of every call
     (:data:`CallHook`; never allowed to fail the summary).
 
@@ -153,6 +153,7 @@ class Summarizer:
         self.retry_max_s = max(self.retry_after_s, retry_max_s)
         self.calls = 0
         self.failures = 0
+        self.rejected = 0  # answers the checks refused (each also a failure of its summary)
         self.tokens_in = 0
         self.tokens_out = 0
         self.last_error = ""
@@ -344,6 +345,7 @@ class Summarizer:
             answer, request=messages, cap_tokens=self.reply_tokens, count_text=self.count_text
         )
         if rejection is not None:
+            self.rejected += 1
             self._report("rejected", tokens, out)
             raise SummaryError(f"the answer is no summary ({rejection.cause}: {rejection.detail})")
         self._report("ok", tokens, out)

@@ -34,8 +34,8 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   without its query). ``CTXPROXY_SUMMARY_MODEL``,
   ``CTXPROXY_SUMMARY_BASE_URL`` and ``CTXPROXY_SUMMARY_API`` override the model, the upstream and
   the API (one of ``dialects``, the app's registry, injected by the composition root).
-* ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures,
-  tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
+* ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures, rejected
+  (refused by the checks), tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
   in by an ``earlier`` one, ``too_large``, ``backing_off``; summaries made ``ahead``), totals of
   the same, in-flight work and the cache's counters.
 * ``events`` (keyword, optional, :class:`~app.service.ports.SummaryEvents`: the app's
@@ -87,7 +87,7 @@ ESTIMATE_MARGIN = 0.1
 _carried: ContextVar[tuple[Header, ...]] = ContextVar("ctxproxy_summary_headers", default=())
 _carried_query: ContextVar[str] = ContextVar("ctxproxy_summary_query", default="")
 
-COUNTERS = ("calls", "failures", "tokens_in", "tokens_out")
+COUNTERS = ("calls", "failures", "rejected", "tokens_in", "tokens_out")
 EVENTS = ("cached", "waited", "failed", "earlier", "too_large", "ahead", "backing_off")
 
 
@@ -478,7 +478,15 @@ class Summaries:
             for name, value in events.items():
                 counts[name] += value
         totals = {name: sum(c[name] for c in by_api.values()) for name in (*COUNTERS, *EVENTS)}
-        return {**totals, "by_api": by_api, "in_flight": in_flight, "cache": self.cache.stats().as_dict()}
+        traffic = self.upstream.traffic
+        return {
+            **totals,
+            "by_api": by_api,
+            "in_flight": in_flight,
+            # Summary calls a client request cancelled (sent again after it: not failures).
+            "preempted": traffic.preempted if traffic is not None else 0,
+            "cache": self.cache.stats().as_dict(),
+        }
 
     async def aclose(self) -> None:
         for found in self._ahead.values():

@@ -787,4 +787,4 @@ async def test_an_answer_that_is_no_summary_is_refused_counted_and_not_cached(
     assert status["counters"]["by_api"]["chat"]["summaries"]["rejected"] == 1
     refusals = [r.getMessage() for r in caplog.records if "is no summary" in r.getMessage()]
     assert len(refusals) == 1, refusals
-    assert stats["cached"] == 0 and stats["backing_off"] == 2
+    assert stats["cached"] == 0 and stats["backing_off"] == 2 and stats["by_api"]["chat"]["rejected"] == 1
