@@ -486,7 +486,22 @@ async def amain(args: argparse.Namespace) -> None:
     (args.out / f"{args.name}.md").write_text(text, encoding="utf-8")
     (args.out / f"{args.name}.json").write_text(
         json.dumps(
-            [{"figures": r["figures"], "summaries": [_brief(s) for s in r["summaries"]]} for r in runs],
+            [
+                {
+                    "figures": r["figures"],
+                    "summaries": [_brief(s) for s in r["summaries"]],
+                    # Each proxied turn: its latency, the model's own time on it, its memory.
+                    "turns": [
+                        {
+                            "latency_s": round(t.latency_s, 3),
+                            "model_s": round(t.model_s, 3),
+                            "memory": t.memory,
+                        }
+                        for t in r["proxied"]
+                    ],
+                }
+                for r in runs
+            ],
             indent=1,
         ),
         encoding="utf-8",
