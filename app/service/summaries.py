@@ -35,9 +35,10 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   ``CTXPROXY_SUMMARY_BASE_URL`` and ``CTXPROXY_SUMMARY_API`` override the model, the upstream and
   the API (one of ``dialects``, the app's registry, injected by the composition root).
 * ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures, rejected
-  (refused by the checks), tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
-  in by an ``earlier`` one, ``too_large``, ``backing_off``; summaries made ``ahead``), totals of
-  the same, in-flight work and the cache's counters.
+  (refused by the checks), tokens_in, tokens_out; requests whose memory was ``cached``,
+  ``waited`` for, ``failed``, stood in by an ``earlier`` one, ``too_large``, ``backing_off``;
+  summaries made ``ahead``), totals of the same, in-flight work, ``preempted`` (summary calls a
+  client request cancelled) and the cache's counters.
 * ``events`` (keyword, optional, :class:`~app.service.ports.SummaryEvents`: the app's
   observability): told of every summary call by the API it was asked in (outcome, tokens in and
   out) and of every cut request's lookup of its memory in the cache (hit or miss), for the
