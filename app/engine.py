@@ -21,7 +21,8 @@ Public API (re-exported lazily by the package: ``ctxproxy.fit``, ``ctxproxy.coun
   the built-in model table merged with ``models_file`` (the same TOML as
   ``CTXPROXY_MODELS_FILE``). Nothing reads the environment: the policy is the engine's default,
   refined by the keyword options (as the proxy's ``X-Context-*`` headers refine its own), with no
-  summaries (the engine makes no LLM call).
+  summaries (the engine makes no LLM call): what a cut forgot is remembered by its index of exact
+  strings (``app.core.span_index``), as the proxy does with summaries off.
 * The input body is never mutated. ``result.body`` is the body to send: the input object itself
   when nothing had to change (``changed`` False), else a new dict in which only the conversation
   (and a lowered output cap) was replaced. A body that cannot be made to fit has ``fits`` False
@@ -100,7 +101,9 @@ def _planner(models_file: str | Path | None) -> Planner:
     from . import tokenizer
 
     registry = _registry(str(models_file) if models_file is not None else None)
-    return offline_planner(policy=Policy(), registry=registry, vocabularies=tokenizer)
+    # The proxy's default memory (CTXPROXY_MEMORY_INDEX): what a cut forgot is remembered by its
+    # index of exact strings, the same bytes the proxy forwards.
+    return offline_planner(policy=Policy(index_memory=True), registry=registry, vocabularies=tokenizer)
 
 
 def _request(

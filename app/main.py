@@ -47,6 +47,7 @@ from .settings import Settings, load_settings, unknown_variables
 from .upstream.client import UpstreamClient
 from .upstream.limits import ConcurrencyLimiter
 from .upstream.senders import HttpxSender, Sender
+from .upstream.traffic import Traffic, local_origin
 
 _HANDLER_MARK = "_ctxproxy_handler"
 # The API that speaks for requests of no API (an error on /healthz, a pass-through path no
@@ -225,6 +226,16 @@ def build_limiter(settings: Settings) -> ConcurrencyLimiter | None:
     )
 
 
+def build_traffic(settings: Settings) -> Traffic:
+    """Which upstreams summary calls give way to client requests on (``CTXPROXY_SUMMARY_YIELD``:
+    ``auto``, a server on this machine or the local network)."""
+    if settings.summary_yield == "always":
+        return Traffic(yields=lambda _origin: True)
+    if settings.summary_yield == "never":
+        return Traffic(yields=lambda _origin: False)
+    return Traffic(yields=local_origin)
+
+
 def freeze_startup_heap() -> None:
     """Move every object alive after start-up (the vocabularies, the model table, the modules) out
     of the cyclic collector's reach (``gc.freeze``), after one collection so no garbage is kept.
@@ -385,6 +396,7 @@ def create_app(
                 routes=settings.upstream_routes,
                 timeout=timeout,
                 limiter=build_limiter(settings),
+                traffic=build_traffic(settings),
                 stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 instrumentation=observability.instrumentation(),
                 key_slots=slots,

@@ -158,6 +158,28 @@ class Settings(BaseSettings):
         description="A span whose summary failed is not asked for again for this long (doubling, up to "
         "an hour); an endpoint or key that cannot work turns summaries off for as long.",
     )
+    summary_background_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="The shortest time limit of a summary call made in the background; the limit "
+        "follows the summarizer's observed latency (four times its slowest recent answer, doubled by "
+        "each timeout) up to CTXPROXY_SUMMARY_BACKGROUND_MAX_S.",
+    )
+    summary_background_max_s: float = Field(
+        default=900.0, gt=0, description="The longest time limit of a summary call made in the background."
+    )
+    summary_yield: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Summary calls give way to client requests on the same upstream (they wait while "
+        "one is in flight, one at a time, and the next client request cancels them): auto on an "
+        "upstream on this machine or the local network (a local server with few slots), always, never.",
+    )
+    memory_index: bool = Field(
+        default=True,
+        description="Every memory of a cut (policy auto or truncate) carries the index of the exact "
+        "strings it forgot (identifiers, paths, commands, URLs, errors, versions): beside the summary, "
+        "or alone when summaries are off or none came.",
+    )
 
     @field_validator("upstream_base_url")
     @classmethod
@@ -235,6 +257,12 @@ class Settings(BaseSettings):
                 f"CTXPROXY_READ_TIMEOUT_S ({self.read_timeout_s:g}), which ends a silent stream first: "
                 "lower the idle timeout or raise the read timeout"
             )
+        if self.summary_background_timeout_s > self.summary_background_max_s:
+            problems.append(
+                f"CTXPROXY_SUMMARY_BACKGROUND_TIMEOUT_S ({self.summary_background_timeout_s:g}) is above "
+                f"CTXPROXY_SUMMARY_BACKGROUND_MAX_S ({self.summary_background_max_s:g}): the time limit of "
+                "a summary call moves between them, so the shortest must not exceed the longest"
+            )
         over_pool = self.max_concurrent_upstream > self.upstream_max_connections
         if "max_concurrent_upstream" in explicit and over_pool:
             problems.append(
@@ -287,6 +315,7 @@ class Settings(BaseSettings):
             lower_output=self.lower_output,
             output_floor_tokens=self.output_floor_tokens,
             recall="tool" if self.recall else "off",
+            index_memory=self.memory_index,
         )
 
     def upstream_key(self) -> str | None:

@@ -98,6 +98,7 @@ class Row:
     refused_by_proxy: bool
     proxy_ms: float
     window_header: int
+    summaries: int = 0  # summary calls that reached the upstream while this request was served
 
     @property
     def fits(self) -> bool:
@@ -183,6 +184,7 @@ async def run_session(
                             refused_by_proxy=not sends and response.status_code >= 400,
                             proxy_ms=elapsed * 1000,
                             window_header=int(response.headers.get("x-context-window", "0")),
+                            summaries=sum(1 for c in calls if c.summary),
                         )
                     )
                     if any(c.status == 422 for c in sends):
@@ -232,6 +234,7 @@ class Summary:
     lowered_output: float | None = None
     last_resort: int = 0
     proxy_ms: float = 0.0
+    summaries: int = 0
 
 
 def summarize(rows: list[Row]) -> Summary:
@@ -253,6 +256,7 @@ def summarize(rows: list[Row]) -> Summary:
         lowered_output=statistics.median(lowered) if lowered else None,
         last_resort=sum(1 for r in rows if r.last_resort),
         proxy_ms=statistics.median(r.proxy_ms for r in rows),
+        summaries=sum(r.summaries for r in rows),
     )
 
 
@@ -453,8 +457,8 @@ def report(
         "",
         "| mode | requests | refused by the proxy | last resort (pinned or newest messages cut) "
         "| output cap lowered "
-        "| lowered cap (median) | over | counts/req | util | proxy ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| lowered cap (median) | over | counts/req | summary calls/req | util | proxy ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode in ("new", "baseline"):
         runs_of = [c[mode] for c in claude]
@@ -465,6 +469,7 @@ def report(
             f"| {_med([s.last_resort for s in runs_of]):.0f} | {_med([s.lowered for s in runs_of]):.0f} "
             f"| {(f'{_med(caps):,.0f}' if caps else '-')} | {_med([s.over_reached for s in runs_of]):.0f} "
             f"| {_med([s.counted / s.requests for s in runs_of]):.3f} "
+            f"| {_med([s.summaries / s.requests for s in runs_of]):.3f} "
             f"| {(_med(util) if util else float('nan')):.3f} | {_med([s.proxy_ms for s in runs_of]):.2f} |"
         )
     lines += [

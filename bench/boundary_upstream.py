@@ -9,8 +9,10 @@ of its own, refusing what is over its window in its API's words.
   (``Dialect.problems``) is refused (recorded as 422: the bench stops); what is over the window is
   refused 400 with the API's overflow wording (Chat Completions, Anthropic and Gemini with numbers,
   OpenAI Responses without); the rest answered with ``usage`` (Gemini: ``usageMetadata``) = the
-  count. Gemini's window limits the input alone (``maxOutputTokens`` not counted against it).
-  Every call is recorded (``calls``: path, body, status, count).
+  count (a summary request of the proxy answered by the test suite's fake summarizer,
+  ``tests.fake_summarizer``, the rest ``ok``). Gemini's window limits the input alone
+  (``maxOutputTokens`` not counted against it). Every call is recorded (``calls``: path, body,
+  status, count).
 * Pricings (``Model.pricing``): ``exact`` (o200k: the proxy's own accounting, as the table says),
   ``claude-like`` (1.15x over cl100k), ``gemma-like`` (word pieces, 0.8x), ``encrypted`` (exact,
   but encrypted reasoning, Anthropic ``redacted_thinking`` and Gemini thought signatures at 6
@@ -34,6 +36,7 @@ from app.core.dialects import CHAT, GEMINI, MESSAGES, RESPONSES
 from app.core.tokens import REPLY_PRIMING_TOKENS, MessageCounter, TokenCounter
 from app.tokenizer import counter_for
 from bench.calibration import word_pieces
+from tests.fake_summarizer import prompt_text, summary_answer
 
 DIALECT_OF: dict[str, Dialect] = {
     "/v1/chat/completions": CHAT,
@@ -178,8 +181,10 @@ class Upstream:
         if tokens + output > model.window_tokens:
             self.calls.append(Call(path, raw, 400, tokens))
             return httpx.Response(400, json=_overflow(path, model, tokens, output))
-        self.calls.append(Call(path, raw, 200, tokens))
-        return httpx.Response(200, json=_answer(path, tokens))
+        call = Call(path, raw, 200, tokens)
+        self.calls.append(call)
+        text = _summary(dialect, body, raw) if call.summary else "ok"
+        return httpx.Response(200, json=_answer(path, tokens, text))
 
 
 def _overflow(path: str, model: Model, tokens: int, output: int) -> dict[str, Any]:
@@ -221,10 +226,19 @@ def output_cap(raw: bytes) -> int:
     return int(body.get("max_tokens") or body.get("max_output_tokens") or config.get("maxOutputTokens") or 0)
 
 
-def _answer(path: str, tokens: int) -> dict[str, Any]:
+def _summary(dialect: Dialect, body: Mapping[str, Any], raw: bytes) -> str:
+    """The test suite's fake summarizer's answer to a summary request (``tests.fake_summarizer``)."""
+    messages = dialect.parse(body).messages
+    system = next((prompt_text(m.get("content")) for m in messages if m.get("role") == "system"), "")
+    user = "\n\n".join(prompt_text(m.get("content")) for m in messages if m.get("role") == "user")
+    count = counter_for("o200k_base").count_text
+    return summary_answer(system, user, cap_tokens=output_cap(raw) or 1024, count_text=count) or ""
+
+
+def _answer(path: str, tokens: int, text: str = "ok") -> dict[str, Any]:
     if path.startswith(GEMINI_MODELS):
         candidate = {
-            "content": {"role": "model", "parts": [{"text": "ok"}]},
+            "content": {"role": "model", "parts": [{"text": text}]},
             "finishReason": "STOP",
             "index": 0,
         }
@@ -236,19 +250,19 @@ def _answer(path: str, tokens: int) -> dict[str, Any]:
             "type": "message",
             "role": "assistant",
             "model": "m",
-            "content": [{"type": "text", "text": "ok"}],
+            "content": [{"type": "text", "text": text}],
             "stop_reason": "end_turn",
             "usage": {"input_tokens": tokens, "output_tokens": 1},
         }
     if path == "/v1/responses":
         output = [
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
         ]
         usage = {"input_tokens": tokens, "output_tokens": 1, "total_tokens": tokens + 1}
         return {"id": "resp_1", "object": "response", "status": "completed", "output": output, "usage": usage}
     return {
         "id": "c",
         "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1},
     }

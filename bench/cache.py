@@ -187,6 +187,9 @@ def run_session(
             models_file=models_file,
             summarize=summaries,
             discovery=False,
+            # The fake on loopback stands for a hosted API (many slots): summary calls do not give
+            # way to client requests there (CTXPROXY_SUMMARY_YIELD=never; bench.llama measures auto).
+            summary_yield="never",
             log_level="WARNING",
             **options,
         )

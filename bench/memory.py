@@ -190,7 +190,9 @@ class Session:
 class _Upstream:
     """The fake of one wire API: serve it, and read what it received."""
 
-    def __init__(self, api: str, shape: Shape, model: str, *, gemini_tokens: str = "o200k") -> None:
+    def __init__(
+        self, api: str, shape: Shape, model: str, *, gemini_tokens: str = "o200k", style: str = "prose"
+    ) -> None:
         self.api = api
         if api == "gemini":
             text = counter_for("o200k_base").count_text if gemini_tokens == "o200k" else None
@@ -206,6 +208,7 @@ class _Upstream:
             self.fake = FakeUpstream(
                 [FakeModel(model, shape.window_tokens, max_output_tokens=shape.max_tokens)]
             )
+        self.fake.summary_style = style
 
     def serve(self) -> Any:
         return self.fake.serve()
@@ -245,10 +248,11 @@ def run_session(
     summary_delay_s: float,
     settings: dict[str, Any] | None = None,
     gemini_tokens: str = "o200k",
+    style: str = "prose",
 ) -> Session:
     rng = random.Random(seed)
     model = f"bench-{shape.name}"
-    upstream = _Upstream(api, shape, model, gemini_tokens=gemini_tokens)
+    upstream = _Upstream(api, shape, model, gemini_tokens=gemini_tokens, style=style)
     if api == "chat":
         upstream.fake.summary_mode, upstream.fake.summary_delay_s = "slow", summary_delay_s
     encoding = (
@@ -275,6 +279,9 @@ def run_session(
             upstream_api_key=None,
             models_file=models_file,
             discovery=False,
+            # The fake on loopback stands for a hosted API (many slots): summary calls do not give
+            # way to client requests there (CTXPROXY_SUMMARY_YIELD=never; bench.llama measures auto).
+            summary_yield="never",
             log_level="ERROR",
             **(settings or {}),
         )
@@ -367,8 +374,9 @@ def measure(api: str, session: Session) -> dict[str, Any]:
     kinds = [r.memory for r in records]
     return {
         "requests": len(records),
-        "cut": sum(1 for k in kinds if k in ("summary", "note")),
+        "cut": sum(1 for k in kinds if k in ("summary", "index", "note")),
         "summary": kinds.count("summary"),
+        "index": kinds.count("index"),
         "note": kinds.count("note"),
         "calls": len(session.summary_prompts) / len(records) if records else 0.0,
         "sent_tokens": sent,
@@ -410,9 +418,10 @@ def render(rows: list[dict[str, Any]], *, runs: int, note: str = "") -> str:
         "(uvicorn); the fakes refuse a prompt over their window and summarize extractively under a "
         "hard cap (`tests/fake_summarizer.py`). " + note,
         "",
-        "| shape | API | counting | requests | cut (summary / note) | summary calls / request | tokens to "
-        "summarizer / forgotten | retention (forgotten / all) | prefix reuse | refused / over window |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | API | counting | summarizer | requests | cut (summary / index / note) | summary calls / "
+        "request | tokens to summarizer / forgotten | retention (forgotten / all) | prefix reuse | refused / "
+        "over window |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         s = row["shape"]
@@ -421,8 +430,10 @@ def render(rows: list[dict[str, Any]], *, runs: int, note: str = "") -> str:
             ok = row["reuse"] is not None and row["reuse"] >= REUSE_TARGET[2]
             reuse += f" ({'PASS' if ok else 'FAIL'} >= {REUSE_TARGET[2]})"
         lines.append(
-            f"| {s} | {row['api']} | {row['counting']} | {_fmt(row['requests'], 0)} "
-            f"| {_fmt(row['cut'], 0)} ({_fmt(row['summary'], 0)} / {_fmt(row['note'], 0)}) "
+            f"| {s} | {row['api']} | {row['counting']} | {row.get('style', 'prose')} "
+            f"| {_fmt(row['requests'], 0)} "
+            f"| {_fmt(row['cut'], 0)} ({_fmt(row['summary'], 0)} / {_fmt(row['index'], 0)} / "
+            f"{_fmt(row['note'], 0)}) "
             f"| {_fmt(row['calls'], 3)}{_verdict(s, 'calls', row['calls'])} "
             f"| {_fmt(row['tokens_ratio'])}{_verdict(s, 'tokens_ratio', row['tokens_ratio'])} "
             f"| {_fmt(row['retention'])}{_verdict(s, 'retention', row['retention'])} "
@@ -438,6 +449,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--apis", default=",".join(APIS))
     parser.add_argument("--countings", default=",".join(COUNTINGS))
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--styles",
+        default="prose",
+        help="the fake summarizer's styles, comma-separated (tests.fake_summarizer.STYLES): a row each",
+    )
     parser.add_argument("--think-s", type=float, default=0.03)
     parser.add_argument("--summary-delay-s", type=float, default=0.02)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -451,33 +467,35 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
-    for shape_name in args.shapes.split(","):
+    combos = itertools.product(
+        args.shapes.split(","), args.apis.split(","), args.countings.split(","), args.styles.split(",")
+    )
+    for shape_name, api, counting, style in combos:
         shape = SHAPES[shape_name]
-        for api in args.apis.split(","):
-            for counting in args.countings.split(","):
-                runs = [
-                    measure(
-                        api,
-                        run_session(
-                            shape,
-                            api=api,
-                            counting=counting,
-                            seed=seed,
-                            think_s=args.think_s,
-                            summary_delay_s=args.summary_delay_s,
-                            gemini_tokens=args.gemini_tokens,
-                        ),
-                    )
-                    for seed in range(1, args.runs + 1)
-                ]
-                row: dict[str, Any] = {"shape": shape.name, "api": api, "counting": counting}
-                for key in runs[0]:
-                    row[key] = _median([r[key] for r in runs])
-                row["refused"] = max(r["refused"] for r in runs)
-                row["over_window"] = max(r["over_window"] for r in runs)
-                row["runs"] = runs
-                rows.append(row)
-                print(render([row], runs=args.runs).splitlines()[-1], flush=True)
+        runs = [
+            measure(
+                api,
+                run_session(
+                    shape,
+                    api=api,
+                    counting=counting,
+                    seed=seed,
+                    think_s=args.think_s,
+                    summary_delay_s=args.summary_delay_s,
+                    gemini_tokens=args.gemini_tokens,
+                    style=style,
+                ),
+            )
+            for seed in range(1, args.runs + 1)
+        ]
+        row: dict[str, Any] = {"shape": shape.name, "api": api, "counting": counting, "style": style}
+        for key in runs[0]:
+            row[key] = _median([r[key] for r in runs])
+        row["refused"] = max(r["refused"] for r in runs)
+        row["over_window"] = max(r["over_window"] for r in runs)
+        row["runs"] = runs
+        rows.append(row)
+        print(render([row], runs=args.runs).splitlines()[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     text = render(rows, runs=args.runs, note=args.note)
     (args.out / f"{args.name}.md").write_text(text, encoding="utf-8")

@@ -40,6 +40,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "summaries.md"
 MODEL = "bench-summarized"
 FACT = re.compile(r"FACT-\w+")
 SUMMARY_HEAD = re.compile(r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?\]\n")
+INDEX_HEAD = re.compile(r"^\[ctxproxy: index of ([0-9,]+) earlier messages?")
 NOTE_HEAD = re.compile(r"^\[ctxproxy: ([0-9,]+) earlier messages? (?:\(|was|were)")
 
 
@@ -104,12 +105,14 @@ def run_session(
     summary_delay_s: float = 0.2,
     seed: int = 11,
     recall: bool | None = None,
+    style: str = "prose",
 ) -> dict[str, Any]:
     """Drive one session and return the raw per-turn records plus the proxy's counters
     (``recall``: ``CTXPROXY_RECALL``, None for the proxy's default)."""
     rng = random.Random(seed)
     fake = FakeUpstream([FakeModel(MODEL, window_tokens, max_output_tokens=1024)])
     fake.summary_mode, fake.summary_delay_s = "slow", summary_delay_s
+    fake.summary_style = style
     records: list[Turn] = []
     with tempfile.TemporaryDirectory() as tmp, fake.serve() as upstream_url:
         models_file = Path(tmp) / "models.toml"
@@ -175,6 +178,7 @@ def run_session(
             "user_tokens": user_tokens,
             "think_s": think_s,
             "summary_delay_s": summary_delay_s,
+            "style": style,
         },
     }
 
@@ -204,6 +208,10 @@ def analyse(session: dict[str, Any]) -> dict[str, Any]:
         "first_cut": first_cut,
         "cut_requests": len(cut),
         "summarized_requests": len(summarized),
+        "indexed_requests": sum(
+            any(isinstance(m.get("content"), str) and INDEX_HEAD.match(m["content"]) for m in t.forwarded)
+            for t in turns
+        ),
         "calls_per_overflowing_request": session["summary_calls"] / overflow_requests
         if overflow_requests
         else 0.0,
@@ -246,6 +254,7 @@ def render(result: dict[str, Any]) -> str:
         ("first request with a cut", str(result["first_cut"]), ""),
         ("requests with cut turns", str(result["cut_requests"]), ""),
         ("... with a summary in their place", str(result["summarized_requests"]), "all"),
+        ("... with the index alone in their place", str(result.get("indexed_requests", 0)), ""),
         ("summary calls (extra upstream requests)", str(result["summary_calls"]), ""),
         ("extra upstream calls per client request", f"{result['calls_per_request']:.3f}", "well under 0.1"),
         (
@@ -285,8 +294,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"`python -m bench.summaries`: {p['turns']} turns, window {p['window_tokens']} tokens, user turns of "
         f"about {p['user_tokens']} tokens (one FACT each), think time {p['think_s']} s, fake summarizer "
-        f"latency {p['summary_delay_s']} s. Proxy and fake upstream on 127.0.0.1 (uvicorn), real tokenizer, "
-        "in-process summary cache.",
+        f"latency {p['summary_delay_s']} s, style `{p.get('style', 'prose')}`. Proxy and fake upstream on "
+        "127.0.0.1 (uvicorn), real tokenizer, in-process summary cache.",
         "",
         "| Metric | Value | Target |",
         "| --- | --- | --- |",
@@ -296,7 +305,9 @@ def render(result: dict[str, Any]) -> str:
         "memory step (at least four summaries' worth of messages) costs one summary call folding the "
         "previous summary, written in the background before the overflow that needs it. The fake "
         "summarizer is extractive and capped (`tests/fake_summarizer.py`): it keeps what only one "
-        "sentence says, so fact retention is a floor for a real model's. `python -m bench.memory` "
+        "sentence says, wrapped in prose that costs its share of the cap (style `prose`), or answers "
+        "as small models do (`--style echo|template|repeat|requote|invent|empty|real`: every such "
+        "answer is refused and the index of the memory stands alone). `python -m bench.memory` "
         "measures the memory across APIs and shapes.",
         "",
         *(
@@ -324,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--user-tokens", type=int, default=110)
     parser.add_argument("--think-s", type=float, default=0.3)
     parser.add_argument("--summary-delay-s", type=float, default=0.2)
+    parser.add_argument(
+        "--style", default="prose", help="the fake summarizer's style (tests.fake_summarizer)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     session = run_session(
@@ -332,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         user_tokens=args.user_tokens,
         think_s=args.think_s,
         summary_delay_s=args.summary_delay_s,
+        style=args.style,
     )
     text = render(analyse(session))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -313,6 +313,7 @@ class FakeAnthropic:
     # the default behaviour.
     script: Callable[[Mapping[str, Any]], list[dict[str, Any]] | None] | None = None
     summary_calls: int = 0
+    summary_style: str = "prose"  # tests.fake_summarizer.STYLES
     summary_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -395,6 +396,7 @@ class FakeAnthropic:
             "\n\n".join(prompt_text(m.get("content")) for m in messages if isinstance(m, Mapping)),
             cap_tokens=body.get("max_tokens"),
             count_text=self._encoding.count_text,
+            style=self.summary_style,
         )
         if summary is not None:
             with self._lock:

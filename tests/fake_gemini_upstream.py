@@ -390,6 +390,7 @@ class FakeGemini:
     summary_calls: int = 0
     summary_prompt_tokens: int = 0
     summary_mode: str = "ok"  # "missing": summary requests answered 404
+    summary_style: str = "prose"  # tests.fake_summarizer.STYLES
 
     def __post_init__(self) -> None:
         self._by_name = {m.name: m for m in self.models}
@@ -505,6 +506,7 @@ class FakeGemini:
             "\n\n".join(prompt_text(_parts(c)) for c in contents),
             cap_tokens=cap,
             count_text=lambda s: math.ceil(model.tokens_of(s) * model.ratio),
+            style=self.summary_style,
         )
         return [{"text": text or ""}]
 

@@ -114,6 +114,7 @@ class FakeResponsesUpstream:
         self.summary_calls = 0
         self.summary_prompt_tokens = 0
         self.summary_mode = "ok"
+        self.summary_style = "prose"  # tests.fake_summarizer.STYLES
         self.drip_acks: list[threading.Event] | None = None
         self.drip_timeouts: list[int] = []
         self._key = key
@@ -306,7 +307,11 @@ class FakeResponsesUpstream:
             specs = [
                 {
                     "text": summary_answer(
-                        full.get("instructions"), text, cap_tokens=cap, count_text=count_text
+                        full.get("instructions"),
+                        text,
+                        cap_tokens=cap,
+                        count_text=count_text,
+                        style=self.summary_style,
                     )
                 }
             ]

@@ -25,7 +25,9 @@ proxy talks to it exactly as it talks to vLLM, llama.cpp or OpenAI:
   :attr:`FakeUpstream.summary_prompt_tokens`. :attr:`FakeUpstream.summary_mode` makes those
   requests fail (``"error"``: a 500; ``"missing"``: a 404, as an upstream without that route),
   answer nothing (``"empty"``) or wait :attr:`summary_delay_s` first (``"slow"``);
-  :attr:`summary_padding` is appended to every summary (to make it long).
+  :attr:`summary_padding` is appended to every summary (to make it long); :attr:`summary_style`
+  is the summarizer's style (``tests.fake_summarizer.STYLES``: ``prose`` by default, or one of a
+  small model's bad answers).
 * A request whose ``Authorization: Bearer`` key is in :attr:`FakeUpstream.refused_keys` is answered
   401 (OpenAI's ``invalid_api_key``), whatever it asks, summaries included, as a real upstream
   refuses a wrong key.
@@ -186,6 +188,7 @@ class FakeUpstream:
         self.summary_delay_s = 0.0
         self.summary_padding = ""
         self.refused_keys: set[str] = set()
+        self.summary_style = "prose"  # tests.fake_summarizer.STYLES
         self.summary_calls = 0
         self.summary_prompt_tokens = 0
         self.recaller: Recaller | None = None
@@ -360,7 +363,9 @@ class FakeUpstream:
         cap = body.get("max_completion_tokens") or body.get("max_tokens")
         messages = body["messages"]
         user_text = "\n\n".join(prompt_text(m.get("content")) for m in messages[1:] if isinstance(m, Mapping))
-        summary = summary_answer(messages[0].get("content"), user_text, cap_tokens=cap, count_text=count_text)
+        system = messages[0].get("content")
+        style = self.summary_style
+        summary = summary_answer(system, user_text, cap_tokens=cap, count_text=count_text, style=style)
         text = "" if mode == "empty" else (summary or "") + self.summary_padding
         reply = {"role": "assistant", "content": text}
         completion = self._counter(model.encoding).counter.count_text(text)

@@ -41,6 +41,12 @@ FACT = re.compile(r"FACT-\w+")
 SUMMARY_HEAD = re.compile(
     r"^\[ctxproxy: summary of ([0-9,]+) earlier messages?(?:; recall id [0-9a-f]{12})?\]\n"
 )
+# The memory when no summary stands in: the index of the exact strings the cut forgot.
+INDEX = re.compile(
+    r"^\[ctxproxy: index of [0-9,]+ earlier messages?, removed to fit the context window"
+    r"(?:; recall id [0-9a-f]{12})?\]\n"
+)
+INDEX_HEAD = "\n[ctxproxy: exact strings from them]\n"
 NOTE = re.compile(r"^\[ctxproxy: [0-9,]+ earlier messages? (?:\([0-9,]+ tokens\) )?(was|were) removed here")
 
 

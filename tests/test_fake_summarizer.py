@@ -67,7 +67,57 @@ def test_it_answers_summary_requests_only() -> None:
     assert is_summary_prompt([{"type": "text", "text": request[0]["content"]}])
     assert not is_summary_prompt("You are a helpful assistant.")
     assert summary_answer("be brief", "x", cap_tokens=10, count_text=words) is None
-    assert (
-        summary_answer(request[0]["content"], request[1]["content"], cap_tokens=10, count_text=words)
-        == "[user]: hi"
+    answer = summary_answer(request[0]["content"], request[1]["content"], cap_tokens=10, count_text=words)
+    assert answer is not None and answer.endswith(": hi") and not answer.startswith("[user]")
+    extractive = summary_answer(
+        request[0]["content"], request[1]["content"], cap_tokens=10, count_text=words, style="extractive"
     )
+    assert extractive == "[user]: hi"
+
+
+def test_prose_around_the_points_costs_room_under_a_cap_that_binds() -> None:
+    distinct = [f"The {name} item is called {name.upper()}." for name in NAMES]
+    request = summarize_messages("[user]: " + " ".join(distinct))
+    system, text = request[0]["content"], request[1]["content"]
+    prose = summary_answer(system, text, cap_tokens=60, count_text=words)
+    bare = summary_answer(system, text, cap_tokens=60, count_text=words, style="extractive")
+    assert prose is not None and bare is not None and words(prose) <= 60
+    kept = sum(name.upper() in prose for name in NAMES)
+    assert 0 < kept < sum(name.upper() in bare for name in NAMES)  # the lead-ins take their share
+    lines = prose.splitlines()
+    assert len(set(lines)) == len(lines) and len({line.split(":")[0] for line in lines}) > 1  # varied
+
+
+def test_every_bad_style_is_refused_by_the_summary_checks() -> None:
+    from app.compaction.checks import check_summary
+
+    text = "\n\n".join(
+        f"[user]: Turn {k}: remember the code QX-{k}{k}{k}. " + "Words about it. " * 5 for k in range(6)
+    )
+    request = summarize_messages(text, reply_tokens=120)
+    causes = {}
+    for style in ("echo", "template", "repeat", "requote", "invent", "empty"):
+        answer = summary_answer(
+            request[0]["content"], request[1]["content"], cap_tokens=120, count_text=words, style=style
+        )
+        assert answer is not None and words(answer) <= 120
+        rejection = check_summary(answer, request=request, cap_tokens=120, count_text=words)
+        assert rejection is not None, style
+        causes[style] = rejection.cause
+    assert causes == {
+        "echo": "echo",
+        "template": "template",
+        "repeat": "echo",
+        "requote": "echo",
+        "invent": "invented",
+        "empty": "empty",
+    }
+    real = summary_answer(
+        request[0]["content"], request[1]["content"], cap_tokens=120, count_text=words, style="real"
+    )
+    assert (
+        real is not None
+        and check_summary(real, request=request, cap_tokens=120, count_text=words) is not None
+    )
+    good = summary_answer(request[0]["content"], request[1]["content"], cap_tokens=120, count_text=words)
+    assert good is not None and check_summary(good, request=request, cap_tokens=120, count_text=words) is None

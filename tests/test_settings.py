@@ -25,7 +25,8 @@ def test_defaults() -> None:
     assert settings.upstream_routes == {}
     assert settings.upstream_transport == "aiohttp"
     assert settings.max_body_bytes == 32 * 1024 * 1024
-    assert settings.fit_policy() == Policy(recall="tool")  # recall on (CTXPROXY_RECALL)
+    # recall on (CTXPROXY_RECALL), every memory carries the index
+    assert settings.fit_policy() == Policy(recall="tool", index_memory=True)
 
 
 def test_environment_is_read_with_the_prefix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -125,6 +126,14 @@ def lines_of(monkeypatch: pytest.MonkeyPatch, **variables: str) -> list[str]:
 def test_a_minimum_above_its_maximum_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     (line,) = lines_of(monkeypatch, reserve_min_tokens="5000", reserve_max_tokens="100")
     assert line.startswith("CTXPROXY_RESERVE_MIN_TOKENS (5000) is above CTXPROXY_RESERVE_MAX_TOKENS (100)")
+
+
+def test_a_summary_time_limit_floor_above_its_ceiling_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    (line,) = lines_of(monkeypatch, summary_background_timeout_s="600", summary_background_max_s="120")
+    assert line.startswith(
+        "CTXPROXY_SUMMARY_BACKGROUND_TIMEOUT_S (600) is above CTXPROXY_SUMMARY_BACKGROUND_MAX_S (120)"
+    )
+    assert Settings(summary_background_timeout_s=30, summary_background_max_s=30).summary_yield == "auto"
 
 
 def test_every_contradiction_is_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,9 +6,11 @@ Self-contained building blocks (no HTTP): the service injects the upstream call 
 ::
 
     cache.py       SummaryCache protocol, MemoryCache, RedisCache, cache_from_url, summary_key
-    prompts.py     PROMPT_VERSION, the prompts, message rendering
-    summarizer.py  Summarizer (incremental chain, chunked, fail-open, back-off), SummaryJob (the
-                   owner and sizes of each call), PrefetchedSummaries
+    prompts.py     PROMPT_VERSION, the prompts (sections, size), message rendering, truncate_sections
+    checks.py      check_summary: is an answer a summary (template tokens, echo, repetition, ...)
+    pace.py        Pace: a summarizer's observed latency, the time limit of its next call
+    summarizer.py  Summarizer (incremental chain, chunked, checked, fail-open, back-off), SummaryJob
+                   (the owner and sizes of each call), PrefetchedSummaries
     ahead.py       AheadOfTime (background, deduplicated, bounded: a Backlog shared by several)
 
 Errors: nothing here raises into a request. ``SummaryError`` is internal to the summarizer and

@@ -17,6 +17,11 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
   in that window (too small for the prompt), else None.
 * ``Summarizer(complete, *, model, prompt_version=PROMPT_VERSION, timeout_s, identity="",
   retry_after_s=60.0, retry_max_s=3600.0, on_call=None)``:
+  ``pace`` (``app.compaction.pace.Pace``, shared by the summarizers of one model at one upstream):
+  the time limit of a summary follows the model's observed latency instead of ``timeout_s``.
+  Every answer is held to the job's ``reply_tokens`` by its sections
+  (``prompts.truncate_sections``) and checked (``checks.check_summary``): a refused one fails the
+  summary (outcome ``rejected``, its cause logged once, not cached, backing off like any failure).
 
   - ``await memory_for(span, cache, job) -> str | None``: the summary of exactly ``span`` (the
     messages a memory stands for, ``app.core.memory.span_messages``) for ``job.tenant``.
@@ -42,7 +47,7 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
   - ``await blocked(key, cache, job) -> str | None``: why the span under ``key`` is not asked
     for now (its back-off, the job's credential's, the summarizer's), else None.
   - ``span_key(span, tenant)``; counters ``calls``,
-    ``failures``, ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got),
+    ``failures``, ``rejected``, ``tokens_in``, ``tokens_out`` (its own counts of what it sent and got),
     ``last_error``; ``on_call`` (keyword, optional): told ``(outcome, tokens_in, tokens_out)``
     of every call (:data:`CallHook`; never allowed to fail the summary).
 
@@ -60,20 +65,25 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..core.errors import CtxproxyError
 from ..core.messages import Message
 from .cache import SummaryCache, prefix_keys, summary_key
+from .checks import check_summary
+from .pace import Pace
 from .prompts import (
     PROMPT_VERSION,
     chunk_messages,
     merge_messages,
     render_messages,
     summarize_messages,
+    truncate_sections,
 )
 
 logger = logging.getLogger("ctxproxy.compaction")
@@ -119,7 +129,7 @@ class SummaryError(CtxproxyError):
 
 CallHook = Callable[[str, int, int], None]
 """``(outcome, tokens_in, tokens_out)`` of one summary call: ``ok``, ``timeout``, ``http_<status>``,
-``empty`` or ``failed``."""
+``empty``, ``rejected`` (refused by the summary checks) or ``failed``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +148,7 @@ class SummaryJob:
 
     def problem(self) -> str | None:
         """Why this window cannot hold a summary request (too small for the prompt), else None."""
-        smallest = prompt_tokens(merge_messages(["x", "x"]), self.count_text)
+        smallest = prompt_tokens(merge_messages(["x", "x"], reply_tokens=self.reply_tokens), self.count_text)
         if self.input_budget_tokens < 2 * smallest:
             return (
                 f"a summarizer window of {self.window_tokens} tokens ({self.reply_tokens} reserved "
@@ -184,8 +194,10 @@ class Summarizer:
         retry_after_s: float = 60.0,
         retry_max_s: float = 3600.0,
         on_call: CallHook | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.complete = complete
+        self.pace = pace
         self.on_call = on_call
         self.model = model
         self.prompt_version = prompt_version
@@ -195,6 +207,7 @@ class Summarizer:
         self.retry_max_s = max(self.retry_after_s, retry_max_s)
         self.calls = 0
         self.failures = 0
+        self.rejected = 0  # answers the checks refused (each also a failure of its summary)
         self.tokens_in = 0
         self.tokens_out = 0
         self.last_error = ""
@@ -327,14 +340,24 @@ class Summarizer:
         self, messages: Sequence[Message], previous: str | None, job: SummaryJob
     ) -> str | BaseException:
         """The summary, or the exception that stopped it (cancellation is never swallowed)."""
+        pace = self.pace
+        limit_s = pace.limit_s if pace is not None else self.timeout_s
+        started = time.monotonic()
         try:
             problem = job.problem()
             if problem is not None:
                 raise SummaryError(problem)
-            async with asyncio.timeout(self.timeout_s):
-                return await self._summarize(render_messages(messages), previous, job)
+            async with asyncio.timeout(limit_s):
+                summary = await self._summarize(render_messages(messages), previous, job)
+        except TimeoutError as exc:
+            if pace is not None:
+                pace.timed_out()
+            return exc
         except Exception as exc:
             return exc
+        if pace is not None:
+            pace.observed(time.monotonic() - started)
+        return summary
 
     async def summarize_span(
         self, messages: Sequence[Message], job: SummaryJob, *, previous_summary: str | None = None
@@ -363,10 +386,19 @@ class Summarizer:
         if not isinstance(answer, str) or not answer.strip():
             self._report("empty", tokens, 0)
             raise SummaryError("the summarizer returned an empty answer")
+        # Held to its size by its sections (the lowest first), then checked before it is trusted.
+        answer = truncate_sections(answer.strip(), cap_tokens=job.reply_tokens, count_text=job.count_text)
         out = job.count_text(answer)
         self.tokens_out += out
+        rejection = check_summary(
+            answer, request=messages, cap_tokens=job.reply_tokens, count_text=job.count_text
+        )
+        if rejection is not None:
+            self.rejected += 1
+            self._report("rejected", tokens, out)
+            raise SummaryError(f"the answer is no summary ({rejection.cause}: {rejection.detail})")
         self._report("ok", tokens, out)
-        return answer.strip()
+        return answer
 
     def _report(self, outcome: str, tokens_in: int, tokens_out: int) -> None:
         if self.on_call is None:
@@ -381,24 +413,27 @@ class Summarizer:
         return prompt_tokens(messages, job.count_text) <= job.input_budget_tokens
 
     async def _summarize(self, pieces: list[str], previous: str | None, job: SummaryJob) -> str:
-        whole = summarize_messages("\n\n".join(pieces), previous_summary=previous)
+        reply = job.reply_tokens
+        whole = summarize_messages("\n\n".join(pieces), previous_summary=previous, reply_tokens=reply)
         if self._fits(whole, job):
             return await self._call(whole, job)
-        chunks = self._pack(pieces, _render_chunk, job)
+        chunks = self._pack(pieces, partial(_render_chunk, reply_tokens=reply), job)
         partials: list[str] = []
         for number, chunk in enumerate(chunks, start=1):
             text = "\n\n".join(chunk)
-            partials.append(await self._call(chunk_messages(text, part=number, parts=len(chunks)), job))
+            request = chunk_messages(text, part=number, parts=len(chunks), reply_tokens=reply)
+            partials.append(await self._call(request, job))
         return await self._merge(([previous] if previous else []) + partials, job)
 
     async def _merge(self, items: list[str], job: SummaryJob, depth: int = 0) -> str:
-        request = merge_messages(items)
+        render = partial(merge_messages, reply_tokens=job.reply_tokens)
+        request = render(items)
         if self._fits(request, job):
             return await self._call(request, job)
         if depth >= MAX_MERGE_DEPTH:
             raise SummaryError("partial summaries do not shrink enough to merge")
-        groups = self._pack(items, merge_messages, job)
-        merged = [await self._call(merge_messages(group), job) for group in groups]
+        groups = self._pack(items, render, job)
+        merged = [await self._call(render(group), job) for group in groups]
         if sum(map(job.count_text, merged)) >= sum(map(job.count_text, items)):
             raise SummaryError("merging partial summaries does not make them shorter")
         return await self._merge(merged, job, depth + 1)
@@ -462,8 +497,10 @@ class Summarizer:
         return parts
 
 
-def _render_chunk(group: list[str]) -> list[dict[str, Any]]:
-    return chunk_messages("\n\n".join(group), part=_PART_PLACEHOLDER, parts=_PART_PLACEHOLDER)
+def _render_chunk(group: Sequence[str], *, reply_tokens: int) -> list[dict[str, Any]]:
+    return chunk_messages(
+        "\n\n".join(group), part=_PART_PLACEHOLDER, parts=_PART_PLACEHOLDER, reply_tokens=reply_tokens
+    )
 
 
 class PrefetchedSummaries:

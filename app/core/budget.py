@@ -44,9 +44,11 @@ POLICY_MODES: tuple[PolicyMode, ...] = ("auto", "truncate", "reject", "off")
 class Policy:
     """How to fit. Built once from settings and per-request headers by the service layer.
 
-    ``auto`` may use every strategy (and, later, LLM summaries); ``truncate`` uses the
+    ``auto`` may use every strategy (and, with ``summarize``, LLM summaries); ``truncate`` uses the
     deterministic strategies only; ``reject`` never rewrites and fails when over; ``off``
-    forwards everything unchanged without even failing.
+    forwards everything unchanged without even failing. ``index_memory`` (``auto`` or
+    ``truncate``): what a cut forgot is remembered by its index of exact strings
+    (``memory.py``, ``span_index.py``) even without a summary.
 
     ``keep_turns`` newest turns are protected from pruning and dropping, but never more than
     ``protect_max_share`` of the input budget (counted in whole units from the end; the newest unit
@@ -78,6 +80,7 @@ class Policy:
     middle_out_share: float = 0.5
     drop_block_tokens: int | None = None
     summarize: bool = False
+    index_memory: bool = False
     cut_target: float = DEFAULT_CUT_TARGET
     lower_output: bool = True
     output_floor_tokens: int = 1024

@@ -61,23 +61,28 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from .budget import Budget, Limits, Policy, request_budget
 from .context import SummaryProvider, build_context, pinned_indices
-from .conversation import Conversation
+from .conversation import Conversation, strip_reserved
 from .cutting import PendingCuts
 from .dialect import Dialect
 from .memory import (
-    MEMORY_GAP_FACTOR,
     MemorySpan,
+    Placed,
+    index_max_chars,
+    memory_room_tokens,
     memory_span,
     memory_step_tokens,
+    memory_text,
     memory_tokens_for,
     place_memory,
+    span_index_text,
     span_messages,
+    summary_tokens_for,
 )
 from .messages import Message
 from .plan import Action, DroppedSpan, Plan
@@ -299,6 +304,7 @@ def plan_request(
         memory: MemorySpan | None = None,
         broken: tuple[str, ...] = (),
         recall: tuple[Recallable, ...] = (),
+        next_headroom: int = 0,
     ) -> Plan:
         # The tool's tokens count only in a plan that offers it (one that names no id leaves the
         # body's own budget: its output cap is not lowered for a tool it does not carry).
@@ -325,6 +331,7 @@ def plan_request(
             broken=broken,
             recall=recall,
             recall_tool=tool_offered,
+            next_headroom_tokens=next_headroom,
         )
 
     offered = False
@@ -343,41 +350,76 @@ def plan_request(
         budget = budget_of(dialect.recall.with_tool(body))
         tool_tokens = budget.tool_tokens
         limit = budget.input_budget_tokens
-    room = memory_tokens_for(budget, policy)
-    steps = _run_steps(
-        messages,
-        per_message,
-        STRATEGIES,
-        budget=budget,
-        policy=policy,
-        counter=counter,
-        memory_tokens=room,
-        headroom_tokens=max(0, headroom_tokens),
-    )
-    current, tokens, actions = steps.messages, steps.tokens, steps.actions
-    span: MemorySpan | None = None
-    if room:
-        # Memory stops from counts calibration never moves (a model counted by estimate keeps
-        # the same stops, so the same spans, as its correction is learned).
+    most = memory_tokens_for(budget, policy)
+    pinned = pinned_indices(messages, pin_first_user=policy.pin_first_user) if most else frozenset()
+    # Memory stops from counts calibration never moves (a model counted by estimate keeps the
+    # same stops, so the same spans, as its correction is learned).
+    stop_counts = per_message if counter.exact or not most else counter.uncorrected_counts(messages)
+
+    def run(room: int) -> tuple[_Steps, MemorySpan | None]:
+        steps = _run_steps(
+            messages,
+            per_message,
+            STRATEGIES,
+            budget=budget,
+            policy=policy,
+            counter=counter,
+            memory_tokens=room,
+            headroom_tokens=max(0, headroom_tokens),
+        )
+        if not room:
+            return steps, None
         span = memory_span(
             messages,
-            per_message if counter.exact else counter.uncorrected_counts(messages),
+            stop_counts,
             forgotten=steps.forgotten,
-            pinned=pinned_indices(messages, pin_first_user=policy.pin_first_user),
+            pinned=pinned,
             step_tokens=memory_step_tokens(budget, policy),
-            gap_tokens=MEMORY_GAP_FACTOR * room,
+        )
+        return steps, span
+
+    # The room follows the memory: planned with the most room first, the cut is planned again
+    # with the room its memory needs (its index and its summary's size), which is less. A
+    # smaller room forgets no more, so the memory of the second cut fits the room.
+    steps, span = run(most)
+    room = most
+    index_chars = index_max_chars(budget, policy)
+    indexes: dict[tuple[int, ...], tuple[str, int]] = {}
+
+    def index_of(span: MemorySpan) -> tuple[str, int]:
+        """The span's index and its index-only memory's tokens (0 when empty), once a plan."""
+        found = indexes.get(span.forgot)
+        if found is None:
+            text = span_index_text(messages, span, max_chars=index_chars)
+            memory = {"role": "user", "content": memory_text(len(span.forgot), "", text)}
+            found = indexes[span.forgot] = (text, counter.count_message(memory) if text else 0)
+        return found
+
+    if span is not None:
+        sized = memory_room_tokens(
+            index_of(span)[1], summary_tokens_for(span, budget, policy, index_tokens=0), budget, policy
+        )
+        if sized < most:
+            steps, span = run(sized)
+            room = sized
+    current, tokens, actions = steps.messages, steps.tokens, steps.actions
+    if span is not None:
+        index, index_tokens = index_of(span)
+        span = replace(
+            span, summary_tokens=summary_tokens_for(span, budget, policy, index_tokens=index_tokens)
         )
     remembered_ref: list[Recallable] = []
-    if span is not None and summaries is not None:
+    if span is not None:
         current, tokens = _remember(
             current,
             tokens,
             steps,
             span,
-            summaries,
+            summaries if policy.mode == "auto" and policy.summarize else None,
             messages=messages,
             counter=counter,
             limit=limit,
+            index=index,
             recall=remembered_ref if policy.recall != "off" else None,
         )
 
@@ -391,7 +433,7 @@ def plan_request(
         remembered = current is not steps.messages
         if remembered:  # the deterministic cut: the same steps, without the memory
             current, tokens, span = steps.messages, steps.tokens, None
-            actions = [a for a in actions if a.kind != "summarized"]
+            actions = [a for a in actions if a.kind not in ("summarized", "indexed")]
             remembered_ref.clear()
         if not remembered or new_problems(body, current, dialect=dialect, source=parsed.messages):
             return plan(messages, per_message, changed=False, fits=fits, broken=broken)
@@ -413,6 +455,8 @@ def plan_request(
         memory=span,
         broken=broken,
         recall=recall,
+        # What this cut kept, the note in place of the memory: the next cut keeps less.
+        next_headroom=max(1, limit - REPLY_PRIMING_TOKENS - room - (sum(steps.tokens) - 1)) if most else 0,
     )
 
 
@@ -432,9 +476,13 @@ def offers_recall(body: Mapping[str, Any], conversation: Conversation, dialect: 
 def next_cut_headroom(plan: Plan, policy: Policy, *, cut_tool_tokens: int | None = None) -> int:
     """The ``headroom_tokens`` whose plan forgets more than ``plan`` (a plan of the same request
     without a summary provider): its strategies aim one token below what ``plan`` kept, with the
-    memory's room, so they reach the next level. ``cut_tool_tokens``: the tool definitions' tokens
-    of a cut of this request (``cut_tool_tokens``: with the recall tool when a cut offers it),
-    when ``plan`` did not cut: the budget of the next cut is smaller by the difference."""
+    memory's room, so they reach the next level (a cut plan knows it: ``Plan.next_headroom_tokens``,
+    what it kept before its memory took the note's place). ``cut_tool_tokens``: the tool
+    definitions' tokens of a cut of this request (``cut_tool_tokens``: with the recall tool when a
+    cut offers it), when ``plan`` did not cut: the budget of the next cut is smaller by the
+    difference."""
+    if plan.next_headroom_tokens:
+        return plan.next_headroom_tokens
     room = memory_tokens_for(plan.budget, policy)
     extra = max(0, cut_tool_tokens - plan.budget.tool_tokens) if cut_tool_tokens is not None else 0
     target = plan.budget.input_budget_tokens - REPLY_PRIMING_TOKENS - room - extra
@@ -461,46 +509,60 @@ def _remember(
     tokens: tuple[int, ...],
     steps: _Steps,
     span: MemorySpan,
-    summaries: SummaryProvider,
+    summaries: SummaryProvider | None,
     *,
     messages: Sequence[Message],
     counter: MessageCounter,
     limit: int,
+    index: str,
     recall: list[Recallable] | None = None,
 ) -> tuple[tuple[Message, ...], tuple[int, ...]]:
-    """The fitted messages with the memory of ``span`` in place when the provider has its summary
-    (or, else, the summary of one of its ``earlier`` spans) and it fits (``summarized``, counting
-    the messages it stands for), else unchanged (``summary_failed``, with why). With ``recall``
-    (a list), the memory names the transcript of its messages by its recall id, added there."""
+    """The fitted messages with the memory of ``span`` in place: its summary when the provider
+    has it (or, else, the summary of one of its ``earlier`` spans) and ``index``, what it forgot
+    (``summarized``, counting the messages the summary stands for); without a summary, the index
+    alone (``indexed``; ``summary_failed`` too when a provider was given for a span that has one to
+    give, with why); unchanged (the note and placeholders) when the memory is empty or does not
+    fit. With ``recall`` (a list), the memory names the transcript of everything it forgot by its
+    recall id (the drop's note it replaces named it too), added there."""
     count = len(span.indices)
     summary: str | None = None
-    shown: list[dict[str, Any]] = []
-    for candidate in (span, *(span.until(stop) for stop in span.earlier)):
-        shown = span_messages(messages, candidate)
-        found = summaries.summary_for(shown)
-        if isinstance(found, str) and found.strip():
-            summary, span = found, candidate
-            break
-    if summary is None:
-        steps.actions.append(Action("summary_failed", count, detail="no summary available"))
-        return current, tokens
-    transcript = span_text(shown) if recall is not None else ""
-    ref = recall_ref(transcript) if recall is not None else None
-    placed = place_memory(
-        current,
-        tokens,
-        steps.origins,
-        span=span,
-        summary=summary,
-        counter=counter,
-        limit_tokens=limit - REPLY_PRIMING_TOKENS,
-        note_at=steps.note_at,
-        ref=ref,
-    )
-    if placed is not None and recall is not None and ref is not None:
-        recall.append(Recallable(ref, transcript))
-    if placed is None:
+    chosen = span
+    if summaries is not None and span.indices:  # before the first memory stop: the index alone
+        for candidate in (span, *(span.until(stop) for stop in span.earlier)):
+            found = summaries.summary_for(span_messages(messages, candidate))
+            if isinstance(found, str) and found.strip():
+                summary, chosen = found, candidate
+                break
+        if summary is None:
+            steps.actions.append(Action("summary_failed", count, detail="no summary available"))
+    transcript = span_text([strip_reserved(messages[i]) for i in span.forgot]) if recall is not None else ""
+    ref = recall_ref(transcript) if recall is not None and transcript else None
+
+    def place(text: str, covered: MemorySpan) -> Placed | None:
+        placed = place_memory(
+            current,
+            tokens,
+            steps.origins,
+            span=covered,
+            summary=text,
+            counter=counter,
+            limit_tokens=limit - REPLY_PRIMING_TOKENS,
+            note_at=steps.note_at,
+            index=index,
+            ref=ref,
+        )
+        if placed is not None and recall is not None and ref is not None:
+            recall.append(Recallable(ref, transcript))
+        return placed
+
+    placed = place(summary, chosen) if summary is not None else None
+    if placed is not None:
+        steps.actions.append(Action("summarized", len(chosen.indices)))
+        return placed.messages, placed.tokens
+    if summary is not None:
         steps.actions.append(Action("summary_failed", count, detail="summary too large to fit"))
+    placed = place("", span) if index else None
+    if placed is None:
         return current, tokens
-    steps.actions.append(Action("summarized", len(span.indices)))
+    steps.actions.append(Action("indexed", len(span.forgot)))
     return placed.messages, placed.tokens

@@ -9,7 +9,7 @@ INTERFACE CONTRACT (the service, the API and the CLI rely on these names):
   ``messages`` (what to forward), ``message_tokens`` (per forwarded message), ``actions``;
   ``dropped`` (the spans of the *input* messages that were removed); ``memory`` (the
   ``MemorySpan`` a summary stands for, when summaries are wanted and something was forgotten)
-  and ``memory_kind`` (``summary``/``note``/``none``, the ``X-Context-Memory`` header);
+  and ``memory_kind`` (``summary``/``index``/``note``/``none``, the ``X-Context-Memory`` header);
   ``actions_header()`` renders ``pruned=4,dropped_turns=6,truncated=1``; ``dialect`` is the wire
   API's (``api`` its name); ``body(original)`` returns the request body to forward, rendered by
   that dialect; ``warnings`` are ``X-Context-Warning`` values (``history-upstream``); ``broken``
@@ -44,7 +44,8 @@ ActionKind = Literal[
     "dropped_turns",  # whole turns removed from the oldest (count = turns)
     "dropped_messages",  # how many messages those turns held
     "summarized",  # what was forgotten (pruned or dropped) has a summary in its place (count = messages)
-    "summary_failed",  # a summary was wanted but the note and placeholders stand alone
+    "summary_failed",  # a summary was wanted but none is in place (the index or the note stands in)
+    "indexed",  # what was forgotten has its index of exact strings in its place, no summary
     "last_resort",  # newest or pinned messages cut middle-out
     "output_lowered",  # the forwarded output cap lowered so that what must be kept fits
     "rejected",  # policy reject / cannot fit
@@ -126,16 +127,21 @@ class Plan:
     memory: MemorySpan | None = None
     recall: tuple[Recallable, ...] = ()
     recall_tool: bool = False
+    next_headroom_tokens: int = 0
 
     def actions_header(self) -> str:
         return actions_header(self.actions)
 
     @property
-    def memory_kind(self) -> Literal["summary", "note", "none"]:
-        """What stands in for what the plan forgot: ``summary`` (a memory message), ``note`` (the
-        drop's note and the prune placeholders alone), ``none`` (nothing was forgotten)."""
-        if any(action.kind == "summarized" for action in self.actions):
+    def memory_kind(self) -> Literal["summary", "index", "note", "none"]:
+        """What stands in for what the plan forgot: ``summary`` (a memory message with a summary),
+        ``index`` (a memory message with the index of exact strings alone), ``note`` (the drop's
+        note and the prune placeholders alone), ``none`` (nothing was forgotten)."""
+        kinds = {action.kind for action in self.actions}
+        if "summarized" in kinds:
             return "summary"
+        if "indexed" in kinds:
+            return "index"
         forgot = ("pruned", "images", "dropped_messages")
         return "note" if any(action.kind in forgot for action in self.actions) else "none"
 

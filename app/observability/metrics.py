@@ -63,7 +63,7 @@ OUTCOMES = (
     "ok", "upstream_error", "rejected", "invalid", "upstream_failed", "unavailable", "client_closed", "error",
 )  # fmt: skip
 RETRY_OUTCOMES = ("succeeded", "overflowed_again", "failed")
-MEMORY_KINDS = ("summary", "note")
+MEMORY_KINDS = ("summary", "index", "note")
 SUMMARY_OK = "ok"
 CACHE_RESULTS = ("hit", "miss", "error")
 
@@ -296,7 +296,7 @@ class Metrics:
         memory: str | None = None,
     ) -> None:
         """One finished request; ``api`` and ``model`` are already bounded labels. Token figures,
-        actions and ``memory`` (``summary``/``note``) are given for fitted requests."""
+        actions and ``memory`` (``summary``/``index``/``note``) are given for fitted requests."""
         if self.registry is None:
             return
         self._child(self.requests, route, api, model, outcome).inc()

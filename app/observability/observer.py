@@ -21,7 +21,7 @@ never raising):
 * ``observability.instrumentation()`` for the upstream client that carries client traffic.
 
 What stands in for a cut (``ctxproxy_cut_memory_total{api,kind}``) is read from the response's
-``X-Context-Memory`` header (``summary``/``note``/``none``) when it has one, else from the plan's
+``X-Context-Memory`` header (``summary``/``index``/``note``/``none``) when it has one, else from the plan's
 actions (:func:`memory_of`).
 """
 
@@ -79,8 +79,9 @@ def discovery_result(status: int | None) -> str:
 
 def memory_of(actions: Mapping[str, int], header: str | None = None) -> str | None:
     """What stands in for a request's dropped turns: the ``X-Context-Memory`` value when it names
-    one (``summary``/``note``; ``none``: nothing), else ``summary`` when the plan summarized,
-    ``note`` when it dropped turns otherwise (a failed summary, or none wanted), else None."""
+    one (``summary``/``index``/``note``; ``none``: nothing), else ``summary`` when the plan
+    summarized, ``index`` when its memory was the index alone, ``note`` when it dropped turns
+    otherwise (a failed summary, or none wanted), else None."""
     if header is not None:
         value = header.strip().lower()
         if value in MEMORY_KINDS:
@@ -89,6 +90,8 @@ def memory_of(actions: Mapping[str, int], header: str | None = None) -> str | No
             return None
     if actions.get("summarized"):
         return "summary"
+    if actions.get("indexed"):
+        return "index"
     if actions.get("dropped_turns") or actions.get("summary_failed"):
         return "note"
     return None

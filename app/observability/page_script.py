@@ -80,9 +80,11 @@ const API_ROWS = [
 ];
 const SUMMARY_ROWS = [
   ["memory_summary", "cuts with a summary", (c) => num((c.memory || {}).summary || 0)],
+  ["memory_index", "cuts with the index alone", (c) => num((c.memory || {}).index || 0)],
   ["memory_note", "cuts with the plain note", (c) => num((c.memory || {}).note || 0)],
   ["calls", "summary calls", (c) => num((c.summaries || {}).calls || 0)],
   ["failures", "failed", (c) => num((c.summaries || {}).failures || 0)],
+  ["rejected", "refused by the checks", (c) => num((c.summaries || {}).rejected || 0)],
   ["tokens_in", "tokens sent", (c) => num((c.summaries || {}).tokens_in || 0)],
   ["tokens_out", "summary tokens", (c) => num((c.summaries || {}).tokens_out || 0)],
   ["cache_hit", "cache hits", (c) => num((c.summaries || {}).cache_hit || 0)],

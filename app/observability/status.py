@@ -12,11 +12,12 @@ Counters (``counters`` in the snapshot; the same keys in total and in ``counters
 (planned and forwarded, or rejected), ``changed_requests`` (cut), ``tokens_before``,
 ``tokens_after`` and ``tokens_saved`` (rejected requests forwarded nothing: no "after", nothing
 saved), ``prefix_reused_tokens``, ``emergency_retries``, ``by_outcome``, ``actions``, ``memory``
-(``summary``/``note``: what stands in for dropped turns) and ``summaries`` (``calls``,
-``failures``, ``tokens_in``, ``tokens_out``, ``cache_hit``, ``cache_miss``, ``cache_error``, from
-the summary hooks) and ``recall`` (``calls`` of ``ctx_recall`` the proxy answered, the ``bytes``
-it recalled, the ``rounds`` it continued answers for, ``misses``: an unknown or expired id, a page
-that does not exist or no room). The totals also have ``by_route``. They follow the same rules as the
+(``summary``/``index``/``note``: what stands in for dropped turns) and ``summaries`` (``calls``,
+``failures`` (``rejected`` among them: answers the summary checks refused), ``tokens_in``,
+``tokens_out``, ``cache_hit``, ``cache_miss``, ``cache_error``, from the summary hooks) and
+``recall`` (``calls`` of ``ctx_recall`` the proxy answered, the ``bytes`` it recalled, the
+``rounds`` it continued answers for, ``misses``: an unknown or expired id, a page that does not
+exist or no room). The totals also have ``by_route``. They follow the same rules as the
 Prometheus metrics (``app.observability.metrics``), so the two agree.
 """
 
@@ -35,7 +36,16 @@ from .shared import SharedBoard, add_counts, merge
 RECENT_MAX = 200
 MODEL_NAME_MAX = 80
 NO_API = "no_api"  # the raw counters' bucket of the requests of no API (pass-through)
-SUMMARY_KEYS = ("calls", "failures", "tokens_in", "tokens_out", "cache_hit", "cache_miss", "cache_error")
+SUMMARY_KEYS = (
+    "calls",
+    "failures",
+    "rejected",
+    "tokens_in",
+    "tokens_out",
+    "cache_hit",
+    "cache_miss",
+    "cache_error",
+)
 RECALL_KEYS = ("calls", "bytes", "rounds", "misses")
 
 __all__ = ["RecentRequest", "StatusBoard", "display_url"]
@@ -77,7 +87,7 @@ def _counters() -> dict[str, Any]:
         "emergency_retries": 0,
         "by_outcome": {},
         "actions": {},
-        "memory": {"summary": 0, "note": 0},
+        "memory": {"summary": 0, "index": 0, "note": 0},
         "summaries": dict.fromkeys(SUMMARY_KEYS, 0),
         "recall": dict.fromkeys(RECALL_KEYS, 0),
     }
@@ -219,6 +229,7 @@ class StatusBoard:
             summaries = self._counters_of(api)["summaries"]
             summaries["calls"] += 1
             summaries["failures"] += outcome != "ok"
+            summaries["rejected"] += outcome == "rejected"  # refused by the summary checks
             summaries["tokens_in"] += max(0, tokens_in)
             summaries["tokens_out"] += max(0, tokens_out)
         self._changed()

@@ -45,10 +45,11 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   without its query). ``CTXPROXY_SUMMARY_MODEL``,
   ``CTXPROXY_SUMMARY_BASE_URL`` and ``CTXPROXY_SUMMARY_API`` override the model, the upstream and
   the API (one of ``dialects``, the app's registry, injected by the composition root).
-* ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures,
-  tokens_in, tokens_out; requests whose memory was ``cached``, ``waited`` for, ``failed``, stood
-  in by an ``earlier`` one, ``too_large``, ``backing_off``; summaries made ``ahead``), totals of
-  the same, in-flight work and the cache's counters.
+* ``stats() -> dict``: per wire API of the summary calls (``by_api``: calls, failures, rejected
+  (refused by the checks), tokens_in, tokens_out; requests whose memory was ``cached``,
+  ``waited`` for, ``failed``, stood in by an ``earlier`` one, ``too_large``, ``backing_off``;
+  summaries made ``ahead``), totals of the same, in-flight work, ``preempted`` (summary calls a
+  client request cancelled) and the cache's counters.
 * ``events`` (keyword, optional, :class:`~app.service.ports.SummaryEvents`: the app's
   observability): told of every summary call by the API it was asked in (outcome, tokens in and
   out) and of every cut request's lookup of its memory in the cache (hit or miss), for the
@@ -71,11 +72,12 @@ import orjson
 
 from ..compaction.ahead import AheadOfTime, Backlog
 from ..compaction.cache import SummaryCache, cache_from_url
+from ..compaction.pace import Pace
 from ..compaction.summarizer import CallHook, PrefetchedSummaries, Summarizer, SummaryError, SummaryJob
 from ..core.budget import Policy
 from ..core.dialect import Dialect
 from ..core.fit import cut_tool_tokens, next_cut_headroom
-from ..core.memory import memory_tokens_for, span_messages
+from ..core.memory import MemorySpan, memory_tokens_for, span_messages
 from ..core.plan import Plan
 from ..settings import Settings
 from ..upstream.client import UpstreamClient, join_url, origin_url
@@ -88,8 +90,6 @@ from .request import ProxyRequest, summaries_wanted
 
 logger = logging.getLogger("ctxproxy.compaction")
 
-BACKGROUND_TIMEOUT_S = 60.0
-"""Bound on each summary made in the background (the in-line wait is the settings')."""
 MIN_REPLY_TOKENS = 64
 # A summary is asked for in a little less than the memory's room: the summary model may count
 # its tokens differently from the request's counter.
@@ -105,7 +105,7 @@ MAX_PENDING_SUMMARIES = 64
 _carried: ContextVar[tuple[Header, ...]] = ContextVar("ctxproxy_summary_headers", default=())
 _carried_query: ContextVar[str] = ContextVar("ctxproxy_summary_query", default="")
 
-COUNTERS = ("calls", "failures", "tokens_in", "tokens_out")
+COUNTERS = ("calls", "failures", "rejected", "tokens_in", "tokens_out")
 EVENTS = ("cached", "waited", "failed", "earlier", "too_large", "ahead", "backing_off")
 
 
@@ -155,6 +155,7 @@ class UpstreamComplete:
             query=carried_query(_carried_query.get(), call.carry_query),
             key_slot=self.dialect.key_slots[0] if self.dialect.key_slots else None,
             at_origin=call.at_origin,
+            background=True,  # client requests first on an upstream with few slots
         )
         raw = response.decoded_body()
         where = f"POST {(origin_url if call.at_origin else join_url)(self.base_url, call.path)}"
@@ -170,6 +171,14 @@ class UpstreamComplete:
         if text is None:
             raise SummaryUpstreamError(f"{where} answered no {self.dialect.name} text: {raw[:200]!r}")
         return text
+
+
+def reply_tokens_for(memory: MemorySpan, room_tokens: int) -> int:
+    """The reply a summary of ``memory`` is asked for: a little under the size its room was
+    sized for (``MemorySpan.summary_tokens``; ``room_tokens``, the most room, when none was), in
+    steps of ``MIN_REPLY_TOKENS`` (a few summarizers per conversation, not one per size)."""
+    share = int((memory.summary_tokens or room_tokens) * REPLY_SHARE)
+    return max(MIN_REPLY_TOKENS, share // MIN_REPLY_TOKENS * MIN_REPLY_TOKENS)
 
 
 def _summary_failed(plan: Plan, detail: str) -> bool:
@@ -308,16 +317,20 @@ class Summaries:
             summarizer = Summarizer(
                 UpstreamComplete(self.upstream, dialect=dialect, base_url=base_url),
                 model=model,
-                timeout_s=BACKGROUND_TIMEOUT_S,
+                timeout_s=self.settings.summary_background_max_s,
                 identity=f"{dialect.name} summaries by {model} at {base_url}",
                 retry_after_s=self.settings.summary_retry_after_s,
                 on_call=self._call_hook(dialect.name),
+                pace=Pace(
+                    floor_s=self.settings.summary_background_timeout_s,
+                    ceiling_s=self.settings.summary_background_max_s,
+                ),
             )
             ahead = AheadOfTime(
                 summarizer,
                 self.cache,
                 max_concurrency=self.settings.summary_concurrency,
-                lock_ttl_s=2 * BACKGROUND_TIMEOUT_S,
+                lock_ttl_s=2 * self.settings.summary_background_max_s,
                 semaphore=self._semaphore,
                 backlog=self._backlog,
             )
@@ -363,23 +376,24 @@ class Summaries:
         api = self.dialect_for(request).name
         try:
             budget = plan.budget
-            found = self.ahead_for(
+            sized = partial(
+                self.ahead_for,
                 request,
-                reply_tokens=max(MIN_REPLY_TOKENS, int(room * REPLY_SHARE)),
                 cap_tokens=cap_tokens,
                 room_tokens=budget.window_tokens - budget.reserve_tokens - budget.margin_tokens,
             )
-            if found is None:
-                return plan
-            ahead, job = found
             ready = True
             first = plan
             if plan.memory is not None:
+                found = sized(reply_tokens=reply_tokens_for(plan.memory, room))
+                if found is None:
+                    return plan
+                ahead, job = found
                 plan, ready = await self._remembered(
                     request, plan, ahead, job, api=api, cap_tokens=cap_tokens, writes=writes
                 )
             if writes and ready and plan.fits and plan.tokens_after > self._ahead_threshold(plan):
-                await self._prepare_next(request, first, ahead, job, api=api, cap_tokens=cap_tokens)
+                await self._prepare_next(request, first, sized, room, api=api, cap_tokens=cap_tokens)
             return plan
         except Exception as exc:  # never fail a request because of compaction
             logger.warning("summaries skipped for this request: %s: %.200s", type(exc).__name__, exc)
@@ -417,7 +431,11 @@ class Summaries:
         else:
             self._count(api, "waited")
             ahead.schedule(span, job)
-            summary = await ahead.wait_for(span, tenant, self.settings.summary_timeout_s)
+            wait_s = self.settings.summary_timeout_s
+            expected_s = summarizer.pace.expected_s if summarizer.pace is not None else None
+            if expected_s is not None and expected_s > wait_s:
+                wait_s = 0.0  # this summarizer's answers take longer than the wait: none comes in it
+            summary = await ahead.wait_for(span, tenant, wait_s)
             if not summary:
                 self._count(api, "failed")
                 if ahead.running(span, tenant):  # a failure was logged by the summarizer, with its cause
@@ -452,14 +470,15 @@ class Summaries:
         self,
         request: ProxyRequest,
         plan: Plan,
-        ahead: AheadOfTime,
-        job: SummaryJob,
+        sized: Callable[..., tuple[AheadOfTime, SummaryJob] | None],
+        room: int,
         *,
         api: str,
         cap_tokens: int | None,
     ) -> None:
         """Summarize in the background what the next cut will forget (``plan``: this request's
-        plan without a provider)."""
+        plan without a provider; ``sized(reply_tokens=)``: the worker for a summary of that size
+        and its job)."""
         tools = cut_tool_tokens(
             request.body,
             request.conversation,
@@ -476,6 +495,10 @@ class Summaries:
             return
         if plan.memory is not None and upcoming.memory.indices == plan.memory.indices:
             return
+        found = sized(reply_tokens=reply_tokens_for(upcoming.memory, room))
+        if found is None:
+            return
+        ahead, job = found
         span = span_messages(upcoming.source, upcoming.memory)
         key = ahead.summarizer.span_key(span, job.tenant)
         if await self.cache.get(key) or await ahead.summarizer.blocked(key, self.cache, job) is not None:
@@ -507,7 +530,15 @@ class Summaries:
                 for name, value in values.items():
                     counts[name] += value
         totals = {name: sum(c[name] for c in by_api.values()) for name in (*COUNTERS, *EVENTS)}
-        return {**totals, "by_api": by_api, "in_flight": in_flight, "cache": self.cache.stats().as_dict()}
+        traffic = self.upstream.traffic
+        return {
+            **totals,
+            "by_api": by_api,
+            "in_flight": in_flight,
+            # Summary calls a client request cancelled (sent again after it: not failures).
+            "preempted": traffic.preempted if traffic is not None else 0,
+            "cache": self.cache.stats().as_dict(),
+        }
 
     async def aclose(self) -> None:
         for ahead in self._ahead.values():

@@ -44,6 +44,7 @@ from .senders import (
     WireHeader,
     translate_httpx_side,
 )
+from .traffic import Ticket, Traffic
 
 
 def route_base_url(model: str | None, *, routes: Mapping[str, str], default: str) -> str:
@@ -87,6 +88,7 @@ class UpstreamResponse:
         base_url: str,
         idle_timeout_s: float | None = None,
         slot: Slot | None = None,
+        ticket: Ticket | None = None,
     ) -> None:
         self._exchange = exchange
         self._translate = translate
@@ -94,6 +96,7 @@ class UpstreamResponse:
         self._body: bytes | None = None
         self._idle_timeout_s = idle_timeout_s
         self._slot = slot
+        self._ticket = ticket
         self._closed = False
 
     @classmethod
@@ -198,6 +201,8 @@ class UpstreamResponse:
         finally:
             if self._slot is not None:
                 self._slot.release()
+            if self._ticket is not None:
+                self._ticket.release()
 
     async def __aenter__(self) -> UpstreamResponse:
         return self
@@ -260,7 +265,8 @@ class UpstreamClient:
     requests (probes are not counted); ``stream_idle_timeout_s`` bounds the silence between body
     chunks; ``instrumentation`` stamps request IDs and reports waits. ``key_slots``: every place a
     client's key may travel (the served APIs', ``app.core.routes.key_slots``), all cleared when
-    ``api_key`` replaces the client's.
+    ``api_key`` replaces the client's. ``traffic``: client requests first on an upstream with few
+    slots (``app.upstream.traffic``): a ``background`` send gives way to them.
     """
 
     def __init__(
@@ -275,8 +281,10 @@ class UpstreamClient:
         stream_idle_timeout_s: float | None = None,
         instrumentation: Instrumentation | None = None,
         key_slots: tuple[KeySlot, ...] = DEFAULT_KEY_SLOTS,
+        traffic: Traffic | None = None,
     ) -> None:
         self.key_slots = key_slots
+        self.traffic = traffic
         self.sender: Sender = HttpxSender(http) if isinstance(http, httpx.AsyncClient) else http
         self.base_url = base_url
         self._api_key = api_key
@@ -321,6 +329,7 @@ class UpstreamClient:
         limited: bool = True,
         key_slot: KeySlot | None = None,
         at_origin: bool = False,
+        background: bool = False,
     ) -> UpstreamResponse:
         """Send and return the response with its body unread (``stream=True``) or read.
 
@@ -330,7 +339,10 @@ class UpstreamClient:
         given. Raises an :class:`UpstreamError`, never a library's error (``UpstreamBusy`` when
         ``limited`` and the concurrency cap stays full). ``key_slot``: where the operator's key goes
         (``upstream.headers``; None: where the client put its own). Neither the query nor a key is
-        reported to the instrumentation (only the endpoint).
+        reported to the instrumentation (only the endpoint). ``background`` (a summary call, read
+        whole: ``stream=False``, its ``content`` bytes): on an upstream that yields to client
+        requests it waits for them, and a client request cancels it and it is sent again after
+        (``traffic``); any other send is a client request there.
         """
         base = base_url or self.base_url
         instrumentation = self.instrumentation
@@ -349,6 +361,36 @@ class UpstreamClient:
             forwarded.append(("Content-Length", str(content_length)))
         endpoint = origin_url(base, path) if at_origin else join_url(base, path)
         url = f"{endpoint}?{query}" if query else endpoint
+        traffic = self.traffic
+        if traffic is None:
+            return await self._open(method, endpoint, url, forwarded, content, base, stream, timeout, limited)
+        if background:
+            return await traffic.background(
+                base,
+                lambda: self._open(method, endpoint, url, forwarded, content, base, stream, timeout, limited),
+            )
+        ticket = traffic.client(base)
+        return await self._open(
+            method, endpoint, url, forwarded, content, base, stream, timeout, limited, ticket=ticket
+        )
+
+    async def _open(
+        self,
+        method: str,
+        endpoint: str,
+        url: str,
+        forwarded: list[Header],
+        content: bytes | AsyncIterable[bytes] | None,
+        base: str,
+        stream: bool,
+        timeout: httpx.Timeout | None,
+        limited: bool,
+        *,
+        ticket: Ticket | None = None,
+    ) -> UpstreamResponse:
+        """``send``'s exchange: the concurrency slot and the traffic ticket are held from here
+        until the response is closed."""
+        instrumentation = self.instrumentation
         slot = await self.limiter.acquire() if limited and self.limiter is not None else None
         started_s = time.perf_counter()
         status: int | None = None
@@ -360,6 +402,8 @@ class UpstreamClient:
         except BaseException as exc:
             if slot is not None:
                 slot.release()
+            if ticket is not None:
+                ticket.release()
             error = self.sender.translate(exc, base_url=base) if isinstance(exc, Exception) else None
             if error is not None:
                 raise error from exc
@@ -373,6 +417,7 @@ class UpstreamClient:
             base_url=base,
             idle_timeout_s=self._idle_timeout_s,
             slot=slot,
+            ticket=ticket,
         )
         if not stream:
             try:

@@ -55,7 +55,8 @@ async def test_two_replicas_share_one_summary_through_redis(redis_server: RedisS
         await redis.aclose()
     assert keys and all(key.startswith("ctxproxy:summary:") for key in keys)
     # Summaries and the chain's index (spans' lengths and keys) only: no key, no prompt.
-    summary = by_one[1].split("\n", 1)[1]
+    # The summary is what stands between the memory's heading and its index's heading.
+    summary = by_one[1].split("\n", 1)[1].split("\n[ctxproxy: exact strings from them]\n", 1)[0]
     chains = [v for k, v in zip(keys, values, strict=True) if k.startswith("ctxproxy:summary:chain:")]
     assert len(chains) == 1 and all(isinstance(n, int) and len(key) == 64 for n, key in json.loads(chains[0]))
     assert sorted(v for v in values if v not in chains) == [summary]
@@ -90,7 +91,7 @@ async def test_a_failed_span_backs_off_on_every_replica(redis_server: RedisServe
         assert fake.summary_calls == 1
         again = await second.post(CHAT, json=body)
         stats = app_two.state.service.summaries.stats()
-    assert failed.headers["x-context-memory"] == again.headers["x-context-memory"] == "note"
+    assert failed.headers["x-context-memory"] == again.headers["x-context-memory"] == "index"
     assert fake.summary_calls == 1 and stats["backing_off"] == 1 and stats["calls"] == 0
 
 

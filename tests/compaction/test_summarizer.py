@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from app.compaction.cache import MemoryCache, RedisCache, summary_key
+from app.compaction.pace import PACE_FACTOR, Pace
 from app.compaction.prompts import PROMPT_VERSION, render_messages
 from app.compaction.summarizer import CHAIN_LENGTH, PrefetchedSummaries, Summarizer, SummaryError, SummaryJob
 from app.core.fit import SummaryProvider
@@ -129,7 +130,7 @@ async def test_one_call_renders_roles_tool_calls_results_and_images() -> None:
     assert 'tool call read_file({"path": "src/app.py"}) [call_7]' in prompt
     assert "[tool result for read_file [call_7]]: def main(): FACT-tool" in prompt
     assert "base64" not in prompt and "AAAABBBB" not in prompt
-    assert llm.calls[0][0]["role"] == "system" and "verbatim" in llm.calls[0][0]["content"]
+    assert llm.calls[0][0]["role"] == "system" and "in their words" in llm.calls[0][0]["content"]
 
 
 def test_render_keeps_names_refusals_and_legacy_function_calls() -> None:
@@ -329,10 +330,14 @@ async def test_partial_summaries_too_big_to_merge_at_once_are_merged_in_levels()
     class Verbose(FakeLLM):
         async def __call__(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> str:
             answer = await super().__call__(messages, model, max_tokens)
-            return answer + " pad" * 120 if messages[-1]["content"].startswith("Below is part") else answer
+            if not messages[-1]["content"].startswith("Below is part"):
+                return answer
+            # Long, and no repetition the checks would refuse: words of what it read.
+            return answer + " " + " ".join(re.findall(r"w[0-9]+x[0-9]+", messages[-1]["content"])[:120])
 
     llm = Verbose()
-    summarizer, job = make(llm, window_tokens=900, reply_tokens=100)
+    # Each partial within its reply size (an answer over it is cut to it): 8 of them overflow a merge.
+    summarizer, job = make(llm, window_tokens=900, reply_tokens=130)
     span = [m for i in range(30) for m in turn(i, size=60)]
     summary = await summarizer.summarize_span(span, job)
     assert summary is not None
@@ -540,3 +545,25 @@ async def test_two_replicas_racing_on_one_redis_lose_no_chain_entry_and_no_failu
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_the_time_limit_follows_the_summarizers_pace() -> None:
+    # A model slower than the floor times out, each timeout doubles its limit until it answers;
+    # then the limit is four times its slowest answer (a slow local model is not cut off at a
+    # fixed limit, and a fast one is not waited for long).
+    pace = Pace(floor_s=0.02, ceiling_s=30.0)
+    summarizer, job = make(FakeLLM(delay_s=0.15), timeout_s=None, pace=pace)
+    timeouts = 0
+    while await summarizer.summarize_span(turn(1), job) is None and timeouts < 8:
+        timeouts += 1
+    assert 2 <= timeouts < 8  # 0.02 s and 0.04 s at least were too short for a 0.15 s model
+    assert pace.expected_s is not None and pace.expected_s >= 0.15
+    assert pace.limit_s == pytest.approx(PACE_FACTOR * pace.expected_s)  # one answer: its median
+
+
+async def test_a_reply_over_its_size_loses_its_lowest_sections_first() -> None:
+    facts = " ".join(f"w1x{k}" for k in range(200))
+    answer = f"## User requests\n- keep FACT-u1\n## Files\n- src/app.py showed FACT-a1\n## Facts\n{facts}"
+    summarizer, job = make(FakeLLM(answer=answer), reply_tokens=40)
+    summary = await summarizer.summarize_span(turn(1, size=300), job)
+    assert summary == "## User requests\n- keep FACT-u1\n## Files\n- src/app.py showed FACT-a1"

@@ -15,6 +15,7 @@ from app.core.conversation import Conversation
 from app.core.dialects import CHAT, RESPONSES
 from app.core.errors import InvalidRequest
 from app.core.fit import StructureGuardWarning, next_cut_headroom, plan_request
+from app.core.memory import index_max_chars, memory_tokens_for, span_index_text
 from app.core.messages import Message, pairing_problems
 from app.core.plan import Plan, StrategyResult
 from app.core.strategies import is_ctxproxy_note
@@ -227,9 +228,16 @@ def test_summaries_only_under_auto_with_summarize(counter: FakeMessageCounter) -
     assert memory is not None and memory.at == span.stop  # where the forgetting ends
     # It covers the turns up to a memory stop (the pinned task is shown, not summarized).
     assert memory.indices == tuple(range(2, memory.stop)) and memory.stop > 2
-    # The memory stands where the note stood (the note is gone): one message for the whole cut.
+    # The memory stands where the note stood (the note is gone): one message for the whole cut,
+    # the summary, then the exact strings of what the cut forgot.
     count = len(memory.indices)
-    assert result.messages[2]["content"] == f"[ctxproxy: summary of {count} earlier messages]\nthe gist"
+    index = span_index_text(
+        messages, memory, max_chars=index_max_chars(result.budget, Policy(summarize=True))
+    )
+    newest = messages[memory.at - 1]["content"].split()[-1]
+    assert newest in index  # the newest forgotten message's words (identifier-like)
+    head = f"[ctxproxy: summary of {count} earlier messages]\nthe gist\n"
+    assert result.messages[2]["content"] == f"{head}[ctxproxy: exact strings from them]\n{index}"
     assert result.messages[3] is messages[span.stop]
     assert [m for m in result.messages if is_ctxproxy_note(m)] == [result.messages[2]]
     assert result.memory_kind == "summary"
@@ -241,7 +249,43 @@ def test_summaries_only_under_auto_with_summarize(counter: FakeMessageCounter) -
         assert result.memory_kind == "note"
 
 
-def test_a_missing_summary_falls_back_to_the_note_with_the_same_cut(counter: FakeMessageCounter) -> None:
+def test_the_index_alone_is_the_memory_without_summaries(counter: FakeMessageCounter) -> None:
+    messages = chat(40)
+    for mode in ("auto", "truncate"):
+        provider = Summaries("the gist")
+        result = plan(messages, 900, counter, summaries=provider, mode=mode, index_memory=True)
+        assert provider.calls == 0  # no summary wanted: never asked
+        memory = result.memory
+        assert memory is not None and memory.summary_tokens == 0
+        index = span_index_text(
+            messages, memory, max_chars=index_max_chars(result.budget, Policy(index_memory=True))
+        )
+        (note,) = [m for m in result.messages if is_ctxproxy_note(m)]
+        head = (
+            f"[ctxproxy: index of {len(memory.forgot)} earlier messages, removed to fit the context window]"
+        )
+        assert note["content"] == f"{head}\n{index}"
+        assert ("indexed", len(memory.forgot)) in [(a.kind, a.count) for a in result.actions]
+        assert result.memory_kind == "index" and result.fits
+        # A pure function of the conversation: the same bytes every time.
+        assert plan(messages, 900, counter, mode=mode, index_memory=True).messages == result.messages
+
+
+def test_a_summary_is_asked_for_in_the_size_its_memory_stops_allow(counter: FakeMessageCounter) -> None:
+    # The summary of a longer span (more memory stops covered) may be longer, never past the most
+    # room less its index (the room a cut keeps is sized to both: app.core.memory).
+    sizes = []
+    for turns in (30, 60, 90):
+        result = plan(chat(turns), 1500, counter, summaries=Summaries("the gist"), summarize=True)
+        memory = result.memory
+        assert memory is not None
+        most = memory_tokens_for(result.budget, Policy(summarize=True))
+        assert 0 < memory.summary_tokens <= most
+        sizes.append((len(memory.earlier), memory.summary_tokens))
+    assert sizes == sorted(sizes) and sizes[0][1] < sizes[-1][1]
+
+
+def test_a_missing_summary_falls_back_to_the_index_with_the_same_cut(counter: FakeMessageCounter) -> None:
     # The cut leaves room for the memory whether or not a summary comes: the same cut either way,
     # so a request whose summary is late forwards the same prefix as the next one with it.
     with_memory = plan(chat(40), 900, counter, summaries=Summaries("the gist"), summarize=True)
@@ -249,15 +293,15 @@ def test_a_missing_summary_falls_back_to_the_note_with_the_same_cut(counter: Fak
         result = plan(chat(40), 900, counter, summaries=Summaries(answer), summarize=True)
         assert result.fits
         assert "summary_failed" in [a.kind for a in result.actions]
-        assert "were removed here" in result.messages[2]["content"]
+        assert result.messages[2]["content"].startswith("[ctxproxy: index of ")
         assert result.dropped == with_memory.dropped and result.memory == with_memory.memory
         assert result.messages[3:] == with_memory.messages[3:]
-        assert result.memory_kind == "note"
+        assert result.memory_kind == "index"
 
 
-def test_a_summary_too_large_for_the_room_falls_back_to_the_note(counter: FakeMessageCounter) -> None:
+def test_a_summary_too_large_for_the_room_falls_back_to_the_index(counter: FakeMessageCounter) -> None:
     result = plan(chat(40), 900, counter, summaries=Summaries(words(5000)), summarize=True)
-    assert result.fits and "were removed here" in result.messages[2]["content"]
+    assert result.fits and result.messages[2]["content"].startswith("[ctxproxy: index of ")
     (failed,) = [a for a in result.actions if a.kind == "summary_failed"]
     assert failed.detail == "summary too large to fit"
 
@@ -274,7 +318,7 @@ def test_the_memory_stands_for_pruned_tool_results_where_the_forgetting_ends(
     assert "pruned" in kinds and "dropped_messages" not in kinds and "summarized" in kinds
     assert result.memory is not None
     at = next(i for i, m in enumerate(result.messages) if is_ctxproxy_note(m))
-    assert result.messages[at]["content"].endswith("\nwhat the tools said")
+    assert "\nwhat the tools said\n[ctxproxy: exact strings from them]\n" in result.messages[at]["content"]
     assert result.messages[at]["role"] == "user"  # after a tool result
     pruned = [i for i, m in enumerate(messages[:at]) if result.messages[i] is not m]
     assert pruned and all(messages[i]["role"] == "tool" for i in pruned)
@@ -459,16 +503,17 @@ def test_the_final_guard_falls_back_to_the_deterministic_cut_when_the_memory_bro
         kept = [(m, t) for m, t in zip(messages, tokens, strict=True) if "tool_calls" not in m]
         return Placed(tuple(m for m, _ in kept), tuple(t for _, t in kept), index=0, memory_tokens=0)
 
-    monkeypatch.setattr(fit, "place_memory", orphaning_placement)
     messages = agentic(12, 60)
-    deterministic = plan(messages, 1500, counter, summarize=True)
-    assert deterministic.changed and deterministic.fits and deterministic.memory is not None
+    monkeypatch.setattr(fit, "place_memory", orphaning_placement)
+    with pytest.warns(StructureGuardWarning):
+        deterministic = plan(messages, 1500, counter, summarize=True)  # the index alone breaks it too
+    assert deterministic.changed and deterministic.fits and deterministic.broken
     with pytest.warns(StructureGuardWarning):
         result = plan(messages, 1500, counter, summaries=Summaries("gist"), summarize=True)
-    # The same cut without its memory: what the plan is when no summary comes.
+    # The same cut without its memory (the note and placeholders): the deterministic cut.
     assert result.changed and result.fits and result.broken
     assert result.messages == deterministic.messages
-    assert "summarized" not in [a.kind for a in result.actions]
+    assert not {"summarized", "indexed"} & {a.kind for a in result.actions}
 
 
 def test_the_final_guard_checks_the_rendered_body_of_the_plans_dialect(
@@ -731,9 +776,9 @@ def test_the_summary_of_an_earlier_span_stands_in_while_the_new_one_is_not_there
     assert provider.asked[:2] == [len(planned.memory.indices), len(earlier.indices)]
     memory = [m for m in result.messages if is_ctxproxy_note(m)]
     assert len(memory) == 1
-    assert (
-        memory[0]["content"]
-        == f"[ctxproxy: summary of {len(earlier.indices)} earlier messages]\nthe earlier gist"
+    assert memory[0]["content"].startswith(
+        f"[ctxproxy: summary of {len(earlier.indices)} earlier messages]\nthe earlier gist\n"
+        "[ctxproxy: exact strings from them]\n"
     )
     assert ("summarized", len(earlier.indices)) in [(a.kind, a.count) for a in result.actions]
     assert result.memory == planned.memory  # the span to summarize is still the new one

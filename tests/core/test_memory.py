@@ -8,6 +8,8 @@ from app.core.budget import Budget, Policy
 from app.core.memory import (
     MEMORY_MAX_TOKENS,
     MemorySpan,
+    index_max_chars,
+    memory_room_tokens,
     memory_span,
     memory_step_tokens,
     memory_stops,
@@ -15,6 +17,7 @@ from app.core.memory import (
     memory_tokens_for,
     place_memory,
     span_messages,
+    summary_tokens_for,
 )
 from app.core.strategies import is_ctxproxy_note
 from tests.core.fakes import FakeMessageCounter, chat, system, tool_exchange, user
@@ -24,10 +27,13 @@ def budget(input_tokens: int) -> Budget:
     return Budget(window_tokens=input_tokens, reserve_tokens=0, margin_tokens=0, tool_tokens=0)
 
 
-def test_the_memory_has_room_only_when_summaries_are_wanted() -> None:
+def test_the_memory_has_room_only_when_summaries_or_the_index_are_wanted() -> None:
     assert memory_tokens_for(budget(10_000), Policy()) == 0
     assert memory_tokens_for(budget(10_000), Policy(summarize=True)) == 1500
     assert memory_tokens_for(budget(10_000), Policy(summarize=True, mode="truncate")) == 0
+    assert memory_tokens_for(budget(10_000), Policy(index_memory=True)) == 1500
+    assert memory_tokens_for(budget(10_000), Policy(index_memory=True, mode="truncate")) == 1500
+    assert memory_tokens_for(budget(10_000), Policy(index_memory=True, mode="reject")) == 0
     assert memory_tokens_for(budget(1_000_000), Policy(summarize=True)) == MEMORY_MAX_TOKENS
     # A fold is worth a call when it brings several memories' worth of new material.
     assert memory_step_tokens(budget(10_000), Policy(summarize=True)) == 6000
@@ -75,30 +81,26 @@ def test_the_span_covers_up_to_the_next_stop_and_skips_the_pinned(counter: FakeM
     assert shorter.indices == tuple(i for i in span.indices if i < shorter.stop)
 
 
-def test_past_the_last_stop_the_memory_stays_at_it_unless_the_gap_is_large(
-    counter: FakeMessageCounter,
-) -> None:
+def test_the_summary_ends_at_a_memory_stop_never_at_the_cut(counter: FakeMessageCounter) -> None:
     messages = chat(20)
     tokens = counter.count_messages(messages)
     stops = memory_stops(messages, tokens, step_tokens=100)
     last = len(messages) - 2
     assert last > stops[-1]
-    gap = sum(tokens[stops[-1] : last])
 
-    def span_with(gap_tokens: int) -> MemorySpan | None:
+    def span_of(forgotten: int, step_tokens: int = 100) -> MemorySpan | None:
         return memory_span(
-            messages,
-            tokens,
-            forgotten={last - 1},
-            pinned=frozenset({0}),
-            step_tokens=100,
-            gap_tokens=gap_tokens,
+            messages, tokens, forgotten={forgotten}, pinned=frozenset({0}), step_tokens=step_tokens
         )
 
-    small = span_with(gap + 1)  # the gap is less than the threshold: no call for it yet
-    assert small is not None and small.at == last and small.stop == stops[-1]
-    large = span_with(gap)  # a gap that is worth a call: summarized up to the cut
-    assert large is not None and large.at == last == large.stop
+    # Past the last stop: the summary stays at it, whatever the gap; the index reads it all.
+    past = span_of(last - 1)
+    assert past is not None and past.at == last and past.stop == stops[-1]
+    assert past.forgot == tuple(range(1, last)) and past.indices == tuple(range(1, stops[-1]))
+    # Before the first stop: no summary at all, the index alone.
+    first = span_of(2, step_tokens=10_000)
+    assert first is not None and first.indices == () and first.forgot == (1, 2)
+    assert summary_tokens_for(first, budget(10_000), Policy(summarize=True), index_tokens=0) == 0
 
 
 def test_nothing_forgotten_is_no_memory(counter: FakeMessageCounter) -> None:
@@ -124,6 +126,40 @@ def test_the_memory_text_is_a_note_the_engine_recognises() -> None:
     assert text == "[ctxproxy: summary of 3 earlier messages]\nthe gist"
     assert is_ctxproxy_note({"role": "user", "content": text})
     assert memory_text(1, "x").startswith("[ctxproxy: summary of 1 earlier message]")
+    both = memory_text(3, "the gist", "identifiers: AKX-1")
+    assert (
+        both
+        == "[ctxproxy: summary of 3 earlier messages]\nthe gist\n[ctxproxy: exact strings from them]\n"
+        + ("identifiers: AKX-1")
+    )
+    alone = memory_text(4, " ", "identifiers: AKX-1")
+    assert (
+        alone
+        == "[ctxproxy: index of 4 earlier messages, removed to fit the context window]\nidentifiers: AKX-1"
+    )
+    assert is_ctxproxy_note({"role": "assistant", "content": alone})
+    assert is_ctxproxy_note({"role": "user", "content": both})
+
+
+def test_the_room_is_the_memory_it_will_hold_in_steps() -> None:
+    policy = Policy(summarize=True)
+    big = budget(10_000)  # the most room: 1500, steps of 187
+    assert memory_room_tokens(0, 0, big, policy) == 0
+    assert memory_room_tokens(1, 0, big, policy) == 187
+    assert memory_room_tokens(187, 0, big, policy) == 187
+    assert memory_room_tokens(100, 100, big, policy) == 374
+    assert memory_room_tokens(5000, 5000, big, policy) == 1500  # never more than the most room
+    assert memory_room_tokens(100, 100, big, Policy()) == 0
+    assert memory_room_tokens(1, 0, budget(500), policy) == 32  # a step is at least 32 tokens
+    # The summary's size: a quarter of the most room per memory stop covered, beside the index.
+    first = MemorySpan(at=5, stop=5, indices=(1, 2), tokens=10)
+    later = MemorySpan(at=9, stop=9, indices=(1, 2), tokens=10, earlier=(7, 5, 3))
+    assert summary_tokens_for(first, big, policy, index_tokens=100) == 375
+    assert summary_tokens_for(later, big, policy, index_tokens=100) == 1400
+    assert summary_tokens_for(later, big, policy, index_tokens=2000) == 0
+    assert summary_tokens_for(later, big, Policy(index_memory=True), index_tokens=0) == 0
+    # The index's characters: 60% of the most room, three a token.
+    assert index_max_chars(big, policy) == 2700
 
 
 def test_the_memory_replaces_the_note_where_the_forgetting_ends(counter: FakeMessageCounter) -> None:

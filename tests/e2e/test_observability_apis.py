@@ -149,7 +149,7 @@ def test_metrics_and_status_agree_api_by_api_and_with_what_the_clients_got(
         assert dict(actions) == mine["actions"], api
         for kind, count in actions.items():
             assert metric_sum(text, "ctxproxy_actions_total", api=api, action=kind) == count, (api, kind)
-        memory = mine["memory"]["summary"] + mine["memory"]["note"]
+        memory = sum(mine["memory"][kind] for kind in ("summary", "index", "note"))
         dropped = sum("dropped_turns=" in r.headers["x-context-actions"] for r in forwarded)
         assert metric_sum(text, "ctxproxy_cut_memory_total", api=api) == memory == dropped >= 1, api
         assert metric_sum(text, "ctxproxy_upstream_latency_seconds_count", api=api) >= len(replies) - 1

@@ -198,11 +198,11 @@ def test_the_page_shows_every_api_with_the_figures_of_status_json(
                 assert cell.inner_text() == f"{mine[figure]:,}", (api, figure)
             saved = page.locator(f'#apis tr[data-figure="tokens_saved"] td[data-api="{api}"]').inner_text()
             assert saved.startswith(f"{mine['tokens_saved']:,} (")
-            # The one cut request of each API: a summary or the note stood in for what it forgot
-            # (summaries are on by default); the page says which, as status.json does.
+            # The one cut request of each API: a summary, the index or the note stood in for what
+            # it forgot (summaries are on by default); the page says which, as status.json does.
             memory = mine["memory"]
-            assert memory["note"] + memory["summary"] == 1, (api, memory)
-            for kind in ("note", "summary"):
+            assert memory["note"] + memory["index"] + memory["summary"] == 1, (api, memory)
+            for kind in ("note", "index", "summary"):
                 cell = page.locator(f'#summaries tr[data-figure="memory_{kind}"] td[data-api="{api}"]')
                 assert cell.inner_text() == f"{memory[kind]:,}", (api, kind)
         total = page.locator('#apis tr[data-figure="tokens_saved"] td[data-api="all"]').inner_text()

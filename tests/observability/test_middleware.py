@@ -416,7 +416,8 @@ async def test_every_api_is_labelled_by_its_name_and_the_board_agrees() -> None:
         mine = status["counters"]["by_api"][api]
         assert (mine["tokens_before"], mine["tokens_after"]) == (before, after)
         assert mine["tokens_saved"] == before - after
-        assert mine["actions"]["dropped_turns"] == 1 and mine["memory"] == {"summary": 0, "note": 1}
+        assert mine["actions"]["dropped_turns"] == 1
+        assert mine["memory"] == {"summary": 0, "index": 0, "note": 1}
     # The counting endpoint and the dry run are requests of their API, not fitted ones.
     assert sample(app, "ctxproxy_requests_total", route="count", api="messages") == 1
     assert sample(app, "ctxproxy_requests_total", route="plan", api="responses") == 1

@@ -64,9 +64,9 @@ def test_counters_per_api_follow_the_totals_rules() -> None:
     assert (m["requests"], m["fitted_requests"], m["changed_requests"]) == (3, 2, 1)
     assert (m["tokens_before"], m["tokens_after"], m["tokens_saved"]) == (200, 160, 40)
     assert m["prefix_reused_tokens"] == 30 and m["emergency_retries"] == 1
-    assert m["actions"] == {"dropped_turns": 1} and m["memory"] == {"summary": 1, "note": 0}
+    assert m["actions"] == {"dropped_turns": 1} and m["memory"] == {"summary": 1, "index": 0, "note": 0}
     assert (r["fitted_requests"], r["tokens_before"], r["tokens_after"], r["tokens_saved"]) == (1, 100, 0, 0)
-    assert r["prefix_reused_tokens"] == 0 and r["memory"] == {"summary": 0, "note": 0}
+    assert r["prefix_reused_tokens"] == 0 and r["memory"] == {"summary": 0, "index": 0, "note": 0}
     assert r["by_outcome"] == {"rejected": 1} and r["actions"] == {"rejected": 1}
     assert c["requests"] == 5 and c["fitted_requests"] == 3 and c["tokens_saved"] == 40
     assert c["by_route"] == {"messages": 2, "count": 1, "responses": 1, "passthrough": 1}
@@ -77,14 +77,16 @@ def test_summaries_per_api() -> None:
     board = StatusBoard(version="1", upstream_base_url="http://u/v1", apis=["chat", "messages"])
     board.record_summary(api="messages", outcome="ok", tokens_in=5000, tokens_out=200)
     board.record_summary(api="messages", outcome="timeout", tokens_in=4000)
+    board.record_summary(api="messages", outcome="rejected", tokens_in=3000)
     board.record_summary_cache(api="messages", result="hit")
     board.record_summary_cache(api="messages", result="miss")
     board.record_summary_cache(api="toy", result="hit")
     snap = board.snapshot()
     summaries = snap["counters"]["by_api"]["messages"]["summaries"]
-    assert summaries == {"calls": 2, "failures": 1, "tokens_in": 9000, "tokens_out": 200, "cache_hit": 1,
-                         "cache_miss": 1, "cache_error": 0}  # fmt: skip
-    assert snap["counters"]["summaries"]["calls"] == 2 and snap["counters"]["summaries"]["cache_hit"] == 2
+    # A summary the checks refused is a failure, counted as such too.
+    assert summaries == {"calls": 3, "failures": 2, "rejected": 1, "tokens_in": 12000, "tokens_out": 200,
+                         "cache_hit": 1, "cache_miss": 1, "cache_error": 0}  # fmt: skip
+    assert snap["counters"]["summaries"]["calls"] == 3 and snap["counters"]["summaries"]["cache_hit"] == 2
     assert snap["apis"] == ["chat", "messages", "toy"]
 
 
