@@ -31,13 +31,13 @@ calls' arguments by value; a tool's name and a call's id are structure, not cont
 * ``string``: a short backticked span (`` `make test` ``).
 
 It reads the messages from the newest back, ``INDEX_SCAN_CHARS`` characters of their text at most
-(older ones could only fill room the newer ones left). An identifier found inside a longer
-identifier, a path or a URL the index holds is left out. The bound: when the rendered index would
-be longer than ``max_chars``, the kind that has used the fewest characters takes its newest entry
-next (the end of a forgotten span is the work just before what is still shown), while they fit; the
-kept ones are rendered by kind, oldest first (the order they were last seen in). So the index of a
-longer span (the conversation grown) holds what the shorter one held until the bound binds, and
-then the newest.
+(older ones could only fill room the newer ones left). An identifier found as a whole word inside a
+longer identifier, a path or a URL the index holds is left out. The bound: when the rendered index
+would be longer than ``max_chars``, the kind that has used the fewest characters takes its newest
+entry next (the end of a forgotten span is the work just before what is still shown), while they
+fit; the kept ones are rendered by kind, oldest first (the order they were last seen in). So the
+index of a longer span (the conversation grown) holds what the shorter one held until the bound
+binds, and then the newest.
 """
 
 from __future__ import annotations
@@ -341,8 +341,9 @@ def _select(entries: Sequence[Sequence[tuple[str, str]]], max_chars: int) -> Spa
             collected[kind] += len(entry[1]) + 2
     # Fair shares: the kind that has used the fewest characters takes its newest entry left that
     # fits (``KINDS`` order among equals), so a bound that binds leaves every kind about the same
-    # room and the newest of each. An identifier inside a longer identifier, path or URL kept
-    # already says nothing more ("58x0" of "FACT-r58x0", "module_5" of "src/module_5.py").
+    # room and the newest of each. An identifier that a longer identifier, path or URL kept holds
+    # as a whole word already says nothing more ("module_5" of "src/module_5.py"); one that is
+    # only part of a word there is another string ("FACT-c5" of "FACT-c5a") and is kept.
     kept: list[tuple[str, str]] = []
     names = ""
     used_by = dict.fromkeys(KINDS, 0)
@@ -356,7 +357,7 @@ def _select(entries: Sequence[Sequence[tuple[str, str]]], max_chars: int) -> Spa
         while heads[kind] < len(queue):
             entry = queue[heads[kind]]  # the newest left
             heads[kind] += 1
-            if kind == "identifier" and entry[1] in names:
+            if kind == "identifier" and _said_in(entry[1], names):
                 continue
             # A label line per kind, paid by its first entry.
             cost = _rendered_chars(kind, entry[1]) + (0 if used_by[kind] else _LABEL_CHARS[kind])
@@ -375,4 +376,19 @@ def _select(entries: Sequence[Sequence[tuple[str, str]]], max_chars: int) -> Spa
     return SpanIndex(tuple(kept))
 
 
+def _said_in(identifier: str, names: str) -> bool:
+    """True when ``names`` (kept identifiers, paths and URLs) holds ``identifier`` as a whole word
+    (no letter, digit or underscore either side of it)."""
+    start = names.find(identifier)
+    while start >= 0:
+        end = start + len(identifier)
+        before = names[start - 1] if start else "\0"
+        after = names[end] if end < len(names) else "\0"
+        if not (before.isalnum() or before == "_" or after.isalnum() or after == "_"):
+            return True
+        start = names.find(identifier, start + 1)
+    return False
+
+
 __all__ = ["KINDS", "SpanIndex", "identifiers", "message_entries", "span_index"]
+

@@ -134,3 +134,11 @@ def test_any_text_gives_a_bounded_index_of_verbatim_strings(texts: list[str], bo
     for kind, text in index.entries:
         if kind not in ("error", "command"):  # those are whitespace-normalized lines
             assert text in joined
+
+
+def test_an_identifier_only_part_of_a_longer_word_is_kept() -> None:
+    # "FACT-c5" is another string than "FACT-c5a" (a model reading the longer one does not learn
+    # the shorter exists); "w1" inside "log_w1" or "w1x2" likewise.
+    messages = [{"role": "user", "content": "FACT-c5 then FACT-c5a, later FACT-c5a again"}]
+    listed = span_index(messages, max_chars=2000).text().split("identifiers: ", 1)[1].split("\n")[0]
+    assert listed.split(", ") == ["FACT-c5", "FACT-c5a"]

@@ -241,7 +241,9 @@ def test_claude_code_never_sees_the_recall_tool_the_model_uses_through_the_proxy
         r.json() for r in session.fake.message_requests() if not is_summary_prompt(r.json().get("system"))
     ]
     rounds, own = recall_rounds(bodies)
-    assert 1 <= len(rounds) <= 2  # the model fetched cut content back (one id a round), the proxy answered
+    # The model fetched cut content back (one id a round, at most two a client request: a later
+    # cut request may fetch again, the client never holds the rounds), the proxy answered.
+    assert 1 <= len(rounds) <= 2 * len(own)
     assert all("ctx_recall" not in json.dumps(body["messages"]) for body in own)  # Claude Code never saw it
     assert all(body["tools"][-1]["name"] == "ctx_recall" for body in rounds)
     recalled = {f for body in rounds for f in FACT_RE.findall(json.dumps(body["messages"][-1]))}

@@ -31,6 +31,9 @@ from tests.fake_upstream import FakeModel, FakeUpstream, serve_proxy
 WINDOW = 6000
 FACT = "FACT-deploy-7731"
 NO_SUMMARY = {"X-Context-Summarize": "off"}
+# The fact must reach the model only through its recall id: the memory's index of exact strings
+# (CTXPROXY_MEMORY_INDEX, on by default) would carry an identifier like it, so it is off here.
+NO_INDEX = {"memory_index": False}
 
 
 def filler(k: int, size: int = 90) -> str:
@@ -68,7 +71,7 @@ def chat_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeU
     fake = FakeUpstream([FakeModel("recall-model", WINDOW)])
     models = tmp_path_factory.mktemp("recall") / "models.toml"
     models.write_text(fake.models_toml(), encoding="utf-8")
-    with fake.serve() as upstream, serve_proxy(upstream, models_file=models) as proxy:
+    with fake.serve() as upstream, serve_proxy(upstream, models_file=models, **NO_INDEX) as proxy:
         yield fake, proxy
 
 
@@ -198,7 +201,7 @@ def responses_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         f'[models."{model.name}"]\nwindow = {WINDOW}\nmax_output = 1024\nencoding = "{model.encoding}"\n',
         encoding="utf-8",
     )
-    with fake.serve() as upstream, serve_proxy(upstream, models_file=table) as proxy:
+    with fake.serve() as upstream, serve_proxy(upstream, models_file=table, **NO_INDEX) as proxy:
         yield fake, proxy
 
 
@@ -300,7 +303,7 @@ def messages_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[F
         f'[models]\n"recall-claude" = {{ window = {WINDOW}, max_output = 2048, encoding = "estimate" }}\n',
         encoding="utf-8",
     )
-    with fake.serve() as upstream, serve_proxy(upstream, models_file=table) as proxy:
+    with fake.serve() as upstream, serve_proxy(upstream, models_file=table, **NO_INDEX) as proxy:
         yield fake, proxy
 
 
@@ -414,7 +417,7 @@ def gemini_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fak
         f'[models]\n"recall-gemini" = {{ window = {WINDOW}, max_output = 2048, encoding = "estimate" }}\n',
         encoding="utf-8",
     )
-    with fake.serve() as upstream, serve_proxy(upstream, models_file=table) as proxy:
+    with fake.serve() as upstream, serve_proxy(upstream, models_file=table, **NO_INDEX) as proxy:
         yield fake, proxy
 
 

@@ -66,7 +66,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     with (
         fake.serve() as upstream_url,
-        serve_proxy(upstream_url, models_file=models_file, max_body_bytes=MAX_BODY_BYTES) as proxy_url,
+        # No memory index: its room would be headroom the retry tests must not have (the
+        # upstream counts more than the proxy and must still refuse the first try).
+        serve_proxy(
+            upstream_url, models_file=models_file, max_body_bytes=MAX_BODY_BYTES, memory_index=False
+        ) as proxy_url,
     ):
         yield Stack(fake=fake, upstream_url=upstream_url, proxy_url=proxy_url)
 
