@@ -30,7 +30,8 @@ model, with another output cap: its own key (in every key slot), its own model n
 the same), its own ``max_tokens`` (32 to 511); the over-long ones are cut and summarized (summaries
 are on by default), so the summarizers, the summary cache, the learned knowledge, the anchors, the
 discovery's and the labels' memos all see a new key each time. The warm-up then sends
-``CHURN_WARMUP`` such requests (more than any per-key map holds, so every bound is reached) before
+``CHURN_WARMUP`` such requests (more than any per-key map holds, so every bound is reached; the
+recall store's, in megabytes of removed text, is set to ``CHURN_RECALL_MAX_MB`` for that) before
 the run (unless ``--warmup`` says otherwise), and the run passes when the resident memory grew by
 at most ``CHURN_RSS_TOLERANCE``.
 
@@ -72,6 +73,7 @@ BAD_VARIANTS = ("json", "budget", "role", "too_large")
 RSS_TOLERANCE = 0.05
 # --churn: every per-key map is bounded (the largest hold 4,096 keys): a warm-up past that fills
 # them all, after which the resident memory may grow by at most this share.
+CHURN_RECALL_MAX_MB = 4
 CHURN_WARMUP = 6000
 CHURN_RSS_TOLERANCE = 0.10
 KEY_HEADERS = ("Authorization", "x-api-key", "x-goog-api-key")
@@ -404,6 +406,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "CTXPROXY_LOG_LEVEL": "WARNING",
                 # Idle upstream connections close after 2 s, so that "idle" is reached quickly.
                 "CTXPROXY_UPSTREAM_KEEPALIVE_S": str(KEEPALIVE_S),
+                # The recall store is bounded in megabytes of removed text (64 by default), more
+                # than the warm-up's cuts fill: with churn, a bound the warm-up reaches.
+                **({"CTXPROXY_RECALL_MAX_MB": str(CHURN_RECALL_MAX_MB)} if churn is not None else {}),
             },
             ready_path="/healthz",
         )
