@@ -245,7 +245,21 @@ class Service(Planner):
         return replace(continued.limited(request.limits), round=request.round + 1)
 
     async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
-        """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
+        """Drive the request's ``Exchange``: do what each command says, feed back what happened.
+
+        The request holds its place at its upstream from its decision on (``Traffic.client``; each
+        send holds its own until its response is closed): on an upstream with few slots, summary
+        calls in flight give way now, and one its decision schedules goes after it, never in the
+        moment before it is sent (where it would hold the slot the request then waits for)."""
+        traffic = self.upstream.traffic
+        place = traffic.client(request.base_url) if traffic is not None else None
+        try:
+            return await self._run(request, render=render)
+        finally:
+            if place is not None:
+                place.release()
+
+    async def _run(self, request: ProxyRequest, *, render: Render | None) -> Outcome:
         exchange = Exchange(
             dialect=request.dialect,
             mode=request.policy.mode,

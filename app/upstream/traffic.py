@@ -10,9 +10,12 @@ serves one or a few requests at a time; the settings may say always or never). O
   client request to the same upstream is in flight, and only one at a time goes to it;
 * a client request that starts there (``client(base_url)``) cancels the background calls in
   flight (their attempt, with the message ``PREEMPTED``; counted in ``preempted``): each is sent
-  again once the client requests are done, so it lands in a pause of the conversation. The
-  caller's own time limit bounds all of it. So a client request waits on a background call for no
-  longer than that call takes to notice it was cancelled.
+  again once the client requests are done, so it lands in a pause of the conversation, at most
+  ``max_preemptions`` times in all: the call that client requests cancelled that often raises
+  ``UpstreamPreempted`` (a conversation without pauses; counted in ``abandoned``; the summarizer
+  backs off its span, so it is not sent again and again, each time holding a slot the next client
+  request waits for). The caller's own time limit bounds all of it. So a client request waits on
+  a background call for no longer than that call takes to notice it was cancelled.
 
 Every other upstream serves both at once: nothing waits and nothing is cancelled. A client
 request holds its place from before it is sent until its response is closed (a stream's end
@@ -29,10 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from .errors import UpstreamPreempted
+
 T = TypeVar("T")
 
 PREEMPTED = "preempted by a client request"
 """The message a background call's attempt is cancelled with."""
+
+MAX_PREEMPTIONS = 3
+"""Cancellations of one background call by client requests after which it is given up."""
 
 
 def origin_of(url: str) -> str:
@@ -93,13 +101,17 @@ class Ticket:
 class Traffic:
     """Client requests and background calls in flight per upstream (see the module docstring)."""
 
-    def __init__(self, *, yields: Callable[[str], bool] = local_origin) -> None:
+    def __init__(
+        self, *, yields: Callable[[str], bool] = local_origin, max_preemptions: int = MAX_PREEMPTIONS
+    ) -> None:
         self.yields = yields
+        self.max_preemptions = max(1, max_preemptions)
         # Per base URL (the operator's and its routes': bounded), its upstream's state when it
         # yields, else None: one dict lookup per request.
         self._bases: dict[str, _Upstream | None] = {}
         self._upstreams: dict[str, _Upstream] = {}
         self.preempted = 0
+        self.abandoned = 0  # background calls given up after max_preemptions
 
     def _upstream(self, base_url: str) -> _Upstream | None:
         try:
@@ -137,12 +149,13 @@ class Traffic:
     async def background(self, base_url: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()`` as a background call to the upstream at ``base_url``: on one that yields,
         sent when no client request is in flight and no other background call is, and, when a
-        client request cancels it, sent again once that request is done (as often as it takes:
-        the caller's time limit bounds it all); elsewhere, at once."""
+        client request cancels it, sent again once that request is done, until client requests
+        cancelled it ``max_preemptions`` times: then ``UpstreamPreempted`` (the caller's time
+        limit bounds it all); elsewhere, at once."""
         upstream = self._upstream(base_url)
         if upstream is None:
             return await attempt()
-        while True:
+        for _ in range(self.max_preemptions):
             async with upstream.lane:
                 while upstream.clients:
                     await upstream.idle.wait()
@@ -158,3 +171,7 @@ class Traffic:
                     upstream.background.discard(task)
                     if not task.done():
                         task.cancel()
+        self.abandoned += 1
+        raise UpstreamPreempted(
+            f"given up after client requests cancelled it {self.max_preemptions} times", base_url=base_url
+        )

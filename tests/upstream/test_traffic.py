@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from app.upstream.client import UpstreamClient
+from app.upstream.errors import UpstreamPreempted
 from app.upstream.traffic import Traffic, local_origin, origin_of
 
 
@@ -104,3 +105,24 @@ async def test_the_client_cancels_a_summary_in_flight_and_is_answered_first() ->
         release.set()
         assert (await asyncio.wait_for(summary, 5)).status_code == 200  # sent again, answered
         assert seen == ["/v1/summary", "/v1/chat", "/v1/summary"]
+
+
+async def test_a_background_call_cancelled_too_often_is_given_up_not_sent_again_and_again() -> None:
+    traffic = Traffic(max_preemptions=2)
+    base = "http://127.0.0.1:9/v1"
+    attempts: list[asyncio.Event] = []
+
+    async def attempt() -> str:
+        attempts.append(asyncio.Event())
+        await asyncio.sleep(60)  # a slow local model writing: never done before the next client
+        return "never"
+
+    call = asyncio.create_task(traffic.background(base, attempt))
+    for sent in (1, 2):
+        while len(attempts) < sent:
+            await asyncio.sleep(0.01)
+        traffic.client(base).release()  # a conversation without pauses: the next client request
+    with pytest.raises(UpstreamPreempted, match="cancelled it 2 times"):
+        await asyncio.wait_for(call, 5)
+    assert len(attempts) == 2 and traffic.preempted == 2 and traffic.abandoned == 1
+    assert not traffic.busy(base)
