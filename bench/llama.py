@@ -366,7 +366,7 @@ def verdicts(exchanges: list[Exchange]) -> list[dict[str, Any]]:
     count = counter_for("o200k_base").count_text
     out = []
     for e in exchanges:
-        if not e.summary:
+        if not e.summary or e.cancelled:  # a call the proxy dropped: the model wrote nothing
             continue
         cap = int(e.request.get("max_tokens") or e.request.get("max_completion_tokens") or 1024)
         # Overrun is the proxy's to judge with the model's own count; o200k here: twice the cap.
@@ -456,12 +456,14 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
                 pool.stop("small")
             result["proxied"] = turns
             result["summaries"] = verdicts(recorder.exchanges)
+            result["cancelled"] = sum(1 for e in recorder.exchanges if e.summary and e.cancelled)
     proxied: list[Turn] = result["proxied"]
     placed = [s for t in proxied for s in placed_summaries(t.forwarded)]
     figures = {
         "answered": sum(1 for t in proxied if t.status == 200),
         "turns": len(proxied),
         "summary_calls": len(result["summaries"]),
+        "summary_cancelled": result["cancelled"],
         "rejected": sum(1 for s in result["summaries"] if s["verdict"] != "ok"),
         "placed": len(placed),
         "placed_degenerate": sum(1 for s in placed if degenerate(s)),
@@ -511,8 +513,8 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "| figure | value | target |",
         "| --- | --- | --- |",
         f"| client turns answered (proxied) | {med('answered')} of {med('turns')} | all |",
-        f"| summaries the model wrote / refused by the checks | {med('summary_calls')} / "
-        f"{med('rejected')} | |",
+        f"| summaries the model wrote / refused by the checks (summary calls the proxy cancelled) | "
+        f"{med('summary_calls')} / {med('rejected')} ({med('summary_cancelled')}) | |",
         f"| summaries placed in a request / degenerate among them | {med('placed')} / "
         f"{med('placed_degenerate')} | - / 0 |",
         f"| forgotten codes still in the last request | {med('kept_codes')} of {med('forgotten_codes')} "

@@ -574,7 +574,7 @@ async def test_a_span_whose_call_client_requests_keep_cancelling_is_given_up_and
     # A one-slot local upstream and a conversation without pauses: every re-sent summary call is
     # cancelled by the next client request. After a few, the span backs off like any failure (the
     # index stands in) instead of holding the slot again on every turn; the pace is untouched.
-    traffic = Traffic(max_preemptions=2)
+    traffic = Traffic(max_preemptions=2, quiet_s=0)
     base = "http://127.0.0.1:9/v1"
     sent: list[int] = []
 
