@@ -24,7 +24,12 @@ whole, the share it still carries (target 0.8). Timing: the turns the proxy cut 
 turns direct (median ratio, target 1.5x), the whole session (sum, target 1.3x), and the time each
 proxied request spent besides the model's own work on it (the client's latency less the server's
 ``timings.prompt_ms + predicted_ms``: waits on summaries, in line or for the slot; target at most
-the proxy's ``CTXPROXY_SUMMARY_TIMEOUT_S``). ``--runs N`` alternates the order of the sessions.
+the proxy's ``CTXPROXY_SUMMARY_TIMEOUT_S``), with, for each proxied turn, the upstream exchanges
+in flight during it (cancelled ones too) and the proxy's ``X-Context-*`` headers (the JSON; the
+worst turn in the markdown). ``--runs N`` alternates the order of the sessions. ``--pause-s S``:
+the client pauses ``S`` seconds after each answer, as a person reading it would (the default, 0,
+is a script or an agent that sends its next request at once: on a one-slot server the proxy's
+summary calls wait for a pause). ``--logs DIR`` keeps the servers' logs.
 
 ``--fixtures FILE`` saves every summary answer with its request's size and verdict as JSON (the
 bad answers of a real small model: ``tests/fixtures/summaries/``). ``--capture N``: instead of the
@@ -259,11 +264,19 @@ def _model_s(answer: dict[str, Any]) -> float:
 
 
 async def run_session(
-    base_url: str, *, seed: int, turns: int, max_tokens: int, recorder: Recorder | None
+    base_url: str,
+    *,
+    seed: int,
+    turns: int,
+    max_tokens: int,
+    recorder: Recorder | None,
+    pause_s: float = 0.0,
 ) -> list[Turn]:
     out: list[Turn] = []
     async with httpx.AsyncClient(base_url=base_url, timeout=1800) as client:
         for history in chat_turns(seed, turns):
+            if out and pause_s:
+                await asyncio.sleep(pause_s)  # a person reading the answer (outside every latency)
             body = {"model": "local", "messages": history, "max_tokens": max_tokens, "temperature": 0}
             before = len(recorder.exchanges) if recorder is not None else 0
             started = time.perf_counter()
@@ -409,7 +422,6 @@ def timing(proxied: list[Turn], direct: list[Turn]) -> dict[str, Any]:
         if cut
         else None
     )
-    extra = [t.besides_model_s for t in proxied]
     return {
         "cut_turns": len(cut),
         "cut_median_s": statistics.median(proxied[k].latency_s for k in cut) if cut else None,
@@ -418,8 +430,6 @@ def timing(proxied: list[Turn], direct: list[Turn]) -> dict[str, Any]:
         "session_s": sum(t.latency_s for t in proxied),
         "session_direct_s": sum(t.latency_s for t in direct),
         "session_ratio": sum(t.latency_s for t in proxied) / sum(t.latency_s for t in direct),
-        "besides_model_max_s": max(extra),
-        "besides_model_median_s": statistics.median(extra),
     }
 
 
@@ -435,7 +445,12 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
             if which == "direct":
                 large = start_llama(pool, "direct", args, ctx=args.direct_ctx)
                 result["direct"] = await run_session(
-                    large, seed=seed, turns=args.turns, max_tokens=args.max_tokens, recorder=None
+                    large,
+                    seed=seed,
+                    turns=args.turns,
+                    max_tokens=args.max_tokens,
+                    recorder=None,
+                    pause_s=args.pause_s,
                 )
                 pool.stop("direct")
                 continue
@@ -445,7 +460,12 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
             try:
                 proxy = start_proxy(pool, args.tree, recorder_url, env)
                 turns = await run_session(
-                    proxy, seed=seed, turns=args.turns, max_tokens=args.max_tokens, recorder=recorder
+                    proxy,
+                    seed=seed,
+                    turns=args.turns,
+                    max_tokens=args.max_tokens,
+                    recorder=recorder,
+                    pause_s=args.pause_s,
                 )
                 await asyncio.sleep(args.settle_s)  # a summary still running: let it land in the recorder
                 pool.stop("proxy")
@@ -471,6 +491,8 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
             kind: sum(1 for t in proxied if t.memory == kind) for kind in ("summary", "index", "note", "none")
         },
         **retention(proxied),
+        "besides_model_max_s": max(t.besides_model_s for t in proxied),
+        "besides_model_median_s": statistics.median(t.besides_model_s for t in proxied),
     }
     if "direct" in result:
         figures |= timing(proxied, result["direct"])
@@ -678,6 +700,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle-s", type=float, default=5.0)
+    parser.add_argument(
+        "--pause-s", type=float, default=0.0, help="a person's pause between an answer and the next turn"
+    )
     parser.add_argument("--no-direct", action="store_true", help="the proxied session alone (no timing)")
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout whose proxy runs")
     parser.add_argument(

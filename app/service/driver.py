@@ -248,9 +248,10 @@ class Service(Planner):
         """Drive the request's ``Exchange``: do what each command says, feed back what happened.
 
         The request holds its place at its upstream from its decision on (``Traffic.client``; each
-        send holds its own until its response is closed): on an upstream with few slots, summary
-        calls in flight give way now, and one its decision schedules goes after it, never in the
-        moment before it is sent (where it would hold the slot the request then waits for)."""
+        send holds its own until its response is closed): on an upstream with few slots, a summary
+        call in flight gives way now (the upstream lets go of it while the request is planned), none
+        goes out while it is decided, and it does not wait in line for its own summary
+        (``app.service.summaries``: that call would only go after it)."""
         traffic = self.upstream.traffic
         place = traffic.client(request.base_url) if traffic is not None else None
         try:
