@@ -155,6 +155,24 @@ def span_text(messages: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+def prefix_refs(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[str]:
+    """``[recall_ref(span_text(first k groups' messages)) for k in 0..len(groups)]``, in one pass:
+    the transcript of the first ``k`` groups begins that of the first ``k + 1``, so one SHA-256
+    carried along names every prefix (a giant drop's levels are not each hashed again)."""
+    digest = hashlib.sha256()
+    refs = [digest.hexdigest()[:REF_HEX]]
+    first = True
+    for group in groups:
+        for message in group:
+            if is_recalled(message) or _calls_recall(message):
+                continue
+            piece = f"{'' if first else chr(10) * 2}[{message.get('role')}]\n{message_text(message)}"
+            digest.update(piece.encode("utf-8", "surrogatepass"))
+            first = False
+        refs.append(digest.copy().hexdigest()[:REF_HEX])
+    return refs
+
+
 def _calls_recall(message: Mapping[str, Any]) -> bool:
     calls = message.get("tool_calls")
     return isinstance(calls, list) and any(

@@ -49,7 +49,7 @@ from .cutting import CUT_FLOOR_TOKENS, PendingCuts, truncate_message
 from .memory import MEMORY_HEAD_RE
 from .messages import INSTRUCTION_ROLES, Message, group_units
 from .plan import Action, ActionKind, DroppedSpan, StrategyResult
-from .recall import REF_PATTERN, content_text, is_recalled, recall_ref, ref_suffix, span_text
+from .recall import REF_PATTERN, content_text, is_recalled, prefix_refs, recall_ref, ref_suffix
 
 IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image"})
 # Last resort never cuts a message below this many tokens in total.
@@ -495,12 +495,15 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
 
     base_messages = ctx.input_messages if ctx.input_messages is not None else messages
 
+    refs: list[str] = []
+
     def note_for(blocks: int) -> str:
-        members = [i for block in block_members[:blocks] for i in block]
         # With recall, the note names the transcript of the input messages it stands for.
         if ctx.policy.recall == "off":
-            return note_text(len(members))
-        return note_text(len(members), recall_ref(span_text([base_messages[i] for i in members])))
+            return note_text(held[blocks])
+        if not refs:  # every level's id, in one pass
+            refs.extend(prefix_refs([[base_messages[i] for i in block] for block in block_members]))
+        return note_text(held[blocks], refs[blocks])
 
     def note_tokens(blocks: int) -> int:
         # Without recall a note depends only on how many messages it stands for.
