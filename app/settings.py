@@ -150,7 +150,9 @@ class Settings(BaseSettings):
     )
     recall_ttl_s: float = Field(default=86400.0, gt=0, description="Seconds what a cut removed is kept.")
     recall_max_mb: int = Field(
-        default=64, ge=1, description="Megabytes of removed text kept in process (Redis: its own limits)."
+        default=64,
+        ge=1,
+        description="Megabytes of memory the removed text kept in process may take (Redis: its own limits).",
     )
     summary_retry_after_s: float = Field(
         default=60.0,

@@ -23,11 +23,12 @@ INTERFACE CONTRACT (the summarizer, ahead-of-time compaction and the service rel
   a miss, a no-op set and a lock not acquired (or, for Redis, the in-process fallback); there,
   ``incr`` counts in process, ``merge_chain`` merges in process and ``compare_and_set`` compares
   with the in-process copy.
-* ``MemoryCache(max_entries, ttl_s, *, clock=time.monotonic, max_chars=None)`` (``max_chars``:
-  a bound on the characters of all its values too, the least recently used go first),
+* ``MemoryCache(max_entries, ttl_s, *, clock=time.monotonic, max_bytes=None)`` (``max_bytes``:
+  a bound on the memory all its values take too, ``sys.getsizeof`` of each (a character of CJK
+  text takes two bytes, of an emoji's text four), the least recently used go first),
   ``RedisCache(url, ttl_s, prefix="ctxproxy:summary:", *, max_entries=..., retry_after_s=...,
-  max_chars=None, ...)`` and ``cache_from_url(url, *, ttl_s, max_entries, prefix=...,
-  max_chars=None) -> SummaryCache``.
+  max_bytes=None, ...)`` and ``cache_from_url(url, *, ttl_s, max_entries, prefix=...,
+  max_bytes=None) -> SummaryCache``.
 
 The caches hold summaries and the state around them (chains of span keys, back-offs, failure
 counts): the key is a hash (the span's text or a client's key cannot be read back from it), the
@@ -46,6 +47,7 @@ import hashlib
 import json
 import logging
 import secrets
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -179,17 +181,17 @@ class MemoryCache:
         ttl_s: float = 86400.0,
         *,
         clock: Clock = time.monotonic,
-        max_chars: int | None = None,
+        max_bytes: int | None = None,
     ):
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.max_entries = max_entries
-        self.max_chars = max_chars
+        self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._clock = clock
-        self._chars = 0
+        self._bytes = 0
         self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._locks: dict[str, tuple[str, float]] = {}
         self._hits = self._misses = self._sets = 0
@@ -216,11 +218,12 @@ class MemoryCache:
 
     def set_now(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
         ttl = self.ttl_s if ttl_s is None else ttl_s
-        if ttl <= 0 or (self.max_chars is not None and len(value) > self.max_chars):
+        size = sys.getsizeof(value)
+        if ttl <= 0 or (self.max_bytes is not None and size > self.max_bytes):
             return
         self._drop(key)
         self._entries[key] = (value, self._clock() + ttl)
-        self._chars += len(value)
+        self._bytes += size
         self._sets += 1
         self._evict()
 
@@ -247,11 +250,11 @@ class MemoryCache:
     def _drop(self, key: str) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self._chars -= len(entry[0])
+            self._bytes -= sys.getsizeof(entry[0])
 
     def _over(self) -> bool:
         return len(self._entries) > self.max_entries or (
-            self.max_chars is not None and self._chars > self.max_chars
+            self.max_bytes is not None and self._bytes > self.max_bytes
         )
 
     def _evict(self) -> None:
@@ -323,7 +326,7 @@ class MemoryCache:
 
     async def aclose(self) -> None:
         self._entries.clear()
-        self._chars = 0
+        self._bytes = 0
         self._locks.clear()
 
 
@@ -403,7 +406,7 @@ class RedisCache:
         retry_after_s: float = 30.0,
         socket_timeout_s: float = 0.5,
         clock: Clock = time.monotonic,
-        max_chars: int | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
@@ -413,7 +416,7 @@ class RedisCache:
         self.retry_after_s = retry_after_s
         self.socket_timeout_s = socket_timeout_s
         self._clock = clock
-        self.local = MemoryCache(max_entries, ttl_s, clock=clock, max_chars=max_chars)
+        self.local = MemoryCache(max_entries, ttl_s, clock=clock, max_bytes=max_bytes)
         self._client: Any = None
         self._scripts: dict[str, Any] = {}  # the three Lua scripts, registered with the client
         self._down_until: float | None = None
@@ -626,16 +629,16 @@ def cache_from_url(
     ttl_s: float,
     max_entries: int,
     prefix: str = "ctxproxy:summary:",
-    max_chars: int | None = None,
+    max_bytes: int | None = None,
 ) -> SummaryCache:
     """``redis://``/``rediss://``/``unix://`` URLs give a :class:`RedisCache` (keys under
-    ``prefix``), anything empty memory; ``max_chars`` bounds the in-process values' characters.
+    ``prefix``), anything empty memory; ``max_bytes`` bounds the in-process values' memory.
 
     Raises ``ValueError`` for another scheme (a configuration error, found at startup).
     """
     if not url or url.strip() in {"", "memory", "memory://"}:
-        return MemoryCache(max_entries, ttl_s, max_chars=max_chars)
+        return MemoryCache(max_entries, ttl_s, max_bytes=max_bytes)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in {"redis", "rediss", "unix"}:
-        return RedisCache(url, ttl_s, prefix=prefix, max_entries=max_entries, max_chars=max_chars)
+        return RedisCache(url, ttl_s, prefix=prefix, max_entries=max_entries, max_bytes=max_bytes)
     raise ValueError(f"unsupported summary cache URL scheme {scheme!r}: use redis://, rediss:// or unix://")

@@ -36,7 +36,10 @@ INTERFACE CONTRACT (the service and ahead-of-time compaction rely on these):
     once. A ``permanent`` failure turns summaries off for the same back-off: for the job's
     credential only when it was refused (401, 403: another client's key may work), for the
     summarizer (``identity``: the API, base URL and model) when the upstream lacks the route
-    (404, 405). Everything else (5xx, timeouts, an answer that is no answer) backs off the span.
+    (404, 405). Everything else (5xx, timeouts, an answer that is no answer) backs off the span;
+    ``NO_SUMMARY_STREAK`` answers in a row for one credential that were no summary (empty, refused
+    by the checks) turn that credential's summaries off for the next back-off (a summary ends the
+    streak).
   - ``await summarize_span(messages, job, *, previous_summary=None) -> str | None``: one handoff
     summary of ``messages`` (folding in ``previous_summary``). A span whose request would not fit
     the job's window is cut into parts that each fit, summarized part by part, and the parts'
@@ -106,15 +109,21 @@ CHAIN_LENGTH = 16
 # Spans whose failure was logged (a span backing off is logged once, not per request): the most
 # recent ones, least recently logged forgotten first (a forgotten one is logged again, once).
 LOGGED_SPANS_MAX = 1024
+NO_SUMMARY_STREAK = 3
+"""Answers in a row for one credential that were no summary (empty, refused by the checks) after
+which that credential's summaries are off for a back-off: a model that cannot summarize (a small
+local one) is not asked again and again, each call holding one of its few slots (and, on a
+one-slot server, evicting the conversation's prompt cache) for nothing."""
 
 
 class SummaryError(CtxproxyError):
     """Internal: a summary could not be made (turned into ``None`` at the public boundary).
     ``status``: the summary call's HTTP status, when it got an answer."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, no_summary: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.no_summary = no_summary  # the model answered, with no summary (empty, refused)
 
     @property
     def permanent(self) -> bool:
@@ -283,6 +292,28 @@ class Summarizer:
         else:
             self._logged.move_to_end(key)
             logger.debug("summary of %s failed again: %s", key[:12], cause)
+        if isinstance(exc, SummaryError) and exc.no_summary:
+            await self._no_summary(cache, job, cause)
+
+    async def _no_summary(self, cache: SummaryCache, job: SummaryJob, cause: str) -> None:
+        """One more answer in a row that was no summary for the job's credential (its streak, reset
+        by a summary): at ``NO_SUMMARY_STREAK``, that credential's summaries are off for the next
+        back-off (per credential: another client's spans cannot turn them off for this one)."""
+        credential = self._off_keys(job)[1]
+        streak = await cache.incr("streak:" + credential, ttl_s=4 * self.retry_max_s)
+        if streak < NO_SUMMARY_STREAK:
+            return
+        await cache.set("streak:" + credential, "0", ttl_s=4 * self.retry_max_s)
+        attempts = await cache.incr("tries:" + credential, ttl_s=4 * self.retry_max_s)
+        ttl_s = min(self.retry_max_s, self.retry_after_s * 2 ** (attempts - 1))
+        why = f"{streak} answers in a row were no summary (the last: {cause})"
+        await cache.set(credential, json.dumps({"attempts": attempts, "cause": why}), ttl_s=ttl_s)
+        logger.warning(
+            "summaries by %s are off for %.0fs for this key: %s (the memory's index and the note stand in)",
+            self.identity,
+            ttl_s,
+            why,
+        )
 
     # -- summaries -------------------------------------------------------------------------
 
@@ -307,6 +338,9 @@ class Summarizer:
             await self._failed(key, span, summary, cache, job)
             return None
         await cache.set(key, summary)
+        streak = "streak:" + self._off_keys(job)[1]
+        if await cache.get(streak) not in (None, "0"):  # a summary ends a streak of answers that were none
+            await cache.set(streak, "0", ttl_s=4 * self.retry_max_s)
         # One atomic merge: a span another replica added meanwhile stays in the chain.
         await cache.merge_chain(self.chain_key(span, job.tenant), len(span), key, limit=CHAIN_LENGTH)
         return summary
@@ -385,7 +419,7 @@ class Summarizer:
             raise
         if not isinstance(answer, str) or not answer.strip():
             self._report("empty", tokens, 0)
-            raise SummaryError("the summarizer returned an empty answer")
+            raise SummaryError("the summarizer returned an empty answer", no_summary=True)
         # Held to its size by its sections (the lowest first), then checked before it is trusted.
         answer = truncate_sections(answer.strip(), cap_tokens=job.reply_tokens, count_text=job.count_text)
         out = job.count_text(answer)
@@ -396,7 +430,9 @@ class Summarizer:
         if rejection is not None:
             self.rejected += 1
             self._report("rejected", tokens, out)
-            raise SummaryError(f"the answer is no summary ({rejection.cause}: {rejection.detail})")
+            raise SummaryError(
+                f"the answer is no summary ({rejection.cause}: {rejection.detail})", no_summary=True
+            )
         self._report("ok", tokens, out)
         return answer
 

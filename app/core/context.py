@@ -19,10 +19,11 @@ joins. The share is counted with the client's own per-message counts. Outside th
 pinned messages and the newest user message are never pruned or dropped either. So a coding agent's
 single turn (one user message, then hundreds of tool calls and results) keeps its task, its newest
 tool exchanges and the pinned messages, while its older tool results can be pruned and its older
-tool exchanges dropped, each as a whole (a call with all its results), in stable blocks. One
-exception to prefix stability follows: when the newest user message sits outside the tail it splits
-the cut, and once a newer user message arrives it becomes droppable history, so the cut is chosen
-again (one upstream cache miss per new user turn, not per tool call).
+tool exchanges dropped, each as a whole (a call with all its results), in stable blocks. When the
+newest user message sits outside the tail the cut may take its turn's older units around it; once a
+newer user message makes it history it still stays with its turn (the drop takes a user message
+only with the part that holds its turn's last message: ``strategies._drop_levels``), so that cut
+stays put.
 
 Stable cuts: the old part of a conversation is cut into *blocks* whose boundaries depend only on the
 conversation's own start. Walking from message 0 with the input's per-message counts, a new block

@@ -155,6 +155,44 @@ def span_text(messages: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+def prefix_refs(groups: Sequence[Sequence[tuple[int, Mapping[str, Any]]]]) -> list[str]:
+    """``[recall_ref(span_text(the first k groups' messages in position order)) for k in
+    0..len(groups)]`` (``groups``: (position, message) pairs), in one pass: the transcript of the
+    first ``k`` groups begins that of the first ``k + 1``, so one SHA-256 carried along names every
+    prefix (a giant drop's levels are not each hashed again). A message placed before one already
+    hashed (a user message that goes with its turn's last part: ``strategies._drop_levels``)
+    rewinds to the last group end before it, and what follows is hashed again."""
+    digest = hashlib.sha256()
+    first = True
+    fed: list[tuple[int, Mapping[str, Any]]] = []
+    marks = [(0, digest.copy(), True)]  # (len(fed), digest, first) at each group end before any rewind
+    refs = [digest.hexdigest()[:REF_HEX]]
+    for group in groups:
+        pending = sorted(group, key=_position)
+        if pending and fed and pending[0][0] < fed[-1][0]:
+            while marks[-1][0] and fed[marks[-1][0] - 1][0] > pending[0][0]:
+                marks.pop()
+            at, saved, first = marks[-1]
+            digest = saved.copy()
+            pending = sorted([*fed[at:], *pending], key=_position)
+            del fed[at:]
+        for item in pending:
+            fed.append(item)
+            message = item[1]
+            if is_recalled(message) or _calls_recall(message):
+                continue
+            piece = f"{'' if first else chr(10) * 2}[{message.get('role')}]\n{message_text(message)}"
+            digest.update(piece.encode("utf-8", "surrogatepass"))
+            first = False
+        marks.append((len(fed), digest.copy(), first))
+        refs.append(digest.copy().hexdigest()[:REF_HEX])
+    return refs
+
+
+def _position(item: tuple[int, Mapping[str, Any]]) -> int:
+    return item[0]
+
+
 def _calls_recall(message: Mapping[str, Any]) -> bool:
     calls = message.get("tool_calls")
     return isinstance(calls, list) and any(

@@ -115,35 +115,52 @@ def _clip(text: str) -> str:
     return text if len(text) <= ITEM_MAX_CHARS else text[: ITEM_MAX_CHARS - 1] + "…"
 
 
-def _word_entries(word: str) -> list[tuple[str, str]]:
-    """The entries of one white-space-delimited word."""
+@lru_cache(maxsize=16384)
+def _word_entries(word: str) -> tuple[tuple[str, str], ...]:
+    """The entries of one white-space-delimited word (memoized: names recur across texts)."""
     if word.startswith(("http://", "https://")):
-        return [("url", word.rstrip(".,;:!?'\")]>"))]
+        return (("url", word.rstrip(".,;:!?'\")]>")),)
     core = word.strip(_PUNCTUATION)
     if _VERSION.fullmatch(core):
-        return [("version", core)]
+        return (("version", core),)
     if _PATH.fullmatch(core) and ("/" in core or not _PROSE_DOT.match(core)):
-        return [("path", core)]
-    return [("identifier", token) for token in _TOKEN.findall(core) if _is_identifier(token)]
+        return (("path", core),)
+    return tuple(("identifier", token) for token in _TOKEN.findall(core) if _is_identifier(token))
+
+
+# What every ``_ERROR`` match holds (its words, without the word boundary before them): the lines
+# that hold one are the only ones ``_ERROR`` is run on.
+_ERROR_KEYS = re.compile(
+    r"Error\b|Exception\b|Traceback \(most recent call last\)|FAILED\b|FATAL\b|fatal:"
+    r"|error(?:\[\w+\])?:|ERROR\b|panic:|Segmentation fault|command not found|No such file"
+    r" or directory|Permission denied"
+)
 
 
 @lru_cache(maxsize=8192)
 def _text_entries(text: str) -> tuple[tuple[str, str], ...]:
     """The entries of one text (memoized: a resent conversation's texts are the same objects,
-    whose hash Python keeps): its error lines, prompted commands and backticked strings, then
-    what its words hold, in order."""
+    whose hash Python keeps): its error lines, prompted commands and backticked strings, in order,
+    then what its words hold, each word once, in the order of its last occurrence."""
     out: list[tuple[str, str]] = []
     seen_lines: set[int] = set()
-    for match in _ERROR.finditer(text):
+    # The lines holding an ``_ERROR`` match, in order (a match never spans lines).
+    for match in _ERROR_KEYS.finditer(text):
         start = text.rfind("\n", 0, match.start()) + 1
-        if start not in seen_lines:
-            seen_lines.add(start)
-            end = text.find("\n", match.end())
-            out.append(("error", _clip(text[start : end if end >= 0 else len(text)])))
-    out += [("command", _clip(m.group(1))) for m in _PROMPTED.finditer(text)]
+        if start in seen_lines:
+            continue
+        seen_lines.add(start)
+        end = text.find("\n", match.end())
+        end = end if end >= 0 else len(text)
+        if _ERROR.search(text, start, end):
+            out.append(("error", _clip(text[start:end])))
+    if "$ " in text:
+        out += [("command", _clip(m.group(1))) for m in _PROMPTED.finditer(text)]
     if "`" in text:
         out += [("string", m.group(1).strip()) for m in _BACKTICK.finditer(text)]
-    for word in text.split():
+    # The words, each once, in the order of their last occurrence (the index keeps the newest
+    # of each entry: an earlier occurrence of a word tells it nothing more).
+    for word in reversed(tuple(dict.fromkeys(reversed(text.split())))):
         core = word.strip(_PUNCTUATION)
         if len(core) < 3 or (core.isalpha() and (core.islower() or core.istitle())):
             continue  # a plain word
@@ -391,4 +408,3 @@ def _said_in(identifier: str, names: str) -> bool:
 
 
 __all__ = ["KINDS", "SpanIndex", "identifiers", "message_entries", "span_index"]
-

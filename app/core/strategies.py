@@ -32,6 +32,7 @@ Notes left by the pipeline (``[ctxproxy: ...]``) are recognised and never droppe
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -47,9 +48,9 @@ from .context import (
 from .conversation import is_opaque
 from .cutting import CUT_FLOOR_TOKENS, PendingCuts, truncate_message
 from .memory import MEMORY_HEAD_RE
-from .messages import INSTRUCTION_ROLES, Message, group_units
+from .messages import INSTRUCTION_ROLES, Message, group_turns, group_units
 from .plan import Action, ActionKind, DroppedSpan, StrategyResult
-from .recall import REF_PATTERN, content_text, is_recalled, recall_ref, ref_suffix, span_text
+from .recall import REF_PATTERN, content_text, is_recalled, prefix_refs, recall_ref, ref_suffix
 
 IMAGE_PART_TYPES: frozenset[str] = frozenset({"image_url", "input_image", "image"})
 # Last resort never cuts a message below this many tokens in total.
@@ -383,7 +384,9 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
     (``context.step_tokens_for``), and inside the last (still growing) block every turn start is
     one. The stops depend only on the conversation's start (and on what prune left there, which
     moves in the same steps). With a memory (``ctx.memory_tokens``), the protected tail's units but
-    its newest follow, each a stop. Third: how many of the member blocks come before the growing
+    its newest follow, each a stop. A user message is a member of the part that holds its turn's
+    last message (of none when that is past the last part): it goes only with the rest of its turn,
+    as while it was the newest. Third: how many of the member blocks come before the growing
     one."""
     base_tokens = ctx.input_tokens if ctx.input_tokens is not None else ctx.tokens
     base_messages = ctx.input_messages if ctx.input_messages is not None else tuple(messages)
@@ -409,12 +412,19 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
         # middles with none. The newest unit always stays.
         tail = group_units(base_messages[ctx.protected_from :])
         parts += [(ctx.protected_from + u.start, ctx.protected_from + u.stop, True) for u in tail[:-1]]
+    # A user message goes with the part that holds its turn's last message (none: it stays): it is
+    # kept while any of its turn is, as it was while it was the newest one (``untouchable``), so a
+    # cut into its turn made then stays put once a newer user message makes it history.
+    owned = _turn_owners(base_messages, parts)
     block_members: list[list[int]] = []
     in_last: list[bool] = []
-    for start, stop, last in parts:
-        members = [
-            i for i in range(start, stop) if not ctx.untouchable(i) and not is_ctxproxy_note(messages[i])
-        ]
+    for p, (start, stop, last) in enumerate(parts):
+        candidates = [i for i in range(start, stop) if base_messages[i].get("role") != "user"]
+        members = sorted(
+            i
+            for i in (*candidates, *owned.get(p, ()))
+            if not ctx.untouchable(i) and not is_ctxproxy_note(messages[i])
+        )
         if members:
             block_members.append(members)
             in_last.append(last)
@@ -427,6 +437,19 @@ def _drop_levels(messages: Sequence[Message], ctx: FitContext) -> tuple[list[lis
             stops.append(k)
             level = max(level, freed // step)
     return block_members, stops, in_last.count(False)
+
+
+def _turn_owners(messages: Sequence[Message], parts: Sequence[tuple[int, int, bool]]) -> dict[int, list[int]]:
+    """The user messages inside ``parts`` (contiguous, ascending) by the part that holds their
+    turn's last message; a turn that ends past the last part leaves its user message in none."""
+    starts = [start for start, _stop, _last in parts]
+    owned: dict[int, list[int]] = {}
+    if not parts:
+        return owned
+    for turn in group_turns(messages):
+        if starts[0] <= turn.start < parts[-1][1] and turn.stop <= parts[-1][1]:
+            owned.setdefault(bisect_right(starts, turn.stop - 1) - 1, []).append(turn.start)
+    return owned
 
 
 def _split_last_block(
@@ -461,8 +484,9 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
 
     Never drops a pinned message, the newest user message, a note, the protected tail (with a
     memory: the tail's newest unit; its older units come last, after every block, rather than the
-    last resort's cuts) or part of a unit. The note's role keeps alternation where possible:
-    ``assistant`` when the message before it is a user message, else ``user``.
+    last resort's cuts), part of a unit, or a user message while the rest of its turn is kept. The
+    note's role keeps alternation where possible: ``assistant`` when the message before it is a user
+    message, else ``user``.
 
     With middle-out's cuts pending (``ctx.pending``), what is left counts as it will be sent, the
     kept messages cut (``_smallest_fitting_stop``), while the levels and the tokens freed are
@@ -495,12 +519,15 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
 
     base_messages = ctx.input_messages if ctx.input_messages is not None else messages
 
+    refs: list[str] = []
+
     def note_for(blocks: int) -> str:
-        members = [i for block in block_members[:blocks] for i in block]
         # With recall, the note names the transcript of the input messages it stands for.
         if ctx.policy.recall == "off":
-            return note_text(len(members))
-        return note_text(len(members), recall_ref(span_text([base_messages[i] for i in members])))
+            return note_text(held[blocks])
+        if not refs:  # every level's id, in one pass
+            refs.extend(prefix_refs([[(i, base_messages[i]) for i in block] for block in block_members]))
+        return note_text(held[blocks], refs[blocks])
 
     def note_tokens(blocks: int) -> int:
         # Without recall a note depends only on how many messages it stands for.
@@ -515,7 +542,7 @@ def drop_oldest(messages: Sequence[Message], ctx: FitContext) -> StrategyResult:
         if freed_by[k] <= note_tokens(k):
             return _unchanged(messages)
     freed, note_tokens_k = freed_by[k], note_tokens(k)
-    dropped = [i for block in block_members[:k] for i in block]
+    dropped = sorted(i for block in block_members[:k] for i in block)
     block_ends = [block_members[s - 1][-1] + 1 for s in stops if s <= k]
     replacement: dict[str, Any] = {"role": role, "content": note_for(k)}
     drop_set = set(dropped)

@@ -6,7 +6,7 @@ INTERFACE CONTRACT (``Service`` drives it; ``app.core.recall`` has the pure rule
 * ``Recall(*, settings, store=None, events=None)``: one per app. ``store`` defaults to the cache
   backend (``cache_from_url(settings.cache_url, ...)`` under the prefix ``ctxproxy:recall:``:
   Redis when configured, so any replica answers; else in process, at most
-  ``CTXPROXY_RECALL_MAX_MB`` of text), every entry for ``CTXPROXY_RECALL_TTL_S``.
+  ``CTXPROXY_RECALL_MAX_MB`` of memory), every entry for ``CTXPROXY_RECALL_TTL_S``.
 * ``remember(request, plan)``: what ``plan`` removed and names by a recall id (``Plan.recall``)
   is stored under the request's tenant (``ProxyRequest.tenant``: a hash of its credential), its
   conversation (a hash of its opening messages: ``conversation_key``) and the id; an entry this
@@ -162,7 +162,7 @@ class Recall:
                 ttl_s=settings.recall_ttl_s,
                 max_entries=1_000_000,
                 prefix=PREFIX,
-                max_chars=settings.recall_max_mb * 1024 * 1024,
+                max_bytes=settings.recall_max_mb * 1024 * 1024,
             )
         )
         self._written: OrderedDict[str, float] = OrderedDict()

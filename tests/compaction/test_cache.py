@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -374,7 +375,7 @@ async def test_compare_and_set_stores_only_over_the_expected_value(backend: Summ
 
 def test_merged_chain_is_what_the_redis_script_computes() -> None:
     assert json.loads(merged_chain(None, 3, "a", limit=2)) == [[3, "a"]]
-    assert json.loads(merged_chain("[[1, \"b\"], [3, \"a\"], [5, \"c\"]]", 3, "a", limit=2)) == [
+    assert json.loads(merged_chain('[[1, "b"], [3, "a"], [5, "c"]]', 3, "a", limit=2)) == [
         [3, "a"],
         [1, "b"],
     ]
@@ -392,6 +393,7 @@ async def test_two_replicas_racing_on_one_redis_lose_no_update(redis_server: Red
         )
         chain = json.loads(await a.get("chain:x") or "")
         assert sorted(n for n, _ in chain) == list(range(200))
+
         # compare-and-set as a counter: each replica retries until its update lands on the latest.
         async def bump(cache: RedisCache) -> None:
             while True:
@@ -431,14 +433,21 @@ async def test_a_replica_reads_what_another_changed_and_keeps_it_as_long_as_redi
         await b.aclose()
 
 
-async def test_memory_cache_bounds_the_characters_of_its_values_too() -> None:
-    cache = MemoryCache(100, 60.0, max_chars=10)
+async def test_memory_cache_bounds_the_memory_of_its_values_too() -> None:
+    four = sys.getsizeof("aaaa")
+    cache = MemoryCache(100, 60.0, max_bytes=2 * four + 2)
     await cache.set("a", "aaaa")
     await cache.set("b", "bbbb")
     await cache.get("a")  # a is now the most recently used
-    await cache.set("c", "cccc")  # 12 characters: the least recently used goes
+    await cache.set("c", "cccc")  # over the bound: the least recently used goes
     assert cache.peek("b") is None and cache.peek("a") == "aaaa" and cache.peek("c") == "cccc"
-    await cache.set("a", "aaaaaa")  # replaced: its old characters are not counted twice
-    assert cache.peek("a") == "aaaaaa" and cache.peek("c") == "cccc"
-    await cache.set("big", "x" * 11)  # larger than the whole bound: not kept
+    await cache.set("a", "aaaaa")  # replaced: its old bytes are not counted twice
+    assert cache.peek("a") == "aaaaa" and cache.peek("c") == "cccc"
+    await cache.set("big", "x" * (2 * four))  # larger than the whole bound: not kept
     assert cache.peek("big") is None and len(cache) == 2
+    # A character outside Latin-1 takes more memory than one inside it: the bound counts what
+    # four CJK characters take, more than four ASCII ones.
+    wide = MemoryCache(100, 60.0, max_bytes=2 * four + 2)
+    await wide.set("a", "汉字汉字")
+    await wide.set("b", "bbbb")
+    assert sys.getsizeof("汉字汉字") > four + 2 and wide.peek("a") is None and wide.peek("b") == "bbbb"

@@ -15,7 +15,14 @@ import pytest
 from app.compaction.cache import MemoryCache, RedisCache, summary_key
 from app.compaction.pace import PACE_FACTOR, Pace
 from app.compaction.prompts import PROMPT_VERSION, render_messages
-from app.compaction.summarizer import CHAIN_LENGTH, PrefetchedSummaries, Summarizer, SummaryError, SummaryJob
+from app.compaction.summarizer import (
+    CHAIN_LENGTH,
+    NO_SUMMARY_STREAK,
+    PrefetchedSummaries,
+    Summarizer,
+    SummaryError,
+    SummaryJob,
+)
 from app.core.fit import SummaryProvider
 from app.upstream.traffic import Traffic
 from tests.compaction.conftest import RedisServer
@@ -465,6 +472,32 @@ async def test_a_refused_key_backs_off_that_credential_only() -> None:
     assert await summarizer.memory_for(turn(4), cache, operator_a) is None
     calls = len(llm.calls)
     assert await summarizer.memory_for(turn(5), cache, operator_b) is None and len(llm.calls) == calls
+
+
+async def test_a_model_whose_answers_are_no_summary_is_not_asked_again_for_that_key() -> None:
+    # A small local model that answers with nothing usable (empty, the prompt echoed): after
+    # NO_SUMMARY_STREAK such answers in a row for one key, that key's summaries are off (each
+    # call would hold one of the upstream's few slots for nothing); another key's are not; a
+    # summary in between ends the streak.
+    cache = MemoryCache(max_entries=100, ttl_s=600)
+    llm = FakeLLM(answer="   ")
+    summarizer, _ = make(llm)
+    alice, bob = job_of(tenant="t-alice"), job_of(tenant="t-bob")
+    for k in range(NO_SUMMARY_STREAK - 1):
+        assert await summarizer.memory_for(turn(10 + k), cache, alice) is None
+    llm.answer = None  # a summary: the streak ends
+    assert await summarizer.memory_for(turn(20), cache, alice) is not None
+    llm.answer = "   "
+    for k in range(NO_SUMMARY_STREAK):
+        assert await summarizer.memory_for(turn(30 + k), cache, alice) is None
+    calls = len(llm.calls)
+    assert calls == 2 * NO_SUMMARY_STREAK
+    why = await summarizer.blocked(summarizer.span_key(turn(40), "t-alice"), cache, alice)
+    assert why is not None and "no summary" in why
+    assert await summarizer.memory_for(turn(40), cache, alice) is None and len(llm.calls) == calls
+    llm.answer = None
+    assert await summarizer.memory_for(turn(41), cache, bob) is not None  # another key: asked
+    assert len(llm.calls) == calls + 1
 
 
 async def test_a_route_the_upstream_lacks_turns_the_summarizer_off_for_every_key() -> None:

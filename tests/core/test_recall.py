@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from app.core.recall import (
     is_recalled,
     page_of,
     parse_arguments,
+    prefix_refs,
     recall_answer,
     recall_ref,
     refs_in,
@@ -74,6 +76,41 @@ def test_an_id_is_a_pure_function_of_the_content() -> None:
     assert ref == recall_ref("the exact error text")
     assert ref != recall_ref("the exact error text.")
     assert len(ref) == 12 and int(ref, 16) >= 0
+
+
+def test_the_ids_of_a_drops_levels_are_those_of_their_transcripts() -> None:
+    # One hash carried along names every prefix of the dropped blocks exactly as hashing each
+    # level's transcript would (a recall's own turns left out, non-ASCII and lone surrogates kept).
+    call = {"id": "c1", "type": "function", "function": {"name": RECALL_TOOL, "arguments": "{}"}}
+    groups: list[list[Message]] = [
+        [{"role": "user", "content": "first \u00e9 \ud800"}],
+        [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "user", "content": "x"}],
+        [],
+        [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}],
+    ]
+    flat: list[Message] = []
+    expected = [recall_ref(span_text(flat))]
+    for group in groups:
+        flat = [*flat, *group]
+        expected.append(recall_ref(span_text(flat)))
+    positions = itertools.count()
+    assert prefix_refs([[(next(positions), m) for m in group] for group in groups]) == expected
+    assert len(set(expected)) == 4  # the empty group names the same span as the one before
+
+
+def test_a_level_that_brings_a_message_before_what_was_hashed_names_its_transcript_in_order() -> None:
+    # A user message goes with its turn's last part (strategies._drop_levels): the levels before
+    # it leave it out, the one that takes it names the transcript with it in its place.
+    messages: list[Message] = [
+        {"role": "user" if i in (2, 6) else "assistant", "content": f"m{i}"} for i in range(9)
+    ]
+    levels = [[0, 1], [3], [4, 5], [2, 7], [8], [6]]
+    taken: list[int] = []
+    expected = [recall_ref("")]
+    for level in levels:
+        taken = sorted([*taken, *level])
+        expected.append(recall_ref(span_text([messages[i] for i in taken])))
+    assert prefix_refs([[(i, messages[i]) for i in level] for level in levels]) == expected
 
 
 def test_the_texts_the_steps_write_name_their_id_and_are_recognised_as_their_own() -> None:

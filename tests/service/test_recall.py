@@ -100,7 +100,7 @@ async def test_any_replica_answers_through_redis(tmp_path: Any) -> None:
 def test_the_in_process_store_is_bounded_in_size() -> None:
     recall = Recall(settings=Settings(recall_max_mb=1))
     store: Callable[..., Any] = recall.store  # type: ignore[assignment]
-    assert getattr(store, "max_chars", None) == 1024 * 1024
+    assert getattr(store, "max_bytes", None) == 1024 * 1024
 
 
 async def test_the_header_turns_recall_on_for_one_request_when_the_setting_is_off() -> None:
