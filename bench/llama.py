@@ -54,6 +54,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -440,18 +441,14 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
     logs = args.logs / f"run-{seed}" if args.logs is not None else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
+    session = partial(
+        run_session, seed=seed, turns=args.turns, max_tokens=args.max_tokens, pause_s=args.pause_s
+    )
     with ServerPool(log_dir=logs) as pool:
         for which in order:
             if which == "direct":
                 large = start_llama(pool, "direct", args, ctx=args.direct_ctx)
-                result["direct"] = await run_session(
-                    large,
-                    seed=seed,
-                    turns=args.turns,
-                    max_tokens=args.max_tokens,
-                    recorder=None,
-                    pause_s=args.pause_s,
-                )
+                result["direct"] = await session(large, recorder=None)
                 pool.stop("direct")
                 continue
             small = start_llama(pool, "small", args, ctx=args.ctx)
@@ -459,14 +456,7 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
             runner, recorder_url = await serve_recorder(recorder)
             try:
                 proxy = start_proxy(pool, args.tree, recorder_url, env)
-                turns = await run_session(
-                    proxy,
-                    seed=seed,
-                    turns=args.turns,
-                    max_tokens=args.max_tokens,
-                    recorder=recorder,
-                    pause_s=args.pause_s,
-                )
+                turns = await session(proxy, recorder=recorder)
                 await asyncio.sleep(args.settle_s)  # a summary still running: let it land in the recorder
                 pool.stop("proxy")
                 for t in turns:
