@@ -173,8 +173,10 @@ class Settings(BaseSettings):
     summary_yield: Literal["auto", "always", "never"] = Field(
         default="auto",
         description="Summary calls give way to client requests on the same upstream (they wait while "
-        "one is in flight, one at a time, and the next client request cancels them): auto on an "
-        "upstream on this machine or the local network (a local server with few slots), always, never.",
+        "one is in flight and for a second's pause, one at a time, the next client request cancels "
+        "them, three cancellations give one up; a request there never waits in line for its own "
+        "summary): auto on an upstream on this machine or the local network (a local server with few "
+        "slots), always, never.",
     )
     memory_index: bool = Field(
         default=True,

@@ -24,7 +24,12 @@ whole, the share it still carries (target 0.8). Timing: the turns the proxy cut 
 turns direct (median ratio, target 1.5x), the whole session (sum, target 1.3x), and the time each
 proxied request spent besides the model's own work on it (the client's latency less the server's
 ``timings.prompt_ms + predicted_ms``: waits on summaries, in line or for the slot; target at most
-the proxy's ``CTXPROXY_SUMMARY_TIMEOUT_S``). ``--runs N`` alternates the order of the sessions.
+the proxy's ``CTXPROXY_SUMMARY_TIMEOUT_S``), with, for each proxied turn, the upstream exchanges
+in flight during it (cancelled ones too) and the proxy's ``X-Context-*`` headers (the JSON; the
+worst turn in the markdown). ``--runs N`` alternates the order of the sessions. ``--pause-s S``:
+the client pauses ``S`` seconds after each answer, as a person reading it would (the default, 0,
+is a script or an agent that sends its next request at once: on a one-slot server the proxy's
+summary calls wait for a pause). ``--logs DIR`` keeps the servers' logs.
 
 ``--fixtures FILE`` saves every summary answer with its request's size and verdict as JSON (the
 bad answers of a real small model: ``tests/fixtures/summaries/``). ``--capture N``: instead of the
@@ -49,6 +54,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +134,29 @@ class Exchange:
     status: int
     started_s: float
     ended_s: float
+    method: str = "POST"
+    cancelled: bool = False  # the proxy dropped it before the answer came
+
+    @property
+    def kind(self) -> str:
+        """``client`` (a chat request the proxy forwarded), ``summary`` or ``other`` (window
+        discovery, counting, tokenizing)."""
+        if self.summary:
+            return "summary"
+        return "client" if self.method == "POST" and self.path.endswith("/completions") else "other"
+
+    def brief(self, origin_s: float) -> dict[str, Any]:
+        """This exchange for a turn's breakdown, its times relative to ``origin_s`` (the turn's
+        start)."""
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "start_s": round(self.started_s - origin_s, 3),
+            "end_s": round(self.ended_s - origin_s, 3),
+            "status": self.status,
+            "cancelled": self.cancelled,
+            "model_s": round(_model_s(self.response), 3),
+        }
 
     @property
     def summary(self) -> bool:
@@ -157,23 +186,34 @@ class Recorder:
         body = await request.read()
         started = time.perf_counter()
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session,
-            session.request(
-                request.method, self.target + request.path_qs, data=body, headers=headers
-            ) as answer,
-        ):
-            raw = await answer.read()
-            status = answer.status
-            kind = answer.headers.get("Content-Type", "application/json")
-        ended = time.perf_counter()
-        if request.method == "POST":
-            try:
-                sent, got = json.loads(body or b"{}"), json.loads(raw or b"{}")
-            except ValueError:
-                sent, got = {}, {}
-            self.exchanges.append(Exchange(request.path, sent, got, status, started, ended))
+        raw, status = b"", 0
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session,
+                session.request(
+                    request.method, self.target + request.path_qs, data=body, headers=headers
+                ) as answer,
+            ):
+                raw = await answer.read()
+                status = answer.status
+                kind = answer.headers.get("Content-Type", "application/json")
+        finally:  # a request the proxy dropped (this handler cancelled) is kept too, marked
+            sent, got = _json(body), _json(raw)
+            self.exchanges.append(
+                Exchange(
+                    request.path, sent, got, status, started, time.perf_counter(),
+                    method=request.method, cancelled=status == 0,
+                )
+            )  # fmt: skip
         return web.Response(body=raw, status=status, content_type=kind.split(";")[0])
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or b"{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # -- one session ---------------------------------------------------------------------------------
@@ -187,6 +227,34 @@ class Turn:
     memory: str
     forwarded: dict[str, Any] = field(repr=False)
     client: list[dict[str, Any]] = field(repr=False)
+    started_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)  # the proxy's X-Context-* headers
+    upstream: list[dict[str, Any]] = field(default_factory=list)  # Exchange.brief of each overlapping
+
+    @property
+    def besides_model_s(self) -> float:
+        return self.latency_s - self.model_s
+
+    def breakdown(self) -> dict[str, Any]:
+        return {
+            "latency_s": round(self.latency_s, 3),
+            "model_s": round(self.model_s, 3),
+            "besides_model_s": round(self.besides_model_s, 3),
+            "memory": self.memory,
+            "headers": self.headers,
+            "upstream": self.upstream,
+        }
+
+
+def overlapping(exchanges: list[Exchange], turn: Turn) -> list[dict[str, Any]]:
+    """The exchanges in flight at some moment of ``turn`` (started before it ended, ended after
+    it started), relative to its start."""
+    end = turn.started_s + turn.latency_s
+    return [
+        e.brief(turn.started_s)
+        for e in sorted(exchanges, key=lambda e: e.started_s)
+        if e.started_s < end and e.ended_s > turn.started_s
+    ]
 
 
 def _model_s(answer: dict[str, Any]) -> float:
@@ -197,11 +265,19 @@ def _model_s(answer: dict[str, Any]) -> float:
 
 
 async def run_session(
-    base_url: str, *, seed: int, turns: int, max_tokens: int, recorder: Recorder | None
+    base_url: str,
+    *,
+    seed: int,
+    turns: int,
+    max_tokens: int,
+    recorder: Recorder | None,
+    pause_s: float = 0.0,
 ) -> list[Turn]:
     out: list[Turn] = []
     async with httpx.AsyncClient(base_url=base_url, timeout=1800) as client:
         for history in chat_turns(seed, turns):
+            if out and pause_s:
+                await asyncio.sleep(pause_s)  # a person reading the answer (outside every latency)
             body = {"model": "local", "messages": history, "max_tokens": max_tokens, "temperature": 0}
             before = len(recorder.exchanges) if recorder is not None else 0
             started = time.perf_counter()
@@ -214,11 +290,7 @@ async def run_session(
             )
             forwarded: dict[str, Any] = body
             if recorder is not None:
-                mine = [
-                    e
-                    for e in recorder.exchanges[before:]
-                    if not e.summary and e.path.endswith("/completions")
-                ]
+                mine = [e for e in recorder.exchanges[before:] if e.kind == "client"]
                 forwarded = mine[-1].request if mine else {}
             out.append(
                 Turn(
@@ -228,6 +300,8 @@ async def run_session(
                     memory=response.headers.get("x-context-memory", "none"),
                     forwarded=forwarded,
                     client=history,
+                    started_s=started,
+                    headers={k: v for k, v in response.headers.items() if k.lower().startswith("x-context-")},
                 )
             )
     return out
@@ -306,7 +380,7 @@ def verdicts(exchanges: list[Exchange]) -> list[dict[str, Any]]:
     count = counter_for("o200k_base").count_text
     out = []
     for e in exchanges:
-        if not e.summary:
+        if not e.summary or e.cancelled:  # a call the proxy dropped: the model wrote nothing
             continue
         cap = int(e.request.get("max_tokens") or e.request.get("max_completion_tokens") or 1024)
         # Overrun is the proxy's to judge with the model's own count; o200k here: twice the cap.
@@ -349,7 +423,6 @@ def timing(proxied: list[Turn], direct: list[Turn]) -> dict[str, Any]:
         if cut
         else None
     )
-    extra = [t.latency_s - t.model_s for t in proxied]
     return {
         "cut_turns": len(cut),
         "cut_median_s": statistics.median(proxied[k].latency_s for k in cut) if cut else None,
@@ -358,8 +431,6 @@ def timing(proxied: list[Turn], direct: list[Turn]) -> dict[str, Any]:
         "session_s": sum(t.latency_s for t in proxied),
         "session_direct_s": sum(t.latency_s for t in direct),
         "session_ratio": sum(t.latency_s for t in proxied) / sum(t.latency_s for t in direct),
-        "besides_model_max_s": max(extra),
-        "besides_model_median_s": statistics.median(extra),
     }
 
 
@@ -367,13 +438,17 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
     result: dict[str, Any] = {"seed": seed, "order": order}
     env = dict(kv.split("=", 1) for kv in args.proxy_env)
     timeout_s = float(env.get("CTXPROXY_SUMMARY_TIMEOUT_S", "4"))
-    with ServerPool() as pool:
+    logs = args.logs / f"run-{seed}" if args.logs is not None else None
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+    session = partial(
+        run_session, seed=seed, turns=args.turns, max_tokens=args.max_tokens, pause_s=args.pause_s
+    )
+    with ServerPool(log_dir=logs) as pool:
         for which in order:
             if which == "direct":
                 large = start_llama(pool, "direct", args, ctx=args.direct_ctx)
-                result["direct"] = await run_session(
-                    large, seed=seed, turns=args.turns, max_tokens=args.max_tokens, recorder=None
-                )
+                result["direct"] = await session(large, recorder=None)
                 pool.stop("direct")
                 continue
             small = start_llama(pool, "small", args, ctx=args.ctx)
@@ -381,22 +456,24 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
             runner, recorder_url = await serve_recorder(recorder)
             try:
                 proxy = start_proxy(pool, args.tree, recorder_url, env)
-                turns = await run_session(
-                    proxy, seed=seed, turns=args.turns, max_tokens=args.max_tokens, recorder=recorder
-                )
+                turns = await session(proxy, recorder=recorder)
                 await asyncio.sleep(args.settle_s)  # a summary still running: let it land in the recorder
                 pool.stop("proxy")
+                for t in turns:
+                    t.upstream = overlapping(recorder.exchanges, t)
             finally:
                 await runner.cleanup()
                 pool.stop("small")
             result["proxied"] = turns
             result["summaries"] = verdicts(recorder.exchanges)
+            result["cancelled"] = sum(1 for e in recorder.exchanges if e.summary and e.cancelled)
     proxied: list[Turn] = result["proxied"]
     placed = [s for t in proxied for s in placed_summaries(t.forwarded)]
     figures = {
         "answered": sum(1 for t in proxied if t.status == 200),
         "turns": len(proxied),
         "summary_calls": len(result["summaries"]),
+        "summary_cancelled": result["cancelled"],
         "rejected": sum(1 for s in result["summaries"] if s["verdict"] != "ok"),
         "placed": len(placed),
         "placed_degenerate": sum(1 for s in placed if degenerate(s)),
@@ -404,6 +481,8 @@ async def one_run(args: argparse.Namespace, seed: int, order: list[str]) -> dict
             kind: sum(1 for t in proxied if t.memory == kind) for kind in ("summary", "index", "note", "none")
         },
         **retention(proxied),
+        "besides_model_max_s": max(t.besides_model_s for t in proxied),
+        "besides_model_median_s": statistics.median(t.besides_model_s for t in proxied),
     }
     if "direct" in result:
         figures |= timing(proxied, result["direct"])
@@ -446,8 +525,8 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "| figure | value | target |",
         "| --- | --- | --- |",
         f"| client turns answered (proxied) | {med('answered')} of {med('turns')} | all |",
-        f"| summaries the model wrote / refused by the checks | {med('summary_calls')} / "
-        f"{med('rejected')} | |",
+        f"| summaries the model wrote / refused by the checks (summary calls the proxy cancelled) | "
+        f"{med('summary_calls')} / {med('rejected')} ({med('summary_cancelled')}) | |",
         f"| summaries placed in a request / degenerate among them | {med('placed')} / "
         f"{med('placed_degenerate')} | - / 0 |",
         f"| forgotten codes still in the last request | {med('kept_codes')} of {med('forgotten_codes')} "
@@ -470,7 +549,30 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for s in runs[0]["summaries"][:12]:
         answer = " ".join(s["answer"].split())
         lines.append(f"- `{s['verdict']}` ({s['seconds']} s): {answer[:160]!r}")
-    return "\n".join([*lines, ""])
+    return "\n".join([*lines, *worst_turn(runs), ""])
+
+
+def worst_turn(runs: list[dict[str, Any]]) -> list[str]:
+    """The markdown of the proxied turn that spent the longest besides the model's own work."""
+    found = [(t.besides_model_s, n, k, t) for n, r in enumerate(runs) for k, t in enumerate(r["proxied"])]
+    if not found:
+        return []
+    _, n, k, t = max(found, key=lambda x: x[0])
+    headers = ", ".join(f"{name}: {value}" for name, value in sorted(t.headers.items()))
+    lines = [
+        "",
+        f"The proxied turn with the most time besides the model's own work: run {n + 1}, turn {k + 1}, "
+        f"{t.latency_s:.2f} s, the model {t.model_s:.2f} s of it ({headers or 'no X-Context headers'}). "
+        "The upstream exchanges in flight during it (seconds from the turn's start):",
+        "",
+        "| kind | path | start | end | status | model (s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for e in t.upstream:
+        status = "cancelled" if e["cancelled"] else e["status"]
+        times = f"{e['start_s']:.2f} | {e['end_s']:.2f}"
+        lines.append(f"| {e['kind']} | {e['path']} | {times} | {status} | {e['model_s']:.2f} |")
+    return lines
 
 
 async def amain(args: argparse.Namespace) -> None:
@@ -490,15 +592,9 @@ async def amain(args: argparse.Namespace) -> None:
                 {
                     "figures": r["figures"],
                     "summaries": [_brief(s) for s in r["summaries"]],
-                    # Each proxied turn: its latency, the model's own time on it, its memory.
-                    "turns": [
-                        {
-                            "latency_s": round(t.latency_s, 3),
-                            "model_s": round(t.model_s, 3),
-                            "memory": t.memory,
-                        }
-                        for t in r["proxied"]
-                    ],
+                    # Each proxied turn: its latency, the model's own time on it, its memory, the
+                    # proxy's headers and the upstream exchanges in flight during it.
+                    "turns": [t.breakdown() for t in r["proxied"]],
                 }
                 for r in runs
             ],
@@ -594,6 +690,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle-s", type=float, default=5.0)
+    parser.add_argument(
+        "--pause-s", type=float, default=0.0, help="a person's pause between an answer and the next turn"
+    )
     parser.add_argument("--no-direct", action="store_true", help="the proxied session alone (no timing)")
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout whose proxy runs")
     parser.add_argument(
@@ -605,6 +704,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capture-tokens", type=int, default=160)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="llama")
+    parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
     args = parser.parse_args(argv)
     _stop_on_sigterm()
     if args.capture:

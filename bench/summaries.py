@@ -123,6 +123,9 @@ def run_session(
             models_file=models_file,
             summarize=True,
             log_level="WARNING",
+            # The fake serves any number of requests at once: summary calls need not give way to
+            # client requests there (CTXPROXY_SUMMARY_YIELD=never; bench.llama measures auto).
+            summary_yield="never",
             **({} if recall is None else {"recall": recall}),
         )
         app = create_app(settings)

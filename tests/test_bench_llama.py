@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.llama import CODE, Turn, chat_turns, codes, degenerate, placed_summaries, retention
+from app.compaction.prompts import SYSTEM_MARKER
+from bench.llama import (
+    CODE,
+    Exchange,
+    Turn,
+    chat_turns,
+    codes,
+    degenerate,
+    overlapping,
+    placed_summaries,
+    retention,
+    worst_turn,
+)
 
 
 def test_the_chat_plants_one_code_a_turn_in_the_users_words_only() -> None:
@@ -50,3 +62,30 @@ def test_retention_counts_the_codes_of_what_the_last_request_no_longer_shows() -
     figures = retention([turn(history, [*kept[:1], index, *kept[1:]])])
     assert figures["forgotten_codes"] == 3 and figures["kept_codes"] == 1
     assert abs(figures["share"] - 1 / 3) < 1e-9
+
+
+def test_a_turns_breakdown_lists_the_exchanges_in_flight_during_it_cancelled_ones_marked() -> None:
+    summary = {"messages": [{"role": "system", "content": SYSTEM_MARKER + " ..."}]}
+    answer = {"timings": {"prompt_ms": 900.0, "predicted_ms": 1100.0}}
+    exchanges = [
+        Exchange("/v1/chat/completions", {"messages": []}, answer, 200, 0.0, 2.0),  # the turn before
+        Exchange("/v1/chat/completions", summary, {}, 0, 2.5, 3.2, cancelled=True),
+        Exchange("/props", {}, {}, 200, 3.0, 3.01, method="GET"),
+        Exchange("/v1/chat/completions", {"messages": []}, answer, 200, 3.2, 6.0),
+    ]
+    late = Turn(200, 3.5, 2.0, "index", {}, [], started_s=3.0, headers={"x-context-memory": "index"})
+    late.upstream = overlapping(exchanges, late)
+    assert [(e["kind"], e["cancelled"]) for e in late.upstream] == [
+        ("summary", True),
+        ("other", False),
+        ("client", False),
+    ]
+    assert late.upstream[0]["start_s"] == -0.5 and late.upstream[2]["model_s"] == 2.0
+    assert late.besides_model_s == 1.5 and late.breakdown()["headers"] == {"x-context-memory": "index"}
+    quick = Turn(200, 2.0, 2.0, "none", {}, [], started_s=0.0)
+    quick.upstream = overlapping(exchanges, quick)
+    text = "\n".join(worst_turn([{"proxied": [quick, late]}]))
+    assert (
+        "run 1, turn 2, 3.50 s" in text
+        and "| summary | /v1/chat/completions | -0.50 | 0.20 | cancelled |" in text
+    )

@@ -23,7 +23,9 @@ defines each class in brackets; the HTTP status of the errors a client can meet 
      │    ├── UpstreamUnreachable   502
      │    ├── UpstreamTimeout       504
      │    ├── UpstreamProtocolError 502
-     │    └── UpstreamBusy          503 with Retry-After (the proxy's concurrency cap is full)
+     │    ├── UpstreamBusy          503 with Retry-After (the proxy's concurrency cap is full)
+     │    └── UpstreamPreempted     a summary call client requests cancelled too often; never
+     │                              reaches a client (the summary backs off)
      ├── BodyTooLarge               [api.errors] the body is over ``max_body_bytes``: 413
      ├── ClientLeft                 [api.disconnect] the client went away before the answer
      │                              started: nothing is sent (not an answer, a signal)

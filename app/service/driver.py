@@ -245,7 +245,22 @@ class Service(Planner):
         return replace(continued.limited(request.limits), round=request.round + 1)
 
     async def run(self, request: ProxyRequest, *, render: Render | None = None) -> Outcome:
-        """Drive the request's ``Exchange``: do what each command says, feed back what happened."""
+        """Drive the request's ``Exchange``: do what each command says, feed back what happened.
+
+        The request holds its place at its upstream from its decision on (``Traffic.client``; each
+        send holds its own until its response is closed): on an upstream with few slots, a summary
+        call in flight gives way now (the upstream lets go of it while the request is planned), none
+        goes out while it is decided, and it does not wait in line for its own summary
+        (``app.service.summaries``: that call would only go after it)."""
+        traffic = self.upstream.traffic
+        place = traffic.client(request.base_url) if traffic is not None else None
+        try:
+            return await self._run(request, render=render)
+        finally:
+            if place is not None:
+                place.release()
+
+    async def _run(self, request: ProxyRequest, *, render: Render | None) -> Outcome:
         exchange = Exchange(
             dialect=request.dialect,
             mode=request.policy.mode,

@@ -18,7 +18,9 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   already cached, nothing asked of an upstream whose window was just found smaller than
   thought). When it forgot something (``plan.memory``), the summary of that span is looked up
   in the cache, else made (or joined, when another request or replica is making it) and awaited
-  for at most ``settings.summary_timeout_s``; the request value plans itself again with it
+  for at most ``settings.summary_timeout_s`` (not at all when the summarizer's answers take longer,
+  or when its upstream yields to client requests, ``app.upstream.traffic``: the request itself
+  holds it, so the call goes after it); the request value plans itself again with it
   (``summarized``); without it (late, failed, backing off) with the summary of the span's
   ``earlier`` memory when one is cached (what the conversation had), else with nothing
   (``summary_failed``: the note and placeholders stand in).
@@ -49,7 +51,8 @@ INTERFACE CONTRACT (``app.service`` and ``app.main`` rely on these):
   (refused by the checks), tokens_in, tokens_out; requests whose memory was ``cached``,
   ``waited`` for, ``failed``, stood in by an ``earlier`` one, ``too_large``, ``backing_off``;
   summaries made ``ahead``), totals of the same, in-flight work, ``preempted`` (summary calls a
-  client request cancelled) and the cache's counters.
+  client request cancelled), ``abandoned`` (those given up after ``MAX_PREEMPTIONS``) and the
+  cache's counters.
 * ``events`` (keyword, optional, :class:`~app.service.ports.SummaryEvents`: the app's
   observability): told of every summary call by the API it was asked in (outcome, tokens in and
   out) and of every cut request's lookup of its memory in the cache (hit or miss), for the
@@ -249,6 +252,12 @@ class Summaries:
         name = self.settings.summary_api
         return self.dialects[name] if name else request.dialect
 
+    def base_url_for(self, request: ProxyRequest) -> str:
+        """The upstream that writes ``request``'s summaries (``CTXPROXY_SUMMARY_BASE_URL`` or the
+        summary model's own)."""
+        model = self.settings.summary_model or request.model
+        return self.settings.summary_base_url or self.upstream.base_url_for(model)
+
     def ahead_for(
         self,
         request: ProxyRequest,
@@ -270,7 +279,7 @@ class Summaries:
         is held to that size, the reply is not counted in it."""
         dialect = self.dialect_for(request)
         model = self.settings.summary_model or request.model
-        base_url = self.settings.summary_base_url or self.upstream.base_url_for(model)
+        base_url = self.base_url_for(request)
         key = (dialect.name, model, base_url)
         if key in self._ahead and self._ahead[key] is None:
             return None
@@ -435,6 +444,11 @@ class Summaries:
             expected_s = summarizer.pace.expected_s if summarizer.pace is not None else None
             if expected_s is not None and expected_s > wait_s:
                 wait_s = 0.0  # this summarizer's answers take longer than the wait: none comes in it
+            traffic = self.upstream.traffic
+            if traffic is not None and traffic.busy(self.base_url_for(request)):
+                # An upstream with few slots that a client request holds (this one's own place:
+                # ``Service.run``): the summary call goes after it, so none comes in the wait.
+                wait_s = 0.0
             summary = await ahead.wait_for(span, tenant, wait_s)
             if not summary:
                 self._count(api, "failed")
@@ -443,7 +457,7 @@ class Summaries:
                         "no summary of %d cut messages within %ss (still being written); the note "
                         "stands in for this request",
                         len(span),
-                        self.settings.summary_timeout_s,
+                        wait_s,
                     )
         mapping = {key: summary} if summary else {}
         lengths = [len(span)]
@@ -535,8 +549,10 @@ class Summaries:
             **totals,
             "by_api": by_api,
             "in_flight": in_flight,
-            # Summary calls a client request cancelled (sent again after it: not failures).
+            # Summary calls a client request cancelled (sent again after it: not failures), and
+            # those given up after being cancelled too often (their spans back off).
             "preempted": traffic.preempted if traffic is not None else 0,
+            "abandoned": traffic.abandoned if traffic is not None else 0,
             "cache": self.cache.stats().as_dict(),
         }
 

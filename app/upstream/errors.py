@@ -7,8 +7,10 @@
      ├── UpstreamTimeout       connect, write, read or pool timeout (504)
      ├── UpstreamProtocolError the upstream answered with something that is not valid HTTP, or broke
      │                         the connection mid-answer (502)
-     └── UpstreamBusy          the proxy's cap on concurrent upstream requests is reached and the
-                               brief queue did not free a place (503 with Retry-After)
+     ├── UpstreamBusy          the proxy's cap on concurrent upstream requests is reached and the
+     │                         brief queue did not free a place (503 with Retry-After)
+     └── UpstreamPreempted     a background call (a summary) given up after client requests
+                               cancelled it ``MAX_PREEMPTIONS`` times (never reaches a client)
 
 The tree hangs under ``CtxproxyError`` (``app/core/errors.py`` draws it whole). An HTTP answer
 with an error status is *not* an ``UpstreamError``: it is a response, passed back.
@@ -47,3 +49,8 @@ class UpstreamBusy(UpstreamError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class UpstreamPreempted(UpstreamError):
+    """A background call given up: client requests to its upstream cancelled it too often
+    (``app.upstream.traffic``). Only background calls raise it; the summarizer backs off the span."""

@@ -24,6 +24,7 @@ from app.compaction.summarizer import (
     SummaryJob,
 )
 from app.core.fit import SummaryProvider
+from app.upstream.traffic import Traffic
 from tests.compaction.conftest import RedisServer
 
 FACT = re.compile(r"FACT-\w+")
@@ -600,3 +601,36 @@ async def test_a_reply_over_its_size_loses_its_lowest_sections_first() -> None:
     summarizer, job = make(FakeLLM(answer=answer), reply_tokens=40)
     summary = await summarizer.summarize_span(turn(1, size=300), job)
     assert summary == "## User requests\n- keep FACT-u1\n## Files\n- src/app.py showed FACT-a1"
+
+
+async def test_a_span_whose_call_client_requests_keep_cancelling_is_given_up_and_backs_off() -> None:
+    # A one-slot local upstream and a conversation without pauses: every re-sent summary call is
+    # cancelled by the next client request. After a few, the span backs off like any failure (the
+    # index stands in) instead of holding the slot again on every turn; the pace is untouched.
+    traffic = Traffic(max_preemptions=2, quiet_s=0)
+    base = "http://127.0.0.1:9/v1"
+    sent: list[int] = []
+
+    async def slow(messages: list[dict[str, Any]], model: str, max_tokens: int) -> str:
+        async def attempt() -> str:
+            sent.append(len(sent))
+            await asyncio.sleep(60)
+            return "never"
+
+        return await traffic.background(base, attempt)
+
+    pace = Pace(floor_s=30.0, ceiling_s=60.0)
+    summarizer = Summarizer(slow, model="summ-1", timeout_s=None, pace=pace)
+    cache = MemoryCache(max_entries=100, ttl_s=600)
+    job = job_of()
+    span = growing(3)
+    pending = asyncio.create_task(summarizer.memory_for(span, cache, job))
+    for attempts in (1, 2):
+        while len(sent) < attempts:
+            await asyncio.sleep(0.01)
+        traffic.client(base).release()
+    assert await asyncio.wait_for(pending, 5) is None
+    cause = await summarizer.blocked(summarizer.span_key(span, TENANT), cache, job)
+    assert cause is not None and "cancelled it 2 times" in cause
+    assert await summarizer.memory_for(span, cache, job) is None and len(sent) == 2  # not sent again
+    assert pace.limit_s == 30.0 and traffic.abandoned == 1

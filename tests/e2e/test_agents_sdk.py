@@ -102,6 +102,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             upstream_api_key=None,
             models_file=models_file,
             log_level="WARNING",
+            summary_yield="never",  # the fake serves many requests at once: not a few-slot server
         )
         recorder = StatusRecorder(create_app(settings), path_prefix="/v1/responses")
         with serve_app(recorder) as proxy_url:

@@ -130,7 +130,10 @@ def session(tmp_path: Path) -> Iterator[Session]:
     )
     with fake.serve() as upstream_url:
         settings = Settings(
-            upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING"
+            upstream_base_url=f"{upstream_url}/v1",
+            models_file=models_file,
+            log_level="WARNING",
+            summary_yield="never",  # the fake serves many requests at once: not a few-slot server
         )
         recorder = StatusRecorder(create_app(settings), path_prefix="/v1/messages")
         with serve_app(recorder) as proxy_url:

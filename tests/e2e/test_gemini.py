@@ -128,6 +128,9 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
             upstream_api_key=OPERATOR_KEY,
             api_keys=PROXY_KEY,
             log_level="DEBUG",
+            # The fake serves any number of requests at once (not a local server with few slots):
+            # a cut request's summary is waited for in line.
+            summary_yield="never",
         ) as url,
     ):
         served = Stack(fake, url)

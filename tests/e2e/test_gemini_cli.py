@@ -173,7 +173,12 @@ def test_gemini_cli_completes_through_the_proxy_and_keeps_what_it_read(
     models_file = tmp_path / "models.toml"
     entry = f'"{MODEL}" = {{ window = {INPUT_LIMIT_TOKENS}, max_output = 8_192, encoding = "estimate" }}'
     models_file.write_text(f"[models]\n{entry}\n", encoding="utf-8")
-    settings = Settings(upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING")
+    settings = Settings(
+        upstream_base_url=f"{upstream_url}/v1",
+        models_file=models_file,
+        log_level="WARNING",
+        summary_yield="never",  # the fake serves many requests at once: not a few-slot server
+    )
     with serve_app(create_app(settings)) as proxy_url:
         proxied = run_gemini(proxy_url, project, tmp_path / "home-proxy")
 
@@ -261,7 +266,12 @@ def test_gemini_cli_never_sees_the_recall_tool_the_model_uses_through_the_proxy(
     models_file = tmp_path / "models.toml"
     entry = f'"{MODEL}" = {{ window = {INPUT_LIMIT_TOKENS}, max_output = 8_192, encoding = "estimate" }}'
     models_file.write_text(f"[models]\n{entry}\n", encoding="utf-8")
-    settings = Settings(upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING")
+    settings = Settings(
+        upstream_base_url=f"{upstream_url}/v1",
+        models_file=models_file,
+        log_level="WARNING",
+        summary_yield="never",  # the fake serves many requests at once: not a few-slot server
+    )
     with serve_app(create_app(settings)) as proxy_url:
         proxied = run_gemini(proxy_url, project, tmp_path / "home-recall")
     assert proxied["returncode"] == 0, proxied["stderr"]

@@ -70,6 +70,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
                     log_level="WARNING",
                     summarize=True,
                     cache_url=redis.url,
+                    # The fake serves any number of requests at once (not a local server with few
+                    # slots): a cut request's summary is waited for in line.
+                    summary_yield="never",
                     **extra,
                 )
 

@@ -27,7 +27,7 @@ from tests.api import OneModelRegistry
 from tests.fake_anthropic_upstream import FakeAnthropic, FakeClaude
 from tests.fake_gemini_upstream import FakeGemini, FakeGeminiModel
 from tests.fake_responses_upstream import FakeResponsesUpstream
-from tests.fake_upstream import FakeModel, FakeUpstream
+from tests.fake_upstream import FakeModel, FakeUpstream, is_summary_request
 from tests.summaries_kit import (
     INDEX,
     INDEX_HEAD,
@@ -161,6 +161,25 @@ async def test_the_next_request_of_the_conversation_reuses_the_cached_memory() -
     assert fake.summary_calls == 1
     assert stats["cached"] == 1 and stats["waited"] == 1
     assert after[: len(before)] == before  # the forwarded prefix is byte-stable
+
+
+async def test_on_an_upstream_with_few_slots_a_request_never_waits_in_line_for_its_summary() -> None:
+    # The upstream's slots are its clients' (CTXPROXY_SUMMARY_YIELD=always: a local one-slot
+    # server): the cut request goes at once with the index, its summary is written after it (in
+    # the pause; waiting for it would hold the slot the request needs) and the next request of the
+    # conversation has it.
+    fake = fake_upstream()
+    first = conversation(12)
+    async with proxy(fake, summary_yield="always", **NO_AHEAD) as (client, app):
+        one = await client.post(CHAT, json=chat(first))
+        await settle(app)
+        grown = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
+        two = await client.post(CHAT, json=chat(grown))
+        stats = summaries_of(app).stats()
+    assert one.headers["x-context-memory"] == "index" and two.headers["x-context-memory"] == "summary"
+    kinds = ["summary" if is_summary_request(r.json()) else "client" for r in fake.chat_requests()]
+    assert kinds == ["client", "summary", "client"]
+    assert stats["cached"] == 1 and stats["calls"] == 1 and stats["preempted"] == 0
 
 
 async def test_a_growing_session_folds_each_step_into_the_previous_summary() -> None:

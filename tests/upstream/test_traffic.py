@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from app.upstream.client import UpstreamClient
+from app.upstream.errors import UpstreamPreempted
 from app.upstream.traffic import Traffic, local_origin, origin_of
 
 
@@ -104,3 +105,46 @@ async def test_the_client_cancels_a_summary_in_flight_and_is_answered_first() ->
         release.set()
         assert (await asyncio.wait_for(summary, 5)).status_code == 200  # sent again, answered
         assert seen == ["/v1/summary", "/v1/chat", "/v1/summary"]
+
+
+async def test_a_background_call_cancelled_too_often_is_given_up_not_sent_again_and_again() -> None:
+    traffic = Traffic(max_preemptions=2, quiet_s=0)
+    base = "http://127.0.0.1:9/v1"
+    attempts: list[asyncio.Event] = []
+
+    async def attempt() -> str:
+        attempts.append(asyncio.Event())
+        await asyncio.sleep(60)  # a slow local model writing: never done before the next client
+        return "never"
+
+    call = asyncio.create_task(traffic.background(base, attempt))
+    for sent in (1, 2):
+        while len(attempts) < sent:
+            await asyncio.sleep(0.01)
+        traffic.client(base).release()  # a conversation without pauses: the next client request
+    with pytest.raises(UpstreamPreempted, match="cancelled it 2 times"):
+        await asyncio.wait_for(call, 5)
+    assert len(attempts) == 2 and traffic.preempted == 2 and traffic.abandoned == 1
+    assert not traffic.busy(base)
+
+
+async def test_a_background_call_waits_for_a_pause_not_the_gap_between_two_client_requests() -> None:
+    traffic = Traffic(quiet_s=3600)
+    base = "http://127.0.0.1:9/v1"
+    sent: list[str] = []
+
+    async def attempt() -> str:
+        sent.append("summary")
+        return "written"
+
+    # No client request has been there yet: nothing to wait for.
+    assert await asyncio.wait_for(traffic.background(base, attempt), 5) == "written"
+    traffic.client(base).release()  # a client's answer: its next request may follow at once
+    call = asyncio.create_task(traffic.background(base, attempt))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert sent == ["summary"] and not call.done()  # not sent in the gap
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert traffic.preempted == 0
