@@ -406,7 +406,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "CTXPROXY_LOG_LEVEL": "WARNING",
                 # Idle upstream connections close after 2 s, so that "idle" is reached quickly.
                 "CTXPROXY_UPSTREAM_KEEPALIVE_S": str(KEEPALIVE_S),
-                # The recall store is bounded in megabytes of removed text (64 by default), more
+                # The fake upstream serves many requests at once: summaries need not give way to
+                # client requests there (on loopback ``auto`` would make them wait for pauses
+                # this steady traffic never has, and the soak would hold no summaries).
+                "CTXPROXY_SUMMARY_YIELD": "never",
+                # The recall store is bounded in megabytes of memory (64 by default), more
                 # than the warm-up's cuts fill: with churn, a bound the warm-up reaches.
                 **({"CTXPROXY_RECALL_MAX_MB": str(CHURN_RECALL_MAX_MB)} if churn is not None else {}),
             },
