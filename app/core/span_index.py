@@ -76,11 +76,16 @@ _PATH = re.compile(
 )
 _TOKEN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?")
 _BACKTICK = re.compile(r"`([^`\n]{2,80})`")
-_ERROR = re.compile(
-    r"\b(?:[A-Z][A-Za-z]*(?:Error|Exception)\b|Traceback \(most recent call last\)|FAILED\b|FATAL\b"
-    r"|fatal:|error(?:\[\w+\])?:|ERROR\b|panic:|Segmentation fault|command not found|No such file"
-    r" or directory|Permission denied)"
+# The words that name an error: a line holding one (after a word boundary; ``XError`` and
+# ``XException`` with a capital before) is an error line.
+_ERROR_WORDS = (
+    r"Traceback \(most recent call last\)|FAILED\b|FATAL\b|fatal:|error(?:\[\w+\])?:|ERROR\b|panic:"
+    r"|Segmentation fault|command not found|No such file or directory|Permission denied"
 )
+_ERROR = re.compile(rf"\b(?:[A-Z][A-Za-z]*(?:Error|Exception)\b|{_ERROR_WORDS})")
+# What every ``_ERROR`` match holds (without the boundary and the capital before it): the lines
+# that hold one are the only ones ``_ERROR`` is run on.
+_ERROR_KEYS = re.compile(rf"(?:Error|Exception)\b|{_ERROR_WORDS}")
 _PROMPTED = re.compile(r"^[ \t]*\$ (\S.*)$", re.MULTILINE)
 # A dotted token that is a sentence's last word and the next one's first ("end.The") is no file.
 _PROSE_DOT = re.compile(r"^[a-z]+\.[A-Z][a-z]+$")
@@ -126,15 +131,6 @@ def _word_entries(word: str) -> tuple[tuple[str, str], ...]:
     if _PATH.fullmatch(core) and ("/" in core or not _PROSE_DOT.match(core)):
         return (("path", core),)
     return tuple(("identifier", token) for token in _TOKEN.findall(core) if _is_identifier(token))
-
-
-# What every ``_ERROR`` match holds (its words, without the word boundary before them): the lines
-# that hold one are the only ones ``_ERROR`` is run on.
-_ERROR_KEYS = re.compile(
-    r"Error\b|Exception\b|Traceback \(most recent call last\)|FAILED\b|FATAL\b|fatal:"
-    r"|error(?:\[\w+\])?:|ERROR\b|panic:|Segmentation fault|command not found|No such file"
-    r" or directory|Permission denied"
-)
 
 
 @lru_cache(maxsize=8192)
