@@ -439,7 +439,9 @@ def plan_request(
             return plan(messages, per_message, changed=False, fits=fits, broken=broken)
     recall: tuple[Recallable, ...] = ()
     if policy.recall != "off":
-        found = recallables(messages, steps.messages, steps.origins, note_at=steps.note_at)
+        found = recallables(
+            messages, steps.messages, steps.origins, note_at=steps.note_at, known=remembered_ref
+        )
         recall = (*found, *(r for r in remembered_ref if r.ref not in {f.ref for f in found}))
     fitted = sum(tokens) + REPLY_PRIMING_TOKENS <= limit
     if not fitted:

@@ -16,7 +16,7 @@ rely on these names):
   is the whole text of the part that was cut; dropped messages and the messages a memory stands
   for are a transcript (``[role]`` then the text, tool calls as ``[calls NAME(ARGUMENTS)]``).
 * ``Recallable`` (frozen): ``ref`` and ``text``, one removed thing of a plan;
-  ``recallables(source, messages, origins, *, note_at)``: every one the fitted ``messages`` name
+  ``recallables(source, messages, origins, *, note_at, known)``: every one the fitted ``messages`` name
   (``origins[j]``: the input index of message ``j``, None for one the engine made; ``note_at``:
   the drop's note), found from the placeholders themselves and the input messages they replaced.
 * ``page_chars_for(input_budget_tokens, share)``, ``page_of(text, page, *, page_chars)`` and
@@ -230,12 +230,16 @@ def recallables(
     origins: Sequence[int | None],
     *,
     note_at: int | None = None,
+    known: Sequence[Recallable] = (),
 ) -> tuple[Recallable, ...]:
     """Every id the fitted ``messages`` name, with the text it stands for, from the input
     ``source``: an id in a changed message's text (that its input did not name) stands for the
     input's whole content (a pruned tool result) or for the input text of the same part (a
     cut); the drop's note stands for the input messages no fitted message comes from. Each id
-    once, in order; an id whose text is not found (the client's own words) is left out."""
+    once, in order; an id whose text is not found (the client's own words) is left out.
+    ``known``: removed things whose texts are already made (the memory's transcript): an id of
+    the note found there takes that text (the same id is the same text) instead of the
+    transcript being made and hashed again."""
     found: dict[str, str] = {}
     for j, message in enumerate(messages):
         origin = origins[j] if j < len(origins) else None
@@ -256,13 +260,15 @@ def recallables(
                     found[ref] = match
     if note_at is not None and note_at < len(messages):
         note = messages[note_at].get("content")
-        refs = refs_in(note) if isinstance(note, str) else []
-        if refs:
-            kept = {o for o in origins if o is not None}
-            text = span_text([source[i] for i in range(len(source)) if i not in kept])
-            for ref in refs:
-                if recall_ref(text) == ref:
-                    found.setdefault(ref, text)
+        made = {r.ref: r.text for r in known}
+        transcript: str | None = None
+        for ref in refs_in(note) if isinstance(note, str) else []:
+            if ref not in made and transcript is None:
+                kept = {o for o in origins if o is not None}
+                transcript = span_text([source[i] for i in range(len(source)) if i not in kept])
+                made[recall_ref(transcript)] = transcript
+            if ref in made:
+                found.setdefault(ref, made[ref])
     return tuple(Recallable(ref, text) for ref, text in found.items())
 
 

@@ -21,6 +21,7 @@ from app.core.recall import (
     PAGE_CHARS,
     RECALL_TOOL,
     RECALLED_HEAD,
+    Recallable,
     is_compaction,
     is_recalled,
     page_of,
@@ -28,6 +29,7 @@ from app.core.recall import (
     prefix_refs,
     recall_answer,
     recall_ref,
+    recallables,
     refs_in,
     span_text,
 )
@@ -314,3 +316,19 @@ def test_the_next_cut_is_planned_with_the_budget_a_cut_has() -> None:
     )
     off = cut_tool_tokens(request, CHAT.parse(request), dialect=CHAT, policy=Policy(), counter=counter)
     assert off == fits.budget.tool_tokens
+
+
+def test_the_notes_id_takes_a_known_text_and_is_the_same_without_it() -> None:
+    source = [system(), user(10, "first"), assistant(40, "a_"), user(40, "b_")]
+    source += [assistant(10, "c_"), user(10, "d_")]
+    dropped = span_text(source[2:4])
+    ref = recall_ref(dropped)
+    fitted = [source[0], source[1], {"role": "user", "content": note_text(2, ref)}, source[4], source[5]]
+    origins = [0, 1, None, 4, 5]
+    made = recallables(source, fitted, origins, note_at=2)
+    assert made == (Recallable(ref, dropped),)
+    # The memory's transcript of the same messages, made already: the same entry.
+    assert recallables(source, fitted, origins, note_at=2, known=[Recallable(ref, dropped)]) == made
+    # A known text the note does not name is not the note's.
+    other = Recallable(recall_ref("something else"), "something else")
+    assert recallables(source, fitted, origins, note_at=2, known=[other]) == made
