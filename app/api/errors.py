@@ -234,12 +234,6 @@ def path_hint(path: str, table: RouteTable | None) -> PathHint | None:
     )
 
 
-def missing_prefix_hint(path: str, table: RouteTable | None) -> str:
-    """The text of :func:`path_hint` ("" when there is none)."""
-    hint = path_hint(path, table)
-    return hint.text if hint is not None else ""
-
-
 def unknown_path(method: str, path: str, table: RouteTable | None, *, fallback: Dialect) -> Response:
     """Our 404 for ``method path``, with the hint of :func:`path_hint` when there is one, in the
     shape of the API that owns the corrected path (else ``fallback``'s)."""

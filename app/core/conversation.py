@@ -90,17 +90,6 @@ def is_opaque(message: Message) -> bool:
     return message.get(OPAQUE_KEY) is True
 
 
-def price_of(item: Mapping[str, Any]) -> int | None:
-    """The dialect's own price of a message or part (``PRICE_KEY``), or None."""
-    value = item.get(PRICE_KEY)
-    return value if type(value) is int and value >= 0 else None
-
-
-def made_by_engine(message: Message) -> bool:
-    """True for a message the engine inserted (note, summary): it has no wire origin."""
-    return ORIGIN_KEY not in message
-
-
 def strip_reserved(message: Mapping[str, Any]) -> dict[str, Any]:
     """``message`` without the reserved keys (for showing a neutral message, e.g. to a summarizer)."""
     return {k: v for k, v in message.items() if k not in RESERVED_KEYS}

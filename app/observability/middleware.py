@@ -136,9 +136,9 @@ def access_record(fields: dict[str, Any]) -> logging.LogRecord:
 
 
 class ObservabilityMiddleware:
-    """``access_log=True`` also writes the ``ctxproxy.access`` line of
-    :class:`app.api.responses.AccessLogMiddleware` (same fields, same logger, request ID set),
-    from this one wrapper: one ``send`` wrapper less on every request."""
+    """``access_log=True`` also writes the ``ctxproxy.access`` line (the fields the routes put
+    in ``access_fields``, with method, path, status and latency; request ID set), from this one
+    wrapper: one ``send`` wrapper less on every request."""
 
     def __init__(self, app: ASGIApp, *, observability: Observability, access_log: bool = False) -> None:
         self.app = app

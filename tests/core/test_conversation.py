@@ -11,10 +11,8 @@ from app.core.conversation import (
     PRICE_KEY,
     Conversation,
     is_opaque,
-    made_by_engine,
     neutral,
     origin_of,
-    price_of,
     strip_reserved,
 )
 from app.core.cutting import truncate_message
@@ -26,13 +24,11 @@ from tests.core.fakes import SPEC, FakeMessageCounter, WordCounter, body, policy
 
 def test_neutral_sets_reserved_keys_only_when_they_say_something() -> None:
     plain = neutral("user", "hi")
-    assert plain == {"role": "user", "content": "hi"} and made_by_engine(plain)
+    assert plain == {"role": "user", "content": "hi"}
     full = neutral("assistant", "x", origin=[(3,), (4, 1)], opaque=True, price_tokens=12)
     assert full[ORIGIN_KEY] == [[3], [4, 1]] and full[OPAQUE_KEY] is True and full[PRICE_KEY] == 12
-    assert origin_of(full) == ((3,), (4, 1)) and is_opaque(full) and price_of(full) == 12
-    assert not made_by_engine(full)
+    assert origin_of(full) == ((3,), (4, 1)) and is_opaque(full)
     assert strip_reserved(full) == {"role": "assistant", "content": "x"}
-    assert price_of({PRICE_KEY: True}) is None and price_of({PRICE_KEY: -1}) is None
 
 
 def test_the_accounting_adds_a_message_price_and_lets_a_part_price_replace_its_rule() -> None:
