@@ -266,6 +266,8 @@ def _print_demo(*, turns: int, window_tokens: int) -> int:
         f"ctxproxy demo: a local upstream with a {window_tokens:,}-token window "
         f"({demo.demo_model(window_tokens)}), "
         "and ctxproxy in front of it, both on 127.0.0.1. No API key, no internet.\n"
+        "The demo model cannot summarize, so what a cut forgets is remembered by its index of exact "
+        "strings (indexed).\n"
     )
     print(demo.header_line())
     started = time.monotonic()

@@ -169,8 +169,14 @@ def run_demo(
             encoding="utf-8",
         )
         with serve_in_thread(upstream_app, lifespan="off") as upstream_url:
+            # The demo model cannot write a summary (it answers every request with one line), so
+            # summaries are off: what a cut forgets is remembered by its index of exact strings
+            # (``indexed``), not reported as a summary that failed on every cut.
             settings = Settings(
-                upstream_base_url=f"{upstream_url}/v1", models_file=models_file, log_level="WARNING"
+                upstream_base_url=f"{upstream_url}/v1",
+                models_file=models_file,
+                log_level="WARNING",
+                summarize=False,
             )
             with serve_in_thread(create_app(settings)) as proxy_url, httpx.Client(timeout=30) as http:
                 for turn, request in enumerate(agent_requests(turns, model=model), start=1):

@@ -52,6 +52,14 @@ def test_every_turn_succeeds_through_ctxproxy(rows: list[TurnResult]) -> None:
     assert rows[0].tokens_forwarded == rows[0].tokens_sent
 
 
+def test_what_a_cut_forgets_is_remembered_by_its_index_and_no_summary_is_reported_failed(
+    rows: list[TurnResult],
+) -> None:
+    cut = [r for r in rows if r.actions != "none"]
+    assert cut and all("indexed=" in r.actions for r in cut), cut
+    assert not any("summary_failed" in r.actions for r in rows), rows
+
+
 def test_agent_requests_grow_and_stay_well_formed() -> None:
     requests = agent_requests(4)
     sizes = []
