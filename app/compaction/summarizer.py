@@ -266,11 +266,7 @@ class Summarizer:
         refused = isinstance(exc, SummaryError) and exc.refused
         upstream, credential = self._off_keys(job)
         name = (credential if refused else upstream) if permanent else "fail:" + key
-        # The failures in a row outlive each back-off (so the next one doubles), not forever;
-        # counted atomically, so failures on two replicas at once are two.
-        attempts = await cache.incr("tries:" + name, ttl_s=4 * self.retry_max_s)
-        ttl_s = min(self.retry_max_s, self.retry_after_s * 2 ** (attempts - 1))
-        await cache.set(name, json.dumps({"attempts": attempts, "cause": cause}), ttl_s=ttl_s)
+        ttl_s = await self._back_off(cache, name, cause)
         if permanent:
             logger.warning(
                 "summaries by %s are off for %.0fs%s: %s (the cut's note and placeholders stand alone)",
@@ -295,19 +291,31 @@ class Summarizer:
         if isinstance(exc, SummaryError) and exc.no_summary:
             await self._no_summary(cache, job, cause)
 
+    async def _back_off(self, cache: SummaryCache, name: str, cause: str) -> float:
+        """Back off ``name`` (a span's ``fail:`` key or an ``off:`` key) for ``retry_after_s``
+        doubled per failure in a row, at most ``retry_max_s``; the seconds it is off."""
+        # The failures in a row outlive each back-off (so the next one doubles), not forever;
+        # counted atomically, so failures on two replicas at once are two.
+        attempts = await cache.incr("tries:" + name, ttl_s=4 * self.retry_max_s)
+        ttl_s: float = min(self.retry_max_s, self.retry_after_s * 2 ** (attempts - 1))
+        await cache.set(name, json.dumps({"attempts": attempts, "cause": cause}), ttl_s=ttl_s)
+        return ttl_s
+
+    def _streak_key(self, job: SummaryJob) -> str:
+        """Where the job's credential's answers in a row that were no summary are counted."""
+        return "streak:" + self._off_keys(job)[1]
+
     async def _no_summary(self, cache: SummaryCache, job: SummaryJob, cause: str) -> None:
         """One more answer in a row that was no summary for the job's credential (its streak, reset
         by a summary): at ``NO_SUMMARY_STREAK``, that credential's summaries are off for the next
         back-off (per credential: another client's spans cannot turn them off for this one)."""
-        credential = self._off_keys(job)[1]
-        streak = await cache.incr("streak:" + credential, ttl_s=4 * self.retry_max_s)
+        streak_key = self._streak_key(job)
+        streak = await cache.incr(streak_key, ttl_s=4 * self.retry_max_s)
         if streak < NO_SUMMARY_STREAK:
             return
-        await cache.set("streak:" + credential, "0", ttl_s=4 * self.retry_max_s)
-        attempts = await cache.incr("tries:" + credential, ttl_s=4 * self.retry_max_s)
-        ttl_s = min(self.retry_max_s, self.retry_after_s * 2 ** (attempts - 1))
+        await cache.set(streak_key, "0", ttl_s=4 * self.retry_max_s)
         why = f"{streak} answers in a row were no summary (the last: {cause})"
-        await cache.set(credential, json.dumps({"attempts": attempts, "cause": why}), ttl_s=ttl_s)
+        ttl_s = await self._back_off(cache, self._off_keys(job)[1], why)
         logger.warning(
             "summaries by %s are off for %.0fs for this key: %s (the memory's index and the note stand in)",
             self.identity,
@@ -338,7 +346,7 @@ class Summarizer:
             await self._failed(key, span, summary, cache, job)
             return None
         await cache.set(key, summary)
-        streak = "streak:" + self._off_keys(job)[1]
+        streak = self._streak_key(job)
         if await cache.get(streak) not in (None, "0"):  # a summary ends a streak of answers that were none
             await cache.set(streak, "0", ttl_s=4 * self.retry_max_s)
         # One atomic merge: a span another replica added meanwhile stays in the chain.

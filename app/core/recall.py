@@ -148,11 +148,15 @@ def span_text(messages: Sequence[Mapping[str, Any]]) -> str:
     """Several neutral messages as a transcript: ``[role]`` and the message's text, each; a
     recall's turns (a ``ctx_recall`` call and its answer, which only the proxy's rounds hold) are
     left out, so recalled content never stands in a new placeholder of itself."""
-    return "\n\n".join(
-        f"[{message.get('role')}]\n{message_text(message)}"
-        for message in messages
-        if not (is_recalled(message) or _calls_recall(message))
-    )
+    return "\n\n".join(entry for entry in map(_transcript_entry, messages) if entry is not None)
+
+
+def _transcript_entry(message: Mapping[str, Any]) -> str | None:
+    """One message's entry in a transcript (``span_text``, ``prefix_refs``), None for a recall's
+    turn (left out)."""
+    if is_recalled(message) or _calls_recall(message):
+        return None
+    return f"[{message.get('role')}]\n{message_text(message)}"
 
 
 def prefix_refs(groups: Sequence[Sequence[tuple[int, Mapping[str, Any]]]]) -> list[str]:
@@ -178,14 +182,13 @@ def prefix_refs(groups: Sequence[Sequence[tuple[int, Mapping[str, Any]]]]) -> li
             del fed[at:]
         for item in pending:
             fed.append(item)
-            message = item[1]
-            if is_recalled(message) or _calls_recall(message):
+            entry = _transcript_entry(item[1])
+            if entry is None:
                 continue
-            piece = f"{'' if first else chr(10) * 2}[{message.get('role')}]\n{message_text(message)}"
-            digest.update(piece.encode("utf-8", "surrogatepass"))
+            digest.update((entry if first else "\n\n" + entry).encode("utf-8", "surrogatepass"))
             first = False
         marks.append((len(fed), digest.copy(), first))
-        refs.append(digest.copy().hexdigest()[:REF_HEX])
+        refs.append(digest.hexdigest()[:REF_HEX])
     return refs
 
 
