@@ -167,6 +167,11 @@ def start_proxy(
         "CTXPROXY_UPSTREAM_BASE_URL": upstream.base_url + "/v1",
         "CTXPROXY_MODELS_FILE": str(models_file),
         "CTXPROXY_UPSTREAM_TRANSPORT": transport,
+        # The fake upstream on loopback serves many requests at once: summaries need not give way
+        # to client requests there (as in bench.memory and bench.cache; bench.llama measures auto).
+        # Under auto, scenario (c)'s summaries wait for a pause, and then go out and are cancelled
+        # in the gaps of (f), whose upstream still reads them: (f) measured that, not the proxy.
+        "CTXPROXY_SUMMARY_YIELD": "never",
         **(extra_env or {}),
     }
     return pool.start(
